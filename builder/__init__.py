@@ -1,0 +1,1 @@
+"""specbuild builder: the ``specbuild`` command line and the build-side library."""

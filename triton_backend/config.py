@@ -1,0 +1,151 @@
+"""Typed configuration for one generation: sampling parameters and speculation settings.
+
+Every field is validated at construction; a bad value raises
+:class:`~triton_backend.errors.InvalidRequestError` with a short message.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from triton_backend.errors import InvalidRequestError
+
+
+class SpeculationMode(str, enum.Enum):
+    """How tokens are proposed for the target to verify."""
+
+    AUTO = "auto"  # the best drafter this deployment has
+    DRAFT = "draft"  # a smaller draft model sharing the target's tokenizer
+    NGRAM = "ngram"  # n-gram / prompt lookup in the context so far
+    OFF = "off"  # plain autoregressive decoding
+
+    @classmethod
+    def parse(cls, value: "str | SpeculationMode") -> "SpeculationMode":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            names = ", ".join(m.value for m in cls)
+            raise InvalidRequestError(f"unknown speculation mode {value!r}; expected one of: {names}") from None
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"  # max_tokens (or the model's context) reached
+    EOS = "eos"  # an end-of-sequence token was generated
+    STOP = "stop"  # a stop string or stop token sequence was generated
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise InvalidRequestError(message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters.
+
+    ``temperature == 0`` (or ``top_k == 1``) means greedy decoding. ``top_k == 0``
+    disables top-k; ``top_p == 1`` disables nucleus filtering. ``stop`` holds stop
+    strings, ``stop_token_ids`` stop token sequences; neither appears in the output.
+    """
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        _require(
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
+            f"temperature must be a finite number >= 0, got {self.temperature!r}",
+        )
+        _require(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
+        _require(
+            isinstance(self.top_p, (int, float)) and math.isfinite(self.top_p) and 0 < self.top_p <= 1,
+            f"top_p must be in (0, 1], got {self.top_p!r}",
+        )
+        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), f"seed must be an integer in [0, 2^64), got {self.seed!r}")
+        _require(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _require(
+            all(len(seq) > 0 and all(_is_int(t) and t >= 0 for t in seq) for seq in self.stop_token_ids),
+            "stop token sequences must be non-empty sequences of token ids >= 0",
+        )
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(tuple(seq) for seq in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How the speculative loop proposes, verifies and falls back.
+
+    ``num_draft_tokens`` is the draft length k (the upper bound when ``adaptive``).
+    Fallback: over a sliding window of the last ``fallback_window`` drafted tokens,
+    once at least ``fallback_min_drafted`` have been drafted, an acceptance rate
+    below ``fallback_threshold`` switches the request to plain decoding.
+    """
+
+    mode: SpeculationMode = SpeculationMode.AUTO
+    num_draft_tokens: int = 4
+    adaptive: bool = False
+    min_draft_tokens: int = 1
+    fallback: bool = True
+    fallback_window: int = 200
+    fallback_threshold: float = 0.5
+    fallback_min_drafted: int = 50
+    ngram_min: int = 1
+    ngram_max: int = 3
+    verify_cost_per_token: float = 0.06  # extra cost of verifying one more token, in target steps
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", SpeculationMode.parse(self.mode))
+        _require(_is_int(self.num_draft_tokens) and 0 <= self.num_draft_tokens <= 64, f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens!r}")
+        _require(
+            _is_int(self.min_draft_tokens) and 1 <= self.min_draft_tokens <= max(1, self.num_draft_tokens),
+            f"min_draft_tokens must be in [1, num_draft_tokens], got {self.min_draft_tokens!r}",
+        )
+        _require(_is_int(self.fallback_window) and self.fallback_window > 0, "fallback_window must be a positive integer")
+        _require(0 <= self.fallback_threshold <= 1, "fallback_threshold must be in [0, 1]")
+        _require(
+            _is_int(self.fallback_min_drafted) and 0 < self.fallback_min_drafted <= self.fallback_window,
+            "fallback_min_drafted must be in [1, fallback_window]",
+        )
+        _require(_is_int(self.ngram_min) and _is_int(self.ngram_max) and 1 <= self.ngram_min <= self.ngram_max, "need 1 <= ngram_min <= ngram_max")
+        _require(self.verify_cost_per_token >= 0, "verify_cost_per_token must be >= 0")
+
+    def with_overrides(self, **changes: object) -> "SpeculationConfig":
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        from dataclasses import replace
+
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the torch runtime runs: device, dtype and torch threads."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_threads: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in ("float32", "float16", "bfloat16"), f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        _require(_is_int(self.num_threads) and self.num_threads >= 1, "num_threads must be >= 1")
+
+
+__all__ = ["FinishReason", "RuntimeConfig", "SamplingParams", "SpeculationConfig", "SpeculationMode"]

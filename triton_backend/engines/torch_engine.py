@@ -1,0 +1,109 @@
+"""The torch runtime: a Hugging Face causal LM on CPU or CUDA with rollback-by-crop KV sessions."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from triton_backend.config import RuntimeConfig
+from triton_backend.errors import ContextLengthError
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def configure_threads(num_threads: int) -> None:
+    """Set torch's intra-op threads (process-wide). One thread is the measured-fastest default here."""
+    if torch.get_num_threads() != num_threads:
+        torch.set_num_threads(num_threads)
+        logger.info("torch intra-op threads set to %d", num_threads)
+
+
+class TorchSession:
+    """One sequence's KV cache. ``cached`` mirrors the tokens the cache holds."""
+
+    def __init__(self, engine: "TorchEngine") -> None:
+        self._engine = engine
+        self._cache = DynamicCache(config=engine.model.config)
+        self._cached: list[int] = []
+        self.forward_calls = 0
+
+    @property
+    def cached_length(self) -> int:
+        return len(self._cached)
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` cached tokens (bookkeeping: a crop, no recompute)."""
+        if length >= len(self._cached):
+            return
+        if length == 0:
+            self.release()  # DynamicCache.crop(0) keeps everything
+            return
+        self._cache.crop(length)
+        del self._cached[length:]
+
+    def logits(self, tokens: Sequence[int], num_last: int) -> torch.Tensor:
+        n = len(tokens)
+        if not 1 <= num_last <= n:
+            raise ValueError(f"num_last must be in [1, {n}], got {num_last}")
+        if n > self._engine.max_context:
+            raise ContextLengthError(f"sequence of {n} tokens exceeds the model context of {self._engine.max_context}")
+        keep = min(common_prefix_length(self._cached, tokens), n - num_last)
+        self.rollback(keep)
+        new = list(tokens[keep:])
+        input_ids = torch.tensor([new], dtype=torch.long, device=self._engine.device)
+        with torch.inference_mode():
+            out = self._engine.model(
+                input_ids=input_ids,
+                past_key_values=self._cache,
+                use_cache=True,
+                logits_to_keep=num_last,
+            )
+        self._cached.extend(new)
+        self.forward_calls += 1
+        return out.logits[0, -num_last:].float()
+
+    def release(self) -> None:
+        self._cache = DynamicCache(config=self._engine.model.config)
+        self._cached = []
+
+
+class TorchEngine:
+    """A Hugging Face causal LM served by the torch runtime."""
+
+    def __init__(self, model: PreTrainedModel, *, name: str = "model", runtime: RuntimeConfig | None = None,
+                 eos_token_ids: Sequence[int] | None = None, max_context: int | None = None) -> None:
+        runtime = runtime or RuntimeConfig()
+        configure_threads(runtime.num_threads)
+        self.runtime = runtime
+        self.device = torch.device(runtime.device)
+        self.model = model.to(device=self.device, dtype=_DTYPES[runtime.dtype]).eval()
+        self.name = name
+        config = model.config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = int(max_context or getattr(config, "max_position_embeddings", 2048))
+        if eos_token_ids is None:
+            eos = getattr(config, "eos_token_id", None)
+            eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+
+    def new_session(self) -> TorchSession:
+        return TorchSession(self)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def __repr__(self) -> str:
+        return f"TorchEngine({self.name!r}, vocab={self.vocab_size}, context={self.max_context}, device={self.device})"

@@ -1,0 +1,31 @@
+"""Typed errors. Each carries a short message that is safe to show a client."""
+
+
+class SpecbuildError(Exception):
+    """Base of every error specbuild raises on purpose."""
+
+    code = "internal"
+
+
+class InvalidRequestError(SpecbuildError, ValueError):
+    """The request's parameters are invalid (empty prompt, max_tokens <= 0, ...)."""
+
+    code = "invalid_request"
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt (plus what must be generated) does not fit the model's context."""
+
+    code = "context_length"
+
+
+class VocabMismatchError(SpecbuildError, ValueError):
+    """A draft model does not share the target's tokenizer / vocabulary."""
+
+    code = "vocab_mismatch"
+
+
+class ModelLoadError(SpecbuildError, RuntimeError):
+    """Weights or a model directory could not be found, fetched or loaded."""
+
+    code = "model_load"

@@ -1,0 +1,223 @@
+"""The draft-then-verify loop, in plain Python over tensors (no Triton here).
+
+One round: the controller picks a draft length ``k``; the drafter proposes up to ``k``
+tokens; the target scores the last committed token plus the proposal in one pass
+(``k + 1`` logits rows); the verifier accepts a prefix and adds one recovered/bonus
+token; the tokens are committed one by one through the stop checker. ``k == 0`` (no
+drafter, nothing proposed, or after fallback) is plain autoregressive decoding in the
+same runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from triton_backend.config import FinishReason, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.controller import SpeculationController
+from triton_backend.drafters.base import EMPTY_PROPOSAL, Drafter
+from triton_backend.engines.base import CausalLMEngine
+from triton_backend.errors import ContextLengthError, InvalidRequestError
+from triton_backend.sampling import LogitsProcessor, make_generator
+from triton_backend.stats import GenerationStats
+from triton_backend.text import IncrementalDetokenizer, StopChecker, held_back
+from triton_backend.verifier import verify_greedy, verify_rejection
+
+logger = logging.getLogger(__name__)
+
+# AUTO picks the first of these the deployment has
+AUTO_PREFERENCE = (SpeculationMode.DRAFT, SpeculationMode.NGRAM)
+
+
+@dataclass
+class GenerationChunk:
+    token_ids: list[int]  # newly committed tokens
+    text: str  # newly decodable text
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    stats: GenerationStats
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+
+class SpeculativeDecoder:
+    """Generates with a target engine and optional drafters; thread-compatible: each call
+    uses its own KV sessions, so several requests may run at once on one decoder."""
+
+    def __init__(self, target: CausalLMEngine, tokenizer: Any = None, *,
+                 drafters: Mapping[SpeculationMode, Drafter] | None = None,
+                 speculation: SpeculationConfig | None = None) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafters: dict[SpeculationMode, Drafter] = dict(drafters or {})
+        self.speculation = speculation or SpeculationConfig()
+
+    # -- inputs ---------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt is empty")
+            if self.tokenizer is None:
+                raise InvalidRequestError("this decoder has no tokenizer; pass token ids")
+            ids = list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise InvalidRequestError("prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
+        if len(ids) >= self.target.max_context:
+            raise ContextLengthError(
+                f"prompt has {len(ids)} tokens; the model's context is {self.target.max_context} "
+                "and at least one token must be generated"
+            )
+        return ids
+
+    def resolve(self, mode: SpeculationMode) -> tuple[SpeculationMode, Drafter | None]:
+        if mode == SpeculationMode.OFF:
+            return mode, None
+        if mode == SpeculationMode.AUTO:
+            for candidate in AUTO_PREFERENCE:
+                if candidate in self.drafters:
+                    return candidate, self.drafters[candidate]
+            return SpeculationMode.OFF, None
+        if mode not in self.drafters:
+            have = ", ".join(m.value for m in self.drafters) or "none"
+            raise InvalidRequestError(f"speculation mode {mode.value!r} is not available in this deployment (available: {have})")
+        return mode, self.drafters[mode]
+
+    # -- generation -----------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                 speculation: SpeculationConfig | None = None) -> GenerationResult:
+        tokens: list[int] = []
+        text: list[str] = []
+        last: GenerationChunk | None = None
+        ids = self.encode(prompt)
+        for chunk in self.stream(ids, params, speculation):
+            tokens.extend(chunk.token_ids)
+            text.append(chunk.text)
+            last = chunk
+        assert last is not None and last.finish_reason is not None and last.stats is not None
+        return GenerationResult("".join(text), tokens, last.finish_reason, last.stats, ids)
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               speculation: SpeculationConfig | None = None) -> Iterator[GenerationChunk]:
+        """Yields one chunk per verified block; the last has ``finished=True`` and the stats."""
+        params = params or SamplingParams()
+        spec = speculation or self.speculation
+        prompt_ids = self.encode(prompt)
+        mode, drafter = self.resolve(spec.mode)
+        run = _Run(self, prompt_ids, params, spec, mode, drafter)
+        try:
+            yield from run.chunks()
+        finally:
+            run.release()
+
+
+class _Run:
+    """The state of one generation."""
+
+    def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], params: SamplingParams,
+                 spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None) -> None:
+        self.decoder = decoder
+        self.target = decoder.target
+        self.params = params
+        self.tokens = list(prompt_ids)
+        self.generated: list[int] = []
+        self.processor = LogitsProcessor.from_params(params)
+        self.rng = make_generator(params.seed)
+        self.drafter_session = drafter.new_session() if drafter is not None else None
+        self.target_session = self.target.new_session()
+        self.controller = SpeculationController(spec, drafter.relative_cost if drafter else 0.0)
+        self.use_drafter = drafter is not None
+        self.stats = GenerationStats(method=mode.value if drafter else SpeculationMode.OFF.value,
+                                     prompt_tokens=len(prompt_ids))
+        self.stopper = StopChecker(params, self.target.eos_token_ids, decoder.tokenizer)
+        self.detok = IncrementalDetokenizer(decoder.tokenizer, params.stop)
+        self.emitted_tokens = 0
+        # generation also ends at the model's context
+        self.limit = min(params.max_tokens, self.target.max_context - len(prompt_ids))
+
+    def release(self) -> None:
+        self.target_session.release()
+        if self.drafter_session is not None:
+            self.drafter_session.release()
+
+    def _draft_length(self) -> int:
+        if not self.use_drafter:
+            return 0
+        k = self.controller.next_draft_length()
+        # never draft past what may still be generated: the round adds k + 1 tokens at most
+        return max(0, min(k, self.limit - len(self.generated) - 1))
+
+    def _round(self) -> list[int]:
+        k = self._draft_length()
+        t0 = time.perf_counter()
+        proposal = EMPTY_PROPOSAL
+        if k > 0 and self.drafter_session is not None:
+            proposal = self.drafter_session.propose(self.tokens, k, self.processor, self.rng)
+        t1 = time.perf_counter()
+        drafts = torch.tensor(proposal.tokens, dtype=torch.long)
+        logits = self.target_session.logits(self.tokens + proposal.tokens, len(proposal) + 1)
+        if self.processor.greedy:
+            result = verify_greedy(logits, drafts)
+        else:
+            result = verify_rejection(self.processor.probs(logits), drafts, proposal.probs, self.rng)
+        t2 = time.perf_counter()
+        self.stats.draft_time_s += t1 - t0
+        self.stats.verify_time_s += t2 - t1
+        self.stats.record_round(len(proposal), result.num_accepted)
+        if self.controller.record(len(proposal), result.num_accepted):
+            self.stats.fallback = True
+            self.stats.fallback_at_token = len(self.generated) + result.num_accepted + 1
+        return proposal.tokens[: result.num_accepted] + [result.next_token]
+
+    def _commit(self, block: list[int]) -> FinishReason | None:
+        reason: FinishReason | None = None
+        for token in block:
+            self.generated.append(token)
+            reason = self.stopper.after_append(self.generated)
+            if reason is None and len(self.generated) >= self.limit:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                break
+        self.tokens = self.tokens[: self.stats.prompt_tokens] + self.generated
+        return reason
+
+    def _new_token_ids(self, finished: bool) -> list[int]:
+        """Tokens not yet streamed, holding back a possible start of a stop token sequence."""
+        end = len(self.generated)
+        if not finished:
+            end -= held_back(self.generated, self.params.stop_token_ids)
+        new = self.generated[self.emitted_tokens:end]
+        self.emitted_tokens = max(self.emitted_tokens, end)
+        return new
+
+    def chunks(self) -> Iterator[GenerationChunk]:
+        started = time.perf_counter()
+        reason: FinishReason | None = None
+        while reason is None:
+            reason = self._commit(self._round())
+            if self.stats.target_passes == 1:
+                self.stats.time_to_first_token_s = time.perf_counter() - started
+            finished = reason is not None
+            text = self.detok.update(self.generated, final=finished, text_cut=self.stopper.text_cut)
+            new = self._new_token_ids(finished)
+            if finished:
+                self.stats.generated_tokens = len(self.generated)
+                self.stats.total_time_s = time.perf_counter() - started
+                yield GenerationChunk(new, text, True, reason, self.stats)
+            elif new or text:
+                yield GenerationChunk(new, text)

@@ -1,0 +1,111 @@
+"""Loading causal LMs for the torch runtime: a reference name, a HF directory or a GGUF file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from triton_backend.config import RuntimeConfig
+from triton_backend.engines.torch_engine import TorchEngine
+from triton_backend.errors import ModelLoadError
+from triton_backend.reference_model import REFERENCE_MODELS, ensure_reference_model
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_model_path(source: str | Path) -> tuple[Path, str | None]:
+    """``(directory, gguf_file or None)`` for a reference model name, a directory or a .gguf path."""
+    text = str(source)
+    if text in REFERENCE_MODELS:
+        return ensure_reference_model(text), None
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} has no config.json; expected a Hugging Face model directory")
+        return path, None
+    raise ModelLoadError(
+        f"model {text!r} not found: give a reference model name ({', '.join(sorted(REFERENCE_MODELS))}), "
+        "a Hugging Face model directory or a .gguf file"
+    )
+
+
+def load_config(source: str | Path) -> Any:
+    folder, gguf = resolve_model_path(source)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    return AutoConfig.from_pretrained(folder, **kwargs)
+
+
+def load_tokenizer(source: str | Path) -> Any:
+    folder, gguf = resolve_model_path(source)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    except Exception as exc:  # transformers raises many types; report ours with the cause
+        raise ModelLoadError(f"could not load a tokenizer from {folder}: {exc}") from exc
+    # byte-level BPE: the WordPiece clean-up would strip spaces before punctuation
+    tokenizer.clean_up_tokenization_spaces = False
+    return tokenizer
+
+
+def load_model(source: str | Path, runtime: RuntimeConfig | None = None) -> PreTrainedModel:
+    runtime = runtime or RuntimeConfig()
+    folder, gguf = resolve_model_path(source)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=_DTYPES[runtime.dtype], **kwargs)
+    except Exception as exc:  # missing/corrupt weights surface as several exception types
+        raise ModelLoadError(f"could not load model weights from {folder}: {exc}") from exc
+    return model
+
+
+def eos_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(t) for t in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None and not ids:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *, name: str | None = None) -> tuple[TorchEngine, Any]:
+    """A torch engine and its tokenizer."""
+    tokenizer = load_tokenizer(source)
+    model = load_model(source, runtime)
+    engine = TorchEngine(model, name=name or Path(str(source)).name, runtime=runtime, eos_token_ids=eos_ids(model, tokenizer))
+    logger.info("loaded %r", engine)
+    return engine, tokenizer
+
+
+def layer_skip_draft(model: PreTrainedModel, keep_layers: Sequence[int]) -> PreTrainedModel:
+    """A self-speculative draft: the target with only ``keep_layers`` of its decoder layers
+    (layer 0 always among them), sharing the target's parameters (no copy), its final norm
+    and LM head. It shares the tokenizer by construction: the cheapest real draft for a
+    model with no packaged sibling. Each kept layer keeps its own slot in the draft's KV
+    cache, so the draft's cache is independent of the target's."""
+    config = model.config
+    total = int(config.num_hidden_layers)
+    keep = sorted(set(int(i) for i in keep_layers))
+    if not keep or keep[0] != 0 or keep[-1] >= total or len(keep) >= total:
+        raise ValueError(f"keep_layers must include layer 0, lie in [0, {total}) and drop at least one layer; got {keep}")
+    with torch.device("meta"):
+        draft = type(model)(config)
+    base, dbase = model.base_model, draft.base_model
+    dbase.embed_tokens = base.embed_tokens
+    dbase.layers = torch.nn.ModuleList([base.layers[i] for i in keep])
+    dbase.norm = base.norm
+    dbase.rotary_emb = base.rotary_emb
+    draft.lm_head = model.lm_head
+    draft.generation_config = model.generation_config
+    return draft.eval()
