@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_arguments(run)
     run.set_defaults(func=_cmd_run)
+
+    from builder.serve_cli import register as register_serving
+
+    register_serving(sub)
     return parser
 
 

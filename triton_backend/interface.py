@@ -1,0 +1,107 @@
+"""The served model's interface: its tensors and its serving configuration.
+
+No torch here: the model-repository renderer and the unary entry point import this
+without loading the runtime. Tensor names follow NVIDIA tensorrtllm_backend's
+ensemble/BLS models (``text_input``, ``max_tokens``, ``stream``, ``temperature``, ``top_k``,
+``top_p``, ``random_seed``, ``end_id``, ``stop_words``, ``bad_words``, ``num_draft_tokens`` ->
+``text_output``, ``acceptance_rate``, ``total_accepted_draft_tokens``, ``total_draft_tokens``),
+plus ours: ``speculation``, ``apply_chat_template`` -> ``target_passes``, ``fallback``,
+``num_output_tokens``, ``speculation_method``, ``finish_reason``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from triton_backend.errors import InvalidRequestError
+from triton_backend.triton_io import TensorSpec, TritonType
+
+T = TritonType
+TEXT_INPUT = TensorSpec("text_input", T.STRING, optional=False, doc="the prompt (UTF-8)")
+MAX_TOKENS = TensorSpec("max_tokens", T.INT32, doc="tokens to generate at most")
+STREAM = TensorSpec("stream", T.BOOL, doc="send each verified block as it is accepted")
+TEMPERATURE = TensorSpec("temperature", T.FP32, doc="0 = greedy (the default)")
+TOP_K = TensorSpec("top_k", T.INT32, doc="0 = no top-k filter")
+TOP_P = TensorSpec("top_p", T.FP32, doc="in (0, 1]; 1 = no nucleus filter")
+RANDOM_SEED = TensorSpec("random_seed", T.UINT64, doc="seed of the sampler")
+END_ID = TensorSpec("end_id", T.INT32, doc="an extra end token id (EOS always ends)")
+STOP_WORDS = TensorSpec("stop_words", T.STRING, (-1,), doc="stop strings, not part of the output")
+BAD_WORDS = TensorSpec("bad_words", T.STRING, (-1,), doc="accepted only empty (not supported)")
+NUM_DRAFT_TOKENS = TensorSpec("num_draft_tokens", T.INT32, doc="draft length k; 0 = plain decoding")
+SPECULATION = TensorSpec("speculation", T.STRING, doc="auto, draft, ngram or off")
+CHAT = TensorSpec("apply_chat_template", T.BOOL, doc="wrap text_input in the tokenizer's chat template")
+
+INPUTS: tuple[TensorSpec, ...] = (TEXT_INPUT, MAX_TOKENS, STREAM, TEMPERATURE, TOP_K, TOP_P, RANDOM_SEED, END_ID,
+                                  STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT)
+
+TEXT_OUTPUT = TensorSpec("text_output", T.STRING, (-1,), optional=False, doc="generated text (a block when streaming)")
+ACCEPTANCE_RATE = TensorSpec("acceptance_rate", T.FP32, doc="accepted / drafted tokens")
+TOTAL_ACCEPTED = TensorSpec("total_accepted_draft_tokens", T.INT32)
+TOTAL_DRAFT = TensorSpec("total_draft_tokens", T.INT32)
+TARGET_PASSES = TensorSpec("target_passes", T.INT32, doc="target forward passes")
+FALLBACK = TensorSpec("fallback", T.BOOL, doc="fell back to plain decoding")
+NUM_OUTPUT_TOKENS = TensorSpec("num_output_tokens", T.INT32)
+METHOD = TensorSpec("speculation_method", T.STRING, doc="the drafter used: draft, ngram or off")
+FINISH_REASON = TensorSpec("finish_reason", T.STRING, doc="length, eos or stop")
+
+OUTPUTS: tuple[TensorSpec, ...] = (TEXT_OUTPUT, ACCEPTANCE_RATE, TOTAL_ACCEPTED, TOTAL_DRAFT, TARGET_PASSES, FALLBACK,
+                                   NUM_OUTPUT_TOKENS, METHOD, FINISH_REASON)
+
+
+def _positive(value: int, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """How the model is served; rendered into config.pbtxt and read back by the model.
+
+    ``max_concurrency``: requests one instance runs at once (a thread pool; each request
+    has its own KV sessions). ``unary_model_name``: a non-decoupled entry point that
+    forwards to the decoupled model, for clients of Triton's ``infer`` API (HTTP ``infer``
+    and gRPC ``ModelInfer`` do not accept decoupled models); ``None`` renders none.
+    """
+
+    model_name: str = "specdec"
+    unary_model_name: str | None = "specdec_unary"
+    max_batch_size: int = 8
+    instance_count: int = 1
+    max_concurrency: int = 4
+    unary_instance_count: int = 4
+    default_max_tokens: int = 64
+    deployment_file: str = "deployment.json"
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "instance_count", "max_concurrency", "unary_instance_count", "default_max_tokens"):
+            _positive(getattr(self, name), name)
+        for name in (self.model_name, self.unary_model_name or "x"):
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise InvalidRequestError(f"model names must be letters, digits, '_' or '-', got {name!r}")
+        if self.unary_model_name == self.model_name:
+            raise InvalidRequestError("unary_model_name must differ from model_name")
+        if Path(self.deployment_file).name != self.deployment_file:
+            raise InvalidRequestError("deployment_file must be a plain file name inside the version folder")
+
+    def parameters(self) -> dict[str, str]:
+        """What the decoupled model's config.pbtxt carries (and :meth:`from_parameters` reads)."""
+        return {"deployment_file": self.deployment_file, "max_concurrency": str(self.max_concurrency),
+                "default_max_tokens": str(self.default_max_tokens)}
+
+    @classmethod
+    def from_parameters(cls, model_name: str, params: Mapping[str, str]) -> "ServingConfig":
+        missing = sorted({"deployment_file", "max_concurrency", "default_max_tokens"} - set(params))
+        if missing:
+            raise InvalidRequestError(f"config.pbtxt of {model_name!r} lacks parameters {missing}")
+        try:
+            return cls(model_name=model_name, deployment_file=params["deployment_file"],
+                       max_concurrency=int(params["max_concurrency"]),
+                       default_max_tokens=int(params["default_max_tokens"]))
+        except ValueError as exc:
+            raise InvalidRequestError(f"bad parameter in config.pbtxt of {model_name!r}: {exc}") from None
+
+
+
+__all__ = ["INPUTS", "OUTPUTS", "ServingConfig"]

@@ -1,0 +1,58 @@
+"""The decoupled Triton Python-backend model: a thin adapter over :mod:`triton_backend.serving`.
+
+``execute`` reads each request's tensors, hands them to the service (which answers a bad
+request at once and runs a good one on its thread pool) and returns; responses (one per
+verified block when streaming, else one) go out through the request's response sender.
+``model_repo/<model>/1/model.py`` re-exports :class:`SpecdecModel` as ``TritonPythonModel``.
+The runtime (torch, transformers) is imported in ``initialize``, so Triton's config
+auto-completion does not pay for it. Importable only inside Triton's Python backend stub.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
+
+from triton_backend.interface import INPUTS, ServingConfig
+from triton_backend.triton_io import TritonResponseSink, model_parameters, request_arrays
+
+logger = logging.getLogger("triton_backend.triton_model")
+
+
+def configure_logging() -> None:
+    """Log lines go to the stub's stderr, which Triton copies into its own log."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+class SpecdecModel:
+    """Decoupled speculative-decoding model."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        configure_logging()
+        from triton_backend.deployment import build_decoder
+        from triton_backend.serving import SpecdecService, load_deployment
+        from triton_backend.serving_metrics import TritonMetrics
+
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException(f"model {args['model_name']!r} must be decoupled")
+        config = ServingConfig.from_parameters(args["model_name"], model_parameters(model_config))
+        deployment = load_deployment(Path(args["model_repository"]) / args["model_version"] / config.deployment_file)
+        logger.info("%s: serving %s", args["model_instance_name"], " ".join(deployment.to_json().split()))
+        decoder = build_decoder(deployment)
+        self.metrics = TritonMetrics(pb_utils, args["model_name"])
+        self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            self.service.submit(request_arrays(request, INPUTS), TritonResponseSink(request))
+        return None
+
+    def finalize(self) -> None:
+        self.service.shutdown()
+        self.metrics.close()
