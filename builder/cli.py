@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     from builder.serve_cli import register as register_serving
 
     register_serving(sub)
+
+    from builder.build_cli import register_build_commands
+
+    register_build_commands(sub)
     return parser
 
 
