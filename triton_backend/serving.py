@@ -158,41 +158,48 @@ class SpecdecService:
         try:
             request = parse_request(arrays, self.speculation, self.config.default_max_tokens)
         except SpecbuildError as exc:
-            self.observer.failed(exc.code)
-            sink.fail(exc)
+            self._fail(sink, exc, exc.code)
             return
         self._pool.submit(self.run, request, sink)
 
     def run(self, request: ServingRequest, sink: ResponseSink) -> None:
-        started = time.perf_counter()
         try:
-            outcome = self._generate(request, sink)
+            self._generate(request, sink, time.perf_counter())
         except SpecbuildError as exc:
-            self.observer.failed(exc.code)
-            sink.fail(exc)
-            return
+            self._fail(sink, exc, exc.code)
         except Exception:  # the client gets a short message; the traceback goes to the server log
             logger.exception("request failed")
-            self.observer.failed("internal")
-            sink.fail(INTERNAL_ERROR_MESSAGE)
-            return
-        if outcome is None:
-            self.observer.failed("cancelled")
-        else:
-            self.observer.succeeded(outcome, time.perf_counter() - started)
+            self._fail(sink, INTERNAL_ERROR_MESSAGE, "internal")
 
-    def _generate(self, request: ServingRequest, sink: ResponseSink) -> GenerationStats | None:
+    def _fail(self, sink: ResponseSink, error: BaseException | str, outcome: str) -> None:
+        self.observer.failed(outcome)
+        try:
+            sink.fail(error)
+        except Exception:  # the client is gone: nothing left to tell it
+            logger.exception("could not send the error response")
+
+    def _generate(self, request: ServingRequest, sink: ResponseSink, started: float) -> None:
         prompt = self._prompt(request)
         pieces: list[str] = []
         with contextlib.closing(self.decoder.stream(prompt, request.sampling, request.speculation)) as chunks:
             for chunk in chunks:
                 if sink.cancelled():
-                    sink.close()
-                    return None
+                    self.observer.failed("cancelled")
+                    try:
+                        sink.close()
+                    except Exception:  # the client is gone
+                        logger.exception("could not close a cancelled request")
+                    return
                 if chunk.finished:
                     text = chunk.text if request.stream else "".join(pieces) + chunk.text
-                    sink.send(final_outputs(text, chunk), final=True)
-                    return chunk.stats
+                    # counted before the last response leaves: a client that reads the metrics
+                    # after its answer sees its request in them
+                    self.observer.succeeded(chunk.stats or GenerationStats(), time.perf_counter() - started)
+                    try:
+                        sink.send(final_outputs(text, chunk), final=True)
+                    except Exception:  # counted already; the client is gone
+                        logger.exception("could not send the final response")
+                    return
                 if request.stream:
                     if chunk.text:
                         sink.send(text_outputs(chunk.text), final=False)

@@ -1,0 +1,144 @@
+"""The served model's interface without a server: config.pbtxt rendering (parsed with
+Triton's own ModelConfig protobuf), request parsing, and client/server tensor agreement."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from builder.model_repository import RenderError, render_config_pbtxt, render_model_repository, render_template
+from builder.triton_client import GenerateRequest
+from triton_backend.config import SpeculationConfig, SpeculationMode
+from triton_backend.deployment import DeploymentConfig
+from triton_backend.errors import InvalidRequestError
+from triton_backend.interface import INPUTS, OUTPUTS, ServingConfig
+from triton_backend.serving import load_deployment, parse_request
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SPEC = SpeculationConfig()
+
+
+def _parse_pbtxt(text: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def test_config_pbtxt_parses_as_triton_model_config() -> None:
+    serving = ServingConfig(max_concurrency=3, instance_count=2)
+    config = _parse_pbtxt(render_config_pbtxt(serving))
+    assert config.name == "specdec" and config.backend == "python"
+    assert config.model_transaction_policy.decoupled is True
+    assert config.instance_group[0].count == 2
+    assert [i.name for i in config.input] == [s.name for s in INPUTS]
+    assert [o.name for o in config.output] == [s.name for s in OUTPUTS]
+    by_name = {i.name: i for i in config.input}
+    assert model_config_pb2.DataType.Name(by_name["text_input"].data_type) == "TYPE_STRING"
+    assert not by_name["text_input"].optional and by_name["max_tokens"].optional
+    assert model_config_pb2.DataType.Name(by_name["random_seed"].data_type) == "TYPE_UINT64"
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert ServingConfig.from_parameters("specdec", params) == ServingConfig(max_concurrency=3)
+
+    unary = _parse_pbtxt(render_config_pbtxt(serving, unary=True))
+    assert unary.name == "specdec_unary" and unary.model_transaction_policy.decoupled is False
+    assert unary.parameters["target_model"].string_value == "specdec"
+
+
+def test_no_placeholder_left_unfilled() -> None:
+    for unary in (False, True):
+        text = render_config_pbtxt(ServingConfig(), unary=unary)
+        assert "${" not in text and "$" not in text
+    with pytest.raises(RenderError, match="not filled"):
+        render_template("name: ${name} count: ${count}", {"name": "x"})
+    with pytest.raises(RenderError, match="unfilled placeholder"):
+        render_template("a: ${a}", {"a": "${b}"})
+
+
+def test_committed_model_repo_is_the_rendered_default(tmp_path: Path) -> None:
+    out = render_model_repository(DeploymentConfig(), tmp_path / "repo")
+    rendered = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    committed_root = REPO_ROOT / "model_repo"
+    committed = sorted(p.relative_to(committed_root) for p in committed_root.rglob("*")
+                       if p.is_file() and "__pycache__" not in p.parts)
+    assert rendered == committed
+    for rel in rendered:
+        assert (out / rel).read_text() == (committed_root / rel).read_text(), (
+            f"model_repo/{rel} is stale: run `specbuild serve --render-only --repository-dir model_repo`")
+
+
+def test_deployment_round_trips_and_relative_paths_resolve(tmp_path: Path) -> None:
+    out = render_model_repository(DeploymentConfig(draft="drafts/small", ngram=False), tmp_path,
+                                  ServingConfig(model_name="m", unary_model_name=None))
+    assert not (tmp_path / "specdec_unary").exists()
+    loaded = load_deployment(out / "m" / "1" / "deployment.json")
+    assert loaded.draft == str((out / "m" / "1" / "drafts" / "small").resolve())
+    assert loaded.target == DeploymentConfig().target and loaded.ngram is False
+
+
+def test_serving_config_validation() -> None:
+    with pytest.raises(InvalidRequestError, match="max_concurrency"):
+        ServingConfig(max_concurrency=0)
+    with pytest.raises(InvalidRequestError, match="differ"):
+        ServingConfig(model_name="a", unary_model_name="a")
+    with pytest.raises(InvalidRequestError, match="lacks parameters"):
+        ServingConfig.from_parameters("specdec", {"deployment_file": "deployment.json"})
+
+
+def test_client_request_parses_back_to_the_same_parameters() -> None:
+    request = GenerateRequest(prompt="héllo ✓", max_tokens=12, temperature=0.7, top_k=20, top_p=0.9, seed=2**63 + 5,
+                              stop=("\n\n", "END"), end_id=7, speculation="ngram", num_draft_tokens=6, chat=True,
+                              stream=True)
+    parsed = parse_request(request.arrays(), SPEC)
+    assert parsed.prompt == "héllo ✓" and parsed.stream and parsed.chat
+    s = parsed.sampling
+    assert (s.max_tokens, s.top_k, s.seed, s.stop, s.stop_token_ids) == (12, 20, 2**63 + 5, ("\n\n", "END"), ((7,),))
+    assert math.isclose(s.temperature, 0.7, rel_tol=1e-6) and math.isclose(s.top_p, 0.9, rel_tol=1e-6)
+    assert parsed.speculation.mode is SpeculationMode.NGRAM and parsed.speculation.num_draft_tokens == 6
+
+
+def test_defaults_when_optional_inputs_are_absent() -> None:
+    parsed = parse_request(GenerateRequest(prompt="hi").arrays(), SPEC, default_max_tokens=33)
+    assert parsed.sampling.max_tokens == 33 and parsed.sampling.greedy and not parsed.stream and not parsed.chat
+    assert parsed.speculation == SPEC
+    off = parse_request(GenerateRequest(prompt="hi", num_draft_tokens=0).arrays(), SPEC)
+    assert off.speculation.num_draft_tokens == 0
+
+
+def _arrays(**overrides: object) -> dict[str, np.ndarray]:
+    arrays = GenerateRequest(prompt="hello", max_tokens=8).arrays()
+    for name, value in overrides.items():
+        if value is None:
+            arrays.pop(name)
+        else:
+            arrays[name] = value  # type: ignore[assignment]
+    return arrays
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"text_input": None}, "text_input' is required"),
+    ({"text_input": np.array([[b""]], dtype=object)}, "text_input is empty"),
+    ({"text_input": np.array([[b"\xff\xfe"]], dtype=object)}, "not valid UTF-8"),
+    ({"text_input": np.array([[b"a"], [b"b"]], dtype=object)}, "batch size 1"),
+    ({"text_input": np.array([[b"a", b"b"]], dtype=object)}, "exactly one value"),
+    ({"max_tokens": np.array([[0]], dtype=np.int32)}, "max_tokens must be a positive integer"),
+    ({"max_tokens": np.array([[-5]], dtype=np.int32)}, "max_tokens must be a positive integer"),
+    ({"top_p": np.array([[5.0]], dtype=np.float32)}, r"top_p must be in \(0, 1\]"),
+    ({"temperature": np.array([[np.nan]], dtype=np.float32)}, "finite"),
+    ({"top_k": np.array([[-1]], dtype=np.int32)}, "top_k"),
+    ({"speculation": np.array([[b"medusa9"]], dtype=object)}, "unknown speculation mode"),
+    ({"num_draft_tokens": np.array([[999]], dtype=np.int32)}, "num_draft_tokens"),
+    ({"bad_words": np.array([[b"darn"]], dtype=object)}, "bad_words is not supported"),
+])
+def test_bad_requests_get_short_typed_errors(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message) as info:
+        parse_request(_arrays(**overrides), SPEC)
+    assert len(str(info.value)) < 200
+
+
+def test_empty_bad_words_and_stop_words_are_accepted() -> None:
+    parsed = parse_request(_arrays(bad_words=np.array([[b""]], dtype=object),
+                                   stop_words=np.array([[b""]], dtype=object)), SPEC)
+    assert parsed.sampling.stop == ()
