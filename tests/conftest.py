@@ -1,0 +1,57 @@
+"""Shared fixtures: the real reference model (SmolLM2-135M-Instruct, float32) and tiny
+random Llama models (no weights needed) for fast unit tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from triton_backend.config import RuntimeConfig
+from triton_backend.engines.torch_engine import TorchEngine
+
+# Prompts for the real model: chat, code, and input-copying tasks (where n-gram lookup matches).
+REFERENCE_PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that checks whether a number is prime.",
+    "Rewrite this sentence in the past tense: 'The cat sits on the mat and looks at the birds.'",
+    "List three benefits of regular exercise.",
+    "Explain what a hash table is in two sentences.",
+    "Translate to French: 'Good morning, how are you today?'",
+    "Summarize: The meeting was moved from Monday to Wednesday because the projector in room 4 was broken.",
+    "Write a haiku about the ocean.",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Repeat exactly: alpha beta gamma delta epsilon zeta eta theta.",
+]
+
+
+def tiny_llama(seed: int, *, vocab: int = 32, layers: int = 2, hidden: int = 32, sharpness: float = 4.0,
+               max_positions: int = 128) -> LlamaForCausalLM:
+    """A small random Llama whose next-token distributions are far from uniform."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness * 50)
+    return model.eval()
+
+
+def tiny_engine(seed: int, **kwargs: object) -> TorchEngine:
+    return TorchEngine(tiny_llama(seed, **kwargs), name=f"tiny{seed}", runtime=RuntimeConfig(), eos_token_ids=[])
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """(engine, tokenizer) of the real SmolLM2-135M-Instruct, float32, 1 thread."""
+    from triton_backend.model_loading import load_engine
+
+    return load_engine("smollm2-135m-instruct", RuntimeConfig())
+
+
+@pytest.fixture(scope="session")
+def reference_prompts(reference):
+    _, tokenizer = reference
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in REFERENCE_PROMPTS]
