@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     from builder.build_cli import register_build_commands
 
     register_build_commands(sub)
+
+    from builder.bench.cli import register as register_bench
+
+    register_bench(sub)
     return parser
 
 

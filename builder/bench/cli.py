@@ -1,0 +1,52 @@
+"""``specbuild bench`` arguments -> BenchConfig -> run, report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS, BenchConfig
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="side-by-side speed/latency/acceptance of every method and the HF peer")
+    p.add_argument("--target", default=BenchConfig.target)
+    p.add_argument("--draft", default=None, help="draft model directory (adds draft and HF assisted rows)")
+    p.add_argument("--medusa", default=None, help="Medusa heads directory (adds a medusa row)")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
+    p.add_argument("--workloads", default="chat,code,copy")
+    p.add_argument("--prompts-per-workload", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ngram-k", type=_ints, default=(4, 8))
+    p.add_argument("--draft-k", type=_ints, default=(4,))
+    p.add_argument("--no-peer", action="store_true", help="skip the Hugging Face generate rows")
+    p.add_argument("--triton", action="store_true", help="also send the requests through a real Triton server")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--label", default="cpu", help="results file name suffix")
+    p.add_argument("--no-plot", action="store_true")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from builder.bench.report import summarize, to_markdown, write_report
+    from builder.bench.runner import run_bench
+
+    config = BenchConfig(
+        target=args.target, draft=args.draft, medusa=args.medusa, prompts_file=args.prompts,
+        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, repeats=args.repeats,
+        ngram_k=args.ngram_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton,
+        num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
+    )
+    summary = summarize(run_bench(config))
+    paths = write_report(summary, config.out_dir, config.label)
+    print(to_markdown(summary))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0

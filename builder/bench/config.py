@@ -1,0 +1,70 @@
+"""Typed benchmark configuration."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from triton_backend.errors import InvalidRequestError
+from triton_backend.reference_model import DEFAULT_REFERENCE
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: str = DEFAULT_REFERENCE
+    draft: str | None = None  # a draft model directory sharing the target's tokenizer
+    medusa: str | None = None  # Medusa heads directory (when the runtime has Medusa)
+    prompts_file: Path = DEFAULT_PROMPTS
+    workloads: tuple[str, ...] = ("chat", "code", "copy")
+    prompts_per_workload: int = 5
+    max_tokens: int = 64
+    repeats: int = 3
+    ngram_k: tuple[int, ...] = (4, 8)
+    draft_k: tuple[int, ...] = (4,)
+    peer: bool = True  # Hugging Face generate rows
+    triton: bool = False  # the same requests through a real Triton server
+    num_threads: int = 1
+    out_dir: Path = DEFAULT_OUT
+    plot: bool = True
+    label: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0 or self.repeats <= 0 or self.prompts_per_workload <= 0:
+            raise InvalidRequestError("max_tokens, repeats and prompts_per_workload must be positive")
+        if not self.prompts_file.exists():
+            raise InvalidRequestError(f"prompt file {self.prompts_file} not found")
+
+    def load_prompts(self) -> dict[str, list[str]]:
+        data = json.loads(Path(self.prompts_file).read_text())
+        workloads = data.get("workloads", {})
+        missing = [w for w in self.workloads if w not in workloads]
+        if missing:
+            raise InvalidRequestError(f"workloads {missing} not in {self.prompts_file} (has {sorted(workloads)})")
+        return {w: list(workloads[w])[: self.prompts_per_workload] for w in self.workloads}
+
+
+@dataclass
+class Sample:
+    """One request of one row."""
+
+    row: str
+    workload: str
+    prompt_index: int
+    repeat: int
+    tokens: list[int]
+    latency_s: float
+    ttft_s: float
+    stats: dict | None = None  # our GenerationStats.to_dict(); None for the peer
+
+
+@dataclass
+class BenchRun:
+    config: BenchConfig
+    samples: list[Sample] = field(default_factory=list)
+    rows: list[str] = field(default_factory=list)
+    row_info: dict[str, dict] = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)

@@ -1,0 +1,176 @@
+"""Aggregates samples into the benchmark table: markdown, JSON and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from builder.bench.config import BenchRun, Sample
+from triton_backend.controller import expected_tokens_per_round
+
+logger = logging.getLogger(__name__)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _throughput_by_repeat(samples: list[Sample]) -> dict[int, float]:
+    tokens: dict[int, int] = defaultdict(int)
+    seconds: dict[int, float] = defaultdict(float)
+    for s in samples:
+        tokens[s.repeat] += len(s.tokens)
+        seconds[s.repeat] += s.latency_s
+    return {r: tokens[r] / seconds[r] for r in tokens if seconds[r] > 0}
+
+
+def _acceptance(samples: list[Sample]) -> dict:
+    stats = [s.stats for s in samples if s.stats]
+    if not stats:
+        return {}
+    drafted = sum(st["drafted_tokens"] for st in stats)
+    accepted = sum(st["accepted_tokens"] for st in stats)
+    rounds = sum(st["speculative_rounds"] for st in stats)
+    passes = sum(st["target_passes"] for st in stats)
+    generated = sum(st["generated_tokens"] for st in stats)
+    lengths = [k for st in stats for k in st["draft_lengths"]]
+    out = {"target_passes_per_token": passes / generated if generated else 0.0,
+           "tokens_per_target_pass": generated / passes if passes else 0.0}
+    if drafted:
+        a = accepted / drafted
+        k_mean = sum(lengths) / len(lengths)
+        positions: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for st in stats:
+            for i, (d, acc) in enumerate(zip(st["drafted_per_position"], st["accepted_per_position"])):
+                positions[i][0] += d
+                positions[i][1] += acc
+        out.update(acceptance_rate=a, mean_accepted_length=accepted / rounds if rounds else 0.0,
+                   mean_draft_length=k_mean, expected_tokens_per_pass=expected_tokens_per_round(a, round(k_mean)),
+                   per_position_acceptance=[acc / d if d else 0.0 for _, (d, acc) in sorted(positions.items())],
+                   fallbacks=sum(1 for st in stats if st["fallback"]))
+    return out
+
+
+def summarize(run: BenchRun) -> dict:
+    by_row_workload: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for s in run.samples:
+        by_row_workload[(s.row, s.workload)].append(s)
+    plain_tokens = {(s.workload, s.prompt_index, s.repeat): s.tokens for s in run.samples if s.row == "plain"}
+    table = []
+    for workload in list(run.config.workloads) + ["all"]:
+        tput = {}
+        for row in run.rows:
+            samples = [s for (r, w), ss in by_row_workload.items() if r == row and (w == workload or workload == "all") for s in ss]
+            tput[row] = _throughput_by_repeat(samples)
+        for row in run.rows:
+            samples = [s for (r, w), ss in by_row_workload.items() if r == row and (w == workload or workload == "all") for s in ss]
+            if not samples:
+                continue
+            reps = sorted(tput[row])
+            ratio_plain = [tput[row][r] / tput["plain"][r] for r in reps if r in tput["plain"]]
+            ratio_hf = [tput[row][r] / tput["hf plain"][r] for r in reps if r in tput.get("hf plain", {})]
+            identical = all(s.tokens == plain_tokens.get((s.workload, s.prompt_index, s.repeat)) for s in samples)
+            latencies = [s.latency_s for s in samples]
+            entry = {
+                "workload": workload, "row": row, **run.row_info.get(row, {}),
+                "tokens_per_s": statistics.median(tput[row].values()),
+                "tokens_per_s_spread": [min(tput[row].values()), max(tput[row].values())],
+                "speedup_vs_plain": statistics.median(ratio_plain) if ratio_plain else None,
+                "speedup_vs_plain_spread": [min(ratio_plain), max(ratio_plain)] if ratio_plain else None,
+                "speedup_vs_hf_plain": statistics.median(ratio_hf) if ratio_hf else None,
+                "ttft_s_p50": _percentile([s.ttft_s for s in samples], 0.5),
+                "latency_s_p50": _percentile(latencies, 0.5), "latency_s_p95": _percentile(latencies, 0.95),
+                "identical_to_plain": identical, "requests": len(samples),
+                **_acceptance(samples),
+            }
+            table.append(entry)
+    return {"environment": run.environment, "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(run.config).items()},
+            "rows": table}
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return format(value, spec)
+
+
+def to_markdown(summary: dict) -> str:
+    env = summary["environment"]
+    cfg = summary["config"]
+    lines = [
+        f"Machine: {env['processor']} ({env['device']}, torch {env['torch']}, {env['threads']} thread(s)); "
+        f"{cfg['max_tokens']} new tokens per request, {cfg['repeats']} interleaved repeats; greedy, float32.",
+        "",
+        "| workload | row | tok/s | x plain (spread) | x HF plain | TTFT p50 s | p50 s | p95 s | accept | mean acc len | tok/pass | E(a,k) | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in summary["rows"]:
+        spread = e.get("speedup_vs_plain_spread")
+        x_plain = f"{_fmt(e['speedup_vs_plain'])} ({_fmt(spread[0])}-{_fmt(spread[1])})" if spread else "-"
+        lines.append(
+            f"| {e['workload']} | {e['row']} | {_fmt(e['tokens_per_s'], '.1f')} | {x_plain} | {_fmt(e['speedup_vs_hf_plain'])} "
+            f"| {_fmt(e['ttft_s_p50'], '.3f')} | {_fmt(e['latency_s_p50'])} | {_fmt(e['latency_s_p95'])} "
+            f"| {_fmt(e.get('acceptance_rate'), '.3f')} | {_fmt(e.get('mean_accepted_length'))} "
+            f"| {_fmt(e.get('tokens_per_target_pass'))} | {_fmt(e.get('expected_tokens_per_pass'))} | {_fmt(e['identical_to_plain'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed; skipping the plot")
+        return None
+    rows = [e for e in summary["rows"] if e["workload"] != "all"]
+    workloads = list(dict.fromkeys(e["workload"] for e in rows))
+    names = list(dict.fromkeys(e["row"] for e in rows))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    width = 0.8 / max(1, len(names))
+    for j, name in enumerate(names):
+        values = [next((e["speedup_vs_plain"] or 0 for e in rows if e["row"] == name and e["workload"] == w), 0) for w in workloads]
+        ax1.bar([i + j * width for i in range(len(workloads))], values, width, label=name)
+    ax1.axhline(1.0, color="black", linewidth=0.8)
+    ax1.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(workloads))], workloads)
+    ax1.set_ylabel("speedup vs plain greedy (ours)")
+    ax1.set_title("Speedup by method and workload")
+    ax1.legend(fontsize=7)
+    for e in summary["rows"]:
+        if e["workload"] == "all" and e.get("per_position_acceptance"):
+            ax2.plot(range(1, len(e["per_position_acceptance"]) + 1), e["per_position_acceptance"], marker="o", label=e["row"])
+    ax2.set_xlabel("draft position")
+    ax2.set_ylabel("acceptance rate")
+    ax2.set_ylim(0, 1)
+    ax2.set_title("Acceptance by draft position (all workloads)")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(summary: dict, out_dir: Path, label: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / f"bench-{label}.json", "markdown": out_dir / f"bench-{label}.md"}
+    paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
+    paths["markdown"].write_text(to_markdown(summary))
+    png = plot(summary, out_dir / f"bench-{label}.png")
+    if png is not None:
+        paths["plot"] = png
+    return paths

@@ -1,0 +1,40 @@
+"""`specbuild bench` end to end on a tiny budget: rows, ratios, identity checks, files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builder.bench.config import BenchConfig
+from builder.bench.report import summarize, to_markdown, write_report
+from builder.bench.runner import run_bench
+from triton_backend.errors import InvalidRequestError
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_tiny_budget(tmp_path):
+    config = BenchConfig(prompts_per_workload=1, max_tokens=6, repeats=2, ngram_k=(3,), out_dir=tmp_path, label="t")
+    run = run_bench(config)
+    assert run.rows == ["plain", "ngram k=3", "hf plain", "hf prompt-lookup"]
+    assert len(run.samples) == 4 * 3 * 2  # rows x workloads x repeats
+    summary = summarize(run)
+    rows = {(e["workload"], e["row"]): e for e in summary["rows"]}
+    assert rows[("all", "plain")]["speedup_vs_plain"] == pytest.approx(1.0)
+    assert rows[("all", "ngram k=3")]["identical_to_plain"] is True  # greedy speculation is exact
+    assert rows[("all", "plain")]["tokens_per_target_pass"] == pytest.approx(1.0)
+    assert all(len(s.tokens) == 6 for s in run.samples)
+    paths = write_report(summary, tmp_path, "t")
+    assert json.loads(paths["json"].read_text())["rows"]
+    assert "| all | ngram k=3 |" in to_markdown(summary)
+    assert paths["plot"].stat().st_size > 1000
+
+
+def test_bench_config_errors(tmp_path):
+    with pytest.raises(InvalidRequestError, match="not found"):
+        BenchConfig(prompts_file=tmp_path / "none.json")
+    with pytest.raises(InvalidRequestError, match="positive"):
+        BenchConfig(max_tokens=0)
+    with pytest.raises(InvalidRequestError, match="workloads"):
+        BenchConfig(workloads=("poetry",)).load_prompts()
