@@ -142,3 +142,27 @@ def test_empty_bad_words_and_stop_words_are_accepted() -> None:
     parsed = parse_request(_arrays(bad_words=np.array([[b""]], dtype=object),
                                    stop_words=np.array([[b""]], dtype=object)), SPEC)
     assert parsed.sampling.stop == ()
+
+
+def test_serve_finds_what_to_serve(tmp_path: Path) -> None:
+    from builder.serve import ServeConfig, prepare_repository
+
+    committed = REPO_ROOT / "model_repo"
+    assert prepare_repository(ServeConfig(source=committed)) == (committed, False)
+    built = tmp_path / "built"
+    render_model_repository(DeploymentConfig(), built / "model_repo")
+    assert prepare_repository(ServeConfig(source=built)) == (built / "model_repo", False)
+
+    deployment_dir = tmp_path / "dep"
+    (deployment_dir / "weights").mkdir(parents=True)
+    (deployment_dir / "weights" / "config.json").write_text("{}")
+    (deployment_dir / "deployment.json").write_text(DeploymentConfig(target="weights", ngram=True).to_json())
+    for source in (deployment_dir, deployment_dir / "deployment.json"):
+        out = tmp_path / f"rendered-{source.name}"
+        repo, temporary = prepare_repository(ServeConfig(source=source, repository_dir=out))
+        assert repo == out and not temporary
+        served = DeploymentConfig.load(repo / "specdec" / "1" / "deployment.json")
+        assert served.target == str((deployment_dir / "weights").resolve())  # relative to the source file
+
+    with pytest.raises(InvalidRequestError, match="no model repository"):
+        prepare_repository(ServeConfig(source=tmp_path / "dep" / "weights"))

@@ -76,6 +76,16 @@ def test_unary_and_streaming_over_http_and_grpc_equal_in_process_greedy(triton, 
     assert call(triton, "grpc", replace(request, speculation="off")).stats["total_draft_tokens"] == 0
 
 
+def test_streamed_chunks_never_split_a_multibyte_character(triton, local_decoder) -> None:
+    request = GenerateRequest(prompt="Réponds en français avec des accents et un emoji 🙂 : où est la bibliothèque ?",
+                              max_tokens=24, chat=True, stream=True)
+    streamed = call(triton, "grpc", request)
+    local = local_result(local_decoder, request)
+    assert_same(streamed, local)
+    assert any(ord(ch) > 127 for ch in local.text), local.text  # the answer has multi-byte characters
+    assert all("\ufffd" not in chunk for chunk in streamed.chunks)
+
+
 def test_eight_concurrent_requests_each_get_their_own_answer(triton, local_decoder) -> None:
     prompts = ["What is the capital of France?", "List three benefits of regular exercise.",
                "Repeat exactly: alpha beta gamma delta epsilon zeta eta theta.", PROMPT,
