@@ -137,12 +137,10 @@ def _stage_compile(ctx: BuildContext) -> None:
 
 
 def _stage_repository(ctx: BuildContext) -> None:
-    from builder.model_repository import render_model_repository
+    from builder.model_repository import VERSION, render_model_repository
     from triton_backend.config import RuntimeConfig, SpeculationConfig
     from triton_backend.deployment import DeploymentConfig
     from triton_backend.interface import ServingConfig
-
-    from builder.model_repository import VERSION
 
     assert ctx.serving is not None
     serving = ServingConfig(max_batch_size=ctx.spec.limits.max_batch_size)

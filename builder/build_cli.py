@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.compile import CompileMode
+from builder.errors import BuildSpecError
 from builder.spec import (BuildSpec, CalibrationSpec, GpuTarget, Limits, MedusaSpec, ModelSpec, Parallelism,
                           TorchRuntimeSpec)
 from triton_backend.reference_model import DEFAULT_REFERENCE
@@ -51,8 +52,12 @@ def spec_from_args(a: argparse.Namespace) -> BuildSpec:
     base = BuildSpec.load(a.spec) if a.spec else BuildSpec(target=ModelSpec(a.target or DEFAULT_REFERENCE))
     target = replace(base.target, **_given(source=a.target, precision=a.precision))
     draft = base.draft
-    if a.draft is not None or a.draft_precision is not None:
-        draft = replace(draft or ModelSpec(a.draft or ""), **_given(source=a.draft, precision=a.draft_precision))
+    if a.draft is not None:
+        draft = replace(draft or ModelSpec(a.draft), source=a.draft)
+    if a.draft_precision is not None:
+        if draft is None:
+            raise BuildSpecError("--draft-precision needs a draft model (--draft or the spec's draft)")
+        draft = replace(draft, precision=a.draft_precision)
     medusa = base.medusa
     if a.medusa_heads is not None or a.medusa_layers is not None or a.medusa_source is not None:
         medusa = replace(medusa or MedusaSpec(), **_given(num_heads=a.medusa_heads, num_layers=a.medusa_layers,
@@ -100,7 +105,8 @@ def cmd_build(a: argparse.Namespace) -> int:
     from builder.plan_report import format_plan
 
     options = BuildOptions(output_dir=Path(a.output), compile=CompileMode.SCRIPT if a.no_compile else CompileMode.AUTO,
-                           torch_only=a.torch_only, force=a.force, progress=not a.no_progress, threads=a.threads)
+                           torch_only=a.torch_only, force=a.force, progress=not a.no_progress,
+                           device=a.calibration_device, threads=a.threads)
     result = run_build(spec_from_args(a), options)
     print(format_plan(result.plan))
     print()
@@ -131,6 +137,7 @@ def register_build_commands(sub: Any) -> None:
     build.add_argument("--force", action="store_true", help="replace a previous build in the output folder")
     build.add_argument("--no-progress", action="store_true")
     build.add_argument("--threads", type=int, default=1, help="torch threads while calibrating")
+    build.add_argument("--calibration-device", default="cpu", help="where modelopt calibrates (cpu, cuda)")
     build.set_defaults(func=cmd_build)
 
 

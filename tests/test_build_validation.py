@@ -215,3 +215,16 @@ def test_plan_command_errors_are_short(capsys):
 def test_medusa_spec_needs_heads():
     with pytest.raises(BuildSpecError, match="medusa.num_heads must be a positive integer"):
         MedusaSpec(num_heads=0)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b-8b-h100.yaml", "smollm2-fp8.toml"])
+def test_example_specs_plan(name):
+    spec = BuildSpec.load(Path(__file__).resolve().parent.parent / "builder" / "examples" / name)
+    assert plan_deployment(spec).fits
+
+
+def test_draft_precision_needs_a_draft(capsys):
+    from builder.cli import main
+
+    assert main(["plan", "--target", "llama-3-8b", "--draft-precision", "fp8", "--json", ""]) == 2
+    assert "--draft-precision needs a draft model" in capsys.readouterr().err
