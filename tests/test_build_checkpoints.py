@@ -104,3 +104,15 @@ def test_smollm2_fp16_checkpoint_matches_the_planner_parameter_count(tmp_path):
     arch = load_architecture("smollm2-135m-instruct")
     assert total == arch.total_params == 162_826_560
     assert json.loads((folder / "config.json").read_text())["share_embedding_table"] is False
+
+
+@pytest.mark.parametrize("kv, algo", [(KVCacheDtype.FP8, "FP8"), (KVCacheDtype.INT8, "INT8")])
+def test_16_bit_weights_with_a_quantized_kv_cache(tiny_dir, tmp_path, kv, algo):
+    state, folder, config = quantize_and_export(str(tiny_dir), Precision.FP16, kv, tmp_path / "ckpt")
+    assert (config["quantization"]["quant_algo"], config["quantization"]["kv_cache_quant_algo"]) == (None, algo)
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "rank0.safetensors"), "pt") as f:
+        assert f.get_tensor("transformer.layers.0.attention.qkv.weight").dtype == torch.float16
+        scale = f.get_tensor("transformer.layers.0.attention.kv_cache_scaling_factor")
+        assert scale.numel() == 1 and float(scale) > 0
