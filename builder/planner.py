@@ -137,6 +137,7 @@ def check_vocabularies(spec: BuildSpec, models: ResolvedModels, notes: list[str]
 
     if spec.draft is None or models.draft is None:
         return
+    check_vocab_compatible(None, None, models.target.vocab_size, models.draft.vocab_size)  # sizes first: cheap
     target_tok = _tokenizer_or_none(spec.target.source)
     draft_tok = _tokenizer_or_none(spec.draft.source)
     if target_tok is None or draft_tok is None:
