@@ -12,8 +12,7 @@ from typing import Any
 
 from builder.compile import CompileMode
 from builder.errors import BuildSpecError
-from builder.spec import (BuildSpec, CalibrationSpec, GpuTarget, Limits, MedusaSpec, ModelSpec, Parallelism,
-                          TorchRuntimeSpec)
+from builder.spec import BuildSpec, GpuTarget, MedusaSpec, ModelSpec, Parallelism, TorchRuntimeSpec
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
 
