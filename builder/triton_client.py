@@ -24,7 +24,7 @@ import numpy as np
 
 from triton_backend.errors import SpecbuildError
 from triton_backend.interface import (
-    CHAT, END_ID, INPUTS, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUTS, RANDOM_SEED, SPECULATION, STOP_WORDS, STREAM,
+    CHAT, END_ID, IGNORE_EOS, INPUTS, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUTS, RANDOM_SEED, SPECULATION, STOP_WORDS, STREAM,
     TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P,
 )
 from triton_backend.triton_io import TritonType
@@ -73,6 +73,7 @@ class GenerateRequest:
     num_draft_tokens: int | None = None
     chat: bool = False
     stream: bool = False
+    ignore_eos: bool = False
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The request's input tensors, ``[1, ...]`` batched, typed as the model declares."""
@@ -82,6 +83,7 @@ class GenerateRequest:
             STOP_WORDS.name: list(self.stop) or None, END_ID.name: self.end_id,
             SPECULATION.name: [self.speculation] if self.speculation is not None else None,
             NUM_DRAFT_TOKENS.name: self.num_draft_tokens, CHAT.name: self.chat or None, STREAM.name: self.stream,
+            IGNORE_EOS.name: self.ignore_eos or None,
         }
         out = {}
         for name, value in values.items():

@@ -24,11 +24,23 @@ def test_bench_tiny_budget(tmp_path):
     assert rows[("all", "plain")]["speedup_vs_plain"] == pytest.approx(1.0)
     assert rows[("all", "ngram k=3")]["identical_to_plain"] is True  # greedy speculation is exact
     assert rows[("all", "plain")]["tokens_per_target_pass"] == pytest.approx(1.0)
-    assert all(len(s.tokens) == 6 for s in run.samples)
+    assert all(len(s.tokens) == 6 == s.num_tokens for s in run.samples)
     paths = write_report(summary, tmp_path, "t")
     assert json.loads(paths["json"].read_text())["rows"]
     assert "| all | ngram k=3 |" in to_markdown(summary)
     assert paths["plot"].stat().st_size > 1000
+
+
+def test_bench_through_triton(tmp_path):
+    """The same requests through a real Triton server: identical text, overhead reported."""
+    config = BenchConfig(workloads=("copy",), prompts_per_workload=1, max_tokens=6, repeats=1, ngram_k=(3,),
+                         peer=False, triton=True, out_dir=tmp_path, label="t")
+    summary = summarize(run_bench(config))
+    rows = {e["row"]: e for e in summary["rows"] if e["workload"] == "all"}
+    for name in ("plain via triton", "ngram k=3 via triton"):
+        assert rows[name]["identical_to_plain"] is True
+        assert rows[name]["serving_overhead"] is not None and rows[name]["tokens_per_s"] > 0
+    assert "Serving overhead through Triton" in to_markdown(summary)
 
 
 def test_bench_config_errors(tmp_path):

@@ -5,7 +5,7 @@ without loading the runtime. Tensor names follow NVIDIA tensorrtllm_backend's
 ensemble/BLS models (``text_input``, ``max_tokens``, ``stream``, ``temperature``, ``top_k``,
 ``top_p``, ``random_seed``, ``end_id``, ``stop_words``, ``bad_words``, ``num_draft_tokens`` ->
 ``text_output``, ``acceptance_rate``, ``total_accepted_draft_tokens``, ``total_draft_tokens``),
-plus ours: ``speculation``, ``apply_chat_template`` -> ``target_passes``, ``fallback``,
+plus ours: ``speculation``, ``apply_chat_template``, ``ignore_eos`` -> ``target_passes``, ``fallback``,
 ``num_output_tokens``, ``speculation_method``, ``finish_reason``.
 """
 
@@ -32,9 +32,10 @@ BAD_WORDS = TensorSpec("bad_words", T.STRING, (-1,), doc="accepted only empty (n
 NUM_DRAFT_TOKENS = TensorSpec("num_draft_tokens", T.INT32, doc="draft length k; 0 = plain decoding")
 SPECULATION = TensorSpec("speculation", T.STRING, doc="auto, draft, ngram or off")
 CHAT = TensorSpec("apply_chat_template", T.BOOL, doc="wrap text_input in the tokenizer's chat template")
+IGNORE_EOS = TensorSpec("ignore_eos", T.BOOL, doc="keep generating past EOS (fixed-length benchmarks)")
 
 INPUTS: tuple[TensorSpec, ...] = (TEXT_INPUT, MAX_TOKENS, STREAM, TEMPERATURE, TOP_K, TOP_P, RANDOM_SEED, END_ID,
-                                  STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT)
+                                  STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT, IGNORE_EOS)
 
 TEXT_OUTPUT = TensorSpec("text_output", T.STRING, (-1,), optional=False, doc="generated text (a block when streaming)")
 ACCEPTANCE_RATE = TensorSpec("acceptance_rate", T.FP32, doc="accepted / drafted tokens")

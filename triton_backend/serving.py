@@ -22,7 +22,7 @@ from triton_backend.deployment import DeploymentConfig
 from triton_backend.errors import InvalidRequestError, SpecbuildError
 from triton_backend.generation import GenerationChunk, SpeculativeDecoder
 from triton_backend.interface import (
-    ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, FALLBACK, FINISH_REASON, MAX_TOKENS, METHOD, NUM_DRAFT_TOKENS,
+    ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, IGNORE_EOS, FALLBACK, FINISH_REASON, MAX_TOKENS, METHOD, NUM_DRAFT_TOKENS,
     NUM_OUTPUT_TOKENS, RANDOM_SEED, SPECULATION, STOP_WORDS, STREAM, TARGET_PASSES, TEMPERATURE, TEXT_INPUT,
     TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_ACCEPTED, TOTAL_DRAFT, ServingConfig,
 )
@@ -60,6 +60,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         seed=read_scalar(arrays, RANDOM_SEED),
         stop=tuple(read_strings(arrays, STOP_WORDS)),
         stop_token_ids=((end_id,),) if end_id is not None else (),
+        ignore_eos=bool(read_scalar(arrays, IGNORE_EOS)),
     )
     spec = speculation.with_overrides(mode=read_scalar(arrays, SPECULATION),
                                       num_draft_tokens=read_scalar(arrays, NUM_DRAFT_TOKENS))

@@ -47,6 +47,14 @@ class BenchConfig:
         return {w: list(workloads[w])[: self.prompts_per_workload] for w in self.workloads}
 
 
+@dataclass(frozen=True)
+class BenchPrompt:
+    workload: str
+    index: int
+    text: str  # chat-templated prompt text
+    ids: list[int]
+
+
 @dataclass
 class Sample:
     """One request of one row."""
@@ -55,7 +63,9 @@ class Sample:
     workload: str
     prompt_index: int
     repeat: int
-    tokens: list[int]
+    tokens: list[int]  # empty for rows that only return text (through Triton)
+    text: str
+    num_tokens: int
     latency_s: float
     ttft_s: float
     stats: dict | None = None  # our GenerationStats.to_dict(); None for the peer

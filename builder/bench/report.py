@@ -29,7 +29,7 @@ def _throughput_by_repeat(samples: list[Sample]) -> dict[int, float]:
     tokens: dict[int, int] = defaultdict(int)
     seconds: dict[int, float] = defaultdict(float)
     for s in samples:
-        tokens[s.repeat] += len(s.tokens)
+        tokens[s.repeat] += s.num_tokens
         seconds[s.repeat] += s.latency_s
     return {r: tokens[r] / seconds[r] for r in tokens if seconds[r] > 0}
 
@@ -61,11 +61,18 @@ def _acceptance(samples: list[Sample]) -> dict:
     return out
 
 
+def _same_output(sample: Sample, plain: Sample | None) -> bool:
+    if plain is None:
+        return False
+    return sample.tokens == plain.tokens if sample.tokens else sample.text == plain.text
+
+
 def summarize(run: BenchRun) -> dict:
     by_row_workload: dict[tuple[str, str], list[Sample]] = defaultdict(list)
     for s in run.samples:
         by_row_workload[(s.row, s.workload)].append(s)
-    plain_tokens = {(s.workload, s.prompt_index, s.repeat): s.tokens for s in run.samples if s.row == "plain"}
+    plain = {(s.workload, s.prompt_index, s.repeat): s for s in run.samples if s.row == "plain"}
+    by_key = {(s.row, s.workload, s.prompt_index, s.repeat): s for s in run.samples}
     table = []
     for workload in list(run.config.workloads) + ["all"]:
         tput = {}
@@ -79,7 +86,7 @@ def summarize(run: BenchRun) -> dict:
             reps = sorted(tput[row])
             ratio_plain = [tput[row][r] / tput["plain"][r] for r in reps if r in tput["plain"]]
             ratio_hf = [tput[row][r] / tput["hf plain"][r] for r in reps if r in tput.get("hf plain", {})]
-            identical = all(s.tokens == plain_tokens.get((s.workload, s.prompt_index, s.repeat)) for s in samples)
+            identical = all(_same_output(s, plain.get((s.workload, s.prompt_index, s.repeat))) for s in samples)
             latencies = [s.latency_s for s in samples]
             entry = {
                 "workload": workload, "row": row, **run.row_info.get(row, {}),
@@ -93,6 +100,11 @@ def summarize(run: BenchRun) -> dict:
                 "identical_to_plain": identical, "requests": len(samples),
                 **_acceptance(samples),
             }
+            twin = run.row_info.get(row, {}).get("twin")
+            if twin:
+                ratios = [s.latency_s / by_key[(twin, s.workload, s.prompt_index, s.repeat)].latency_s
+                          for s in samples if (twin, s.workload, s.prompt_index, s.repeat) in by_key]
+                entry["serving_overhead"] = statistics.median(ratios) - 1 if ratios else None
             table.append(entry)
     return {"environment": run.environment, "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(run.config).items()},
             "rows": table}
@@ -125,6 +137,12 @@ def to_markdown(summary: dict) -> str:
             f"| {_fmt(e.get('acceptance_rate'), '.3f')} | {_fmt(e.get('mean_accepted_length'))} "
             f"| {_fmt(e.get('tokens_per_target_pass'))} | {_fmt(e.get('expected_tokens_per_pass'))} | {_fmt(e['identical_to_plain'])} |"
         )
+    overheads = [e for e in summary["rows"] if e["workload"] == "all" and e.get("serving_overhead") is not None]
+    if overheads:
+        lines += ["", "Serving overhead through Triton (gRPC streaming, median of per-request latency ratios "
+                      "against the same request in-process):", ""]
+        for e in overheads:
+            lines.append(f"- {e['row']}: {100 * e['serving_overhead']:+.1f} %")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""The benchmark's rows: our runtime's methods and the peer's (transformers generate)."""
+"""The benchmark's rows: our runtime's methods, the peer's (transformers generate), and
+the same requests through a real Triton server."""
 
 from __future__ import annotations
 
@@ -8,17 +9,26 @@ from typing import Any, Protocol
 
 import torch
 
-from builder.bench.config import Sample
+from builder.bench.config import BenchPrompt, Sample
 from triton_backend.config import SamplingParams, SpeculationConfig
 from triton_backend.generation import SpeculativeDecoder
+
+
+@dataclass
+class RowResult:
+    tokens: list[int]  # empty where only text comes back (Triton)
+    latency_s: float
+    ttft_s: float
+    stats: dict | None = None  # our GenerationStats.to_dict(); None for the peer
+    text: str | None = None  # None: decode ``tokens``
+    num_tokens: int | None = None  # None: len(tokens)
 
 
 class Row(Protocol):
     name: str
     info: dict
 
-    def run(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], float, float, dict | None]:
-        """(generated tokens, latency s, time to first token s, stats or None)."""
+    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult: ...
 
 
 @dataclass
@@ -28,12 +38,12 @@ class OursRow:
     speculation: SpeculationConfig
     info: dict = field(default_factory=dict)
 
-    def run(self, prompt_ids: list[int], max_tokens: int):
+    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         start = time.perf_counter()
-        result = self.decoder.generate(prompt_ids, params, self.speculation)
+        result = self.decoder.generate(prompt.ids, params, self.speculation)
         latency = time.perf_counter() - start
-        return result.token_ids, latency, result.stats.time_to_first_token_s, result.stats.to_dict()
+        return RowResult(result.token_ids, latency, result.stats.time_to_first_token_s, result.stats.to_dict())
 
 
 class _FirstTokenClock:
@@ -61,8 +71,8 @@ class PeerRow:
     kwargs: dict
     info: dict = field(default_factory=dict)
 
-    def run(self, prompt_ids: list[int], max_tokens: int):
-        ids = torch.tensor([prompt_ids])
+    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult:
+        ids = torch.tensor([prompt.ids])
         clock = _FirstTokenClock()
         start = time.perf_counter()
         with torch.inference_mode():
@@ -71,9 +81,31 @@ class PeerRow:
                                       pad_token_id=0, **self.kwargs)
         latency = time.perf_counter() - start
         ttft = (clock.first - start) if clock.first is not None else latency
-        return out[0, len(prompt_ids):].tolist(), latency, ttft, None
+        return RowResult(out[0, len(prompt.ids):].tolist(), latency, ttft)
 
 
-def run_sample(row: Row, workload: str, index: int, repeat: int, prompt_ids: list[int], max_tokens: int) -> Sample:
-    tokens, latency, ttft, stats = row.run(prompt_ids, max_tokens)
-    return Sample(row.name, workload, index, repeat, tokens, latency, ttft, stats)
+@dataclass
+class TritonRow:
+    """The same request end to end through a real Triton server (gRPC streaming)."""
+
+    name: str
+    url: str
+    speculation: str
+    num_draft_tokens: int | None = None
+    info: dict = field(default_factory=dict)
+
+    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult:
+        from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+
+        request = GenerateRequest(prompt=prompt.text, max_tokens=max_tokens, speculation=self.speculation,
+                                  num_draft_tokens=self.num_draft_tokens, stream=True, ignore_eos=True)
+        result = generate(ClientConfig(self.url, ClientProtocol.GRPC), request)
+        return RowResult([], result.latency_s, result.time_to_first_chunk_s, None, text=result.text,
+                         num_tokens=int(result.stats.get("num_output_tokens", 0)))
+
+
+def run_sample(row: Row, prompt: BenchPrompt, repeat: int, max_tokens: int, tokenizer: Any) -> Sample:
+    r = row.run(prompt, max_tokens)
+    text = r.text if r.text is not None else tokenizer.decode(r.tokens, skip_special_tokens=True)
+    num_tokens = len(r.tokens) if r.num_tokens is None else r.num_tokens
+    return Sample(row.name, prompt.workload, prompt.index, repeat, r.tokens, text, num_tokens, r.latency_s, r.ttft_s, r.stats)

@@ -9,8 +9,13 @@ import random
 import torch
 from tqdm import tqdm
 
-from builder.bench.config import BenchConfig, BenchRun
-from builder.bench.rows import OursRow, PeerRow, Row, run_sample
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from builder.bench.config import BenchConfig, BenchPrompt, BenchRun
+from builder.bench.rows import OursRow, PeerRow, Row, TritonRow, run_sample
 from triton_backend.config import RuntimeConfig, SpeculationConfig, SpeculationMode
 from triton_backend.deployment import DeploymentConfig, build_decoder
 from triton_backend.generation import SpeculativeDecoder
@@ -42,6 +47,27 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     return rows
 
 
+@contextlib.contextmanager
+def triton_rows(config: BenchConfig, deployment: DeploymentConfig) -> Iterator[list[Row]]:
+    """A real Triton server on loopback serving the same deployment, and its rows."""
+    if not config.triton:
+        yield []
+        return
+    from builder.model_repository import render_model_repository
+    from builder.triton_server import ServerConfig, TritonServer
+    from triton_backend.interface import ServingConfig
+
+    with tempfile.TemporaryDirectory(prefix="specbuild-bench-") as work:
+        repository = render_model_repository(deployment, Path(work) / "model_repo", ServingConfig(max_concurrency=1))
+        with TritonServer(ServerConfig(repository, exit_timeout_s=10, log_file=Path(work) / "triton.log")) as server:
+            assert server.endpoints is not None
+            url = server.endpoints.grpc_url
+            k = config.ngram_k[0]
+            yield [TritonRow("plain via triton", url, "off", None, {"kind": "triton", "method": "off", "twin": "plain"}),
+                   TritonRow(f"ngram k={k} via triton", url, "ngram", k,
+                             {"kind": "triton", "method": "ngram", "k": k, "twin": f"ngram k={k}"})]
+
+
 def _deployment(config: BenchConfig) -> DeploymentConfig:
     fields = {"target": config.target, "draft": config.draft, "runtime": RuntimeConfig(num_threads=config.num_threads)}
     if config.medusa is not None and "medusa" in DeploymentConfig.__dataclass_fields__:
@@ -50,33 +76,35 @@ def _deployment(config: BenchConfig) -> DeploymentConfig:
 
 
 def run_bench(config: BenchConfig) -> BenchRun:
-    decoder = build_decoder(_deployment(config))
+    deployment = _deployment(config)
+    decoder = build_decoder(deployment)
+    with triton_rows(config, deployment) as served:
+        return _run_rows(config, decoder, build_rows(config, decoder) + served)
+
+
+def _run_rows(config: BenchConfig, decoder: SpeculativeDecoder, rows: list[Row]) -> BenchRun:
     tokenizer = decoder.tokenizer
-    prompts = config.load_prompts()
-    encoded = {
-        w: [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-            for p in ps]
-        for w, ps in prompts.items()
-    }
-    encoded_ids = {w: [decoder.encode(p) for p in ps] for w, ps in encoded.items()}
-    rows = build_rows(config, decoder)
+    prompts: list[BenchPrompt] = []
+    for workload, texts in config.load_prompts().items():
+        for index, text in enumerate(texts):
+            templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                      tokenize=False)
+            prompts.append(BenchPrompt(workload, index, templated, decoder.encode(templated)))
     run = BenchRun(config=config, rows=[r.name for r in rows], row_info={r.name: r.info for r in rows})
     run.environment = {
         "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "device": decoder.target.runtime.device, "label": config.label,
     }
-    first = next(iter(encoded_ids.values()))[0]
     for row in rows:  # warm-up, not recorded
-        row.run(first, 8)
+        row.run(prompts[0], 8)
     order_rng = random.Random(0)
-    jobs = [(rep, w, i) for rep in range(config.repeats) for w in encoded_ids for i in range(len(encoded_ids[w]))]
+    jobs = [(rep, prompt) for rep in range(config.repeats) for prompt in prompts]
     with tqdm(total=len(jobs) * len(rows), desc="bench", unit="req") as bar:
-        for rep, workload, index in jobs:
+        for rep, prompt in jobs:
             shuffled = list(rows)
             order_rng.shuffle(shuffled)  # no row always runs first (cache/thermal order effects)
             for row in shuffled:
-                ids = encoded_ids[workload][index]
-                run.samples.append(run_sample(row, workload, index, rep, ids, config.max_tokens))
+                run.samples.append(run_sample(row, prompt, rep, config.max_tokens, tokenizer))
                 bar.update(1)
     return run
