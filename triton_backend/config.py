@@ -19,6 +19,7 @@ class SpeculationMode(str, enum.Enum):
     AUTO = "auto"  # the best drafter this deployment has
     DRAFT = "draft"  # a smaller draft model sharing the target's tokenizer
     NGRAM = "ngram"  # n-gram / prompt lookup in the context so far
+    MEDUSA = "medusa"  # Medusa heads on the target propose a token tree, verified in one pass
     OFF = "off"  # plain autoregressive decoding
 
     @classmethod
@@ -30,6 +31,13 @@ class SpeculationMode(str, enum.Enum):
         except ValueError:
             names = ", ".join(m.value for m in cls)
             raise InvalidRequestError(f"unknown speculation mode {value!r}; expected one of: {names}") from None
+
+
+class TreeAcceptance(str, enum.Enum):
+    """How a draft tree (Medusa) is verified when sampling; greedy is always exact."""
+
+    EXACT = "exact"  # rejection sampling: the output distribution is the target's
+    TYPICAL = "typical"  # Medusa's typical acceptance: faster, not distribution-preserving
 
 
 class FinishReason(str, enum.Enum):
@@ -111,9 +119,18 @@ class SpeculationConfig:
     ngram_min: int = 1
     ngram_max: int = 3
     verify_cost_per_token: float = 0.06  # extra cost of verifying one more token, in target steps
+    tree_acceptance: TreeAcceptance = TreeAcceptance.EXACT
+    typical_threshold: float = 0.09  # typical acceptance: p(x) > min(threshold, alpha * exp(-entropy))
+    typical_alpha: float = 0.3
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", SpeculationMode.parse(self.mode))
+        try:
+            object.__setattr__(self, "tree_acceptance", TreeAcceptance(self.tree_acceptance))
+        except ValueError:
+            raise InvalidRequestError(f"tree_acceptance must be exact or typical, got {self.tree_acceptance!r}") from None
+        _require(0 < self.typical_threshold <= 1 and 0 < self.typical_alpha <= 1,
+                 "typical_threshold and typical_alpha must be in (0, 1]")
         _require(_is_int(self.num_draft_tokens) and 0 <= self.num_draft_tokens <= 64, f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens!r}")
         _require(
             _is_int(self.min_draft_tokens) and 1 <= self.min_draft_tokens <= max(1, self.num_draft_tokens),
@@ -148,4 +165,4 @@ class RuntimeConfig:
         _require(_is_int(self.num_threads) and self.num_threads >= 1, "num_threads must be >= 1")
 
 
-__all__ = ["FinishReason", "RuntimeConfig", "SamplingParams", "SpeculationConfig", "SpeculationMode"]
+__all__ = ["FinishReason", "RuntimeConfig", "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance"]

@@ -28,12 +28,15 @@ logger = logging.getLogger(__name__)
 class DeploymentConfig:
     """``target``/``draft``: a reference model name, a HF directory or a .gguf file.
     ``draft_layers``: instead of a separate draft, a self-speculative draft made of these
-    target layers. ``ngram``: offer n-gram lookup."""
+    target layers. ``ngram``: offer n-gram lookup. ``medusa``: a Medusa heads file (see
+    :mod:`triton_backend.medusa_model`) for the target; ``medusa_choices`` overrides its tree."""
 
     target: str = DEFAULT_REFERENCE
     draft: str | None = None
     draft_layers: tuple[int, ...] | None = None
     ngram: bool = True
+    medusa: str | None = None
+    medusa_choices: tuple[tuple[int, ...], ...] | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
@@ -42,10 +45,18 @@ class DeploymentConfig:
             raise InvalidRequestError("give either a draft model or draft_layers, not both")
         if self.draft_layers is not None:
             object.__setattr__(self, "draft_layers", tuple(int(i) for i in self.draft_layers))
+        if self.medusa_choices is not None:
+            from triton_backend.tree import normalise_choices
+
+            try:
+                object.__setattr__(self, "medusa_choices", normalise_choices(self.medusa_choices))
+            except (ValueError, TypeError) as exc:
+                raise InvalidRequestError(f"bad medusa_choices: {exc}") from None
 
     def to_json(self) -> str:
         data = asdict(self)
         data["speculation"]["mode"] = self.speculation.mode.value
+        data["speculation"]["tree_acceptance"] = self.speculation.tree_acceptance.value
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -81,6 +92,10 @@ def build_decoder(config: DeploymentConfig) -> SpeculativeDecoder:
                                    runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(
             draft_engine, target=target, relative_cost=len(layers) / target.model.config.num_hidden_layers)
+    if config.medusa is not None:
+        from triton_backend.drafters.medusa import MedusaDrafter
+
+        drafters[SpeculationMode.MEDUSA] = MedusaDrafter.from_file(config.medusa, target, config.medusa_choices)
     if config.ngram:
         drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram_min, config.speculation.ngram_max)
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")

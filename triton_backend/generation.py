@@ -30,7 +30,7 @@ from triton_backend.verifier import verify_greedy, verify_rejection
 logger = logging.getLogger(__name__)
 
 # AUTO picks the first of these the deployment has
-AUTO_PREFERENCE = (SpeculationMode.DRAFT, SpeculationMode.NGRAM)
+AUTO_PREFERENCE = (SpeculationMode.DRAFT, SpeculationMode.MEDUSA, SpeculationMode.NGRAM)
 
 
 @dataclass
@@ -142,6 +142,7 @@ class _Run:
         self.target_session = self.target.new_session()
         self.controller = SpeculationController(spec, drafter.relative_cost if drafter else 0.0)
         self.use_drafter = drafter is not None
+        self.tree = mode is SpeculationMode.MEDUSA and drafter is not None  # tree rounds (triton_backend.tree_round)
         self.stats = GenerationStats(method=mode.value if drafter else SpeculationMode.OFF.value,
                                      prompt_tokens=len(prompt_ids))
         self.stopper = StopChecker(params, self.target.eos_token_ids, decoder.tokenizer)
@@ -163,6 +164,10 @@ class _Run:
         return max(0, min(k, self.limit - len(self.generated) - 1))
 
     def _round(self) -> list[int]:
+        if self.tree:
+            from triton_backend.tree_round import tree_round
+
+            return tree_round(self)
         k = self._draft_length()
         t0 = time.perf_counter()
         proposal = EMPTY_PROPOSAL

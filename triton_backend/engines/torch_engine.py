@@ -38,6 +38,7 @@ class TorchSession:
         self._engine = engine
         self._cache = DynamicCache(config=engine.model.config)
         self._cached: list[int] = []
+        self._tree: list[int] = []  # tree nodes in the cache after tree_logits, until keep_tree_path
         self.forward_calls = 0
 
     @property
@@ -60,6 +61,7 @@ class TorchSession:
             raise ValueError(f"num_last must be in [1, {n}], got {num_last}")
         if n > self._engine.max_context:
             raise ContextLengthError(f"sequence of {n} tokens exceeds the model context of {self._engine.max_context}")
+        self.keep_tree_path([])
         keep = min(common_prefix_length(self._cached, tokens), n - num_last)
         self.rollback(keep)
         new = list(tokens[keep:])
@@ -75,9 +77,50 @@ class TorchSession:
         self.forward_calls += 1
         return out.logits[0, -num_last:].float()
 
+    def tree_logits(self, tokens: Sequence[int], tree_tokens: Sequence[int],
+                    parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over the committed ``tokens`` and a draft tree (tree attention, see
+        :mod:`triton_backend.tree`): logits ``[1 + n, vocab]`` (float32) and last hidden
+        states ``[1 + n, hidden]`` for the last committed token then each node. The nodes
+        stay in the cache until :meth:`keep_tree_path` keeps the accepted ones."""
+        from triton_backend.tree import tree_attention_inputs
+
+        n = len(tokens) + len(tree_tokens)
+        if n > self._engine.max_context:
+            raise ContextLengthError(f"sequence of {n} tokens exceeds the model context of {self._engine.max_context}")
+        self.keep_tree_path([])
+        keep = min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
+        self.rollback(keep)
+        new = list(tokens[keep:])
+        mask, positions = tree_attention_inputs(parents, keep, len(new), self._engine.model.dtype, self._engine.device)
+        input_ids = torch.tensor([new + list(tree_tokens)], dtype=torch.long, device=self._engine.device)
+        with torch.inference_mode():
+            hidden = self._engine.model.base_model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                                   past_key_values=self._cache, use_cache=True).last_hidden_state
+            hidden = hidden[0, len(new) - 1:]
+            logits = self._engine.model.get_output_embeddings()(hidden)
+        self._cached.extend(new)
+        self._tree = list(tree_tokens)
+        self.forward_calls += 1
+        return logits.float(), hidden
+
+    def keep_tree_path(self, path: Sequence[int]) -> None:
+        """KV compaction, the one place the cache is rearranged: after :meth:`tree_logits`,
+        keep the committed tokens plus the tree nodes ``path`` (root-to-leaf); drop the rest."""
+        from triton_backend.tree import compact_cache
+
+        if not self._tree:
+            if path:
+                raise ValueError("no draft tree in the cache")
+            return
+        compact_cache(self._cache, len(self._cached), path)
+        self._cached.extend(self._tree[i] for i in path)
+        self._tree = []
+
     def release(self) -> None:
         self._cache = DynamicCache(config=self._engine.model.config)
         self._cached = []
+        self._tree = []
 
 
 class TorchEngine:
