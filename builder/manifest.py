@@ -9,24 +9,17 @@ the tools involved.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import platform
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from triton_backend.reference_model import sha256_of
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "specbuild-manifest/1"
 _TOOLS = ("specbuild", "torch", "transformers", "nvidia-modelopt", "safetensors", "tensorrt_llm", "tensorrt")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_hashes(root: Path, folders: list[str]) -> dict[str, dict[str, Any]]:
@@ -37,7 +30,7 @@ def file_hashes(root: Path, folders: list[str]) -> dict[str, dict[str, Any]]:
         paths = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
         for path in paths:
             if path.exists():
-                out[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+                out[path.relative_to(root).as_posix()] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
     return out
 
 
@@ -65,6 +58,6 @@ def verify_manifest(out_dir: Path) -> list[str]:
     bad = []
     for rel, info in manifest["files"].items():
         path = out_dir / rel
-        if not path.is_file() or sha256_file(path) != info["sha256"]:
+        if not path.is_file() or sha256_of(path) != info["sha256"]:
             bad.append(rel)
     return bad
