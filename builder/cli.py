@@ -55,9 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_build_commands(sub)
 
+    from builder.train_cli import register_training_commands
+
+    register_training_commands(sub)
+
     from builder.bench.cli import register as register_bench
 
     register_bench(sub)
+
+    from builder.deploy_cli import register as register_deploy
+
+    register_deploy(sub)
     return parser
 
 

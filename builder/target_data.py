@@ -6,6 +6,7 @@ in left-padded batches with one KV cache. Per sequence position ``j`` the shard 
 
 * ``topk_ids`` / ``topk_logits`` ``[n - 1, K]``: the target's K largest logits predicting
   token ``j + 1`` (knowledge distillation for a draft);
+* ``input_ids`` ``[n]`` (prompt then response) and ``prompt_length``;
 * ``hidden`` ``[n - 1, H]`` (optional): the target's last hidden state at ``j`` (after the
   final norm), what Medusa heads read.
 
@@ -96,6 +97,7 @@ class _Recorder:
 
     def __init__(self, prompts: list[list[int]], top_k: int, save_hidden: bool) -> None:
         self.tokens = [list(p) for p in prompts]
+        self.prompt_lengths = [len(p) for p in prompts]
         self.topk_ids: list[list[torch.Tensor]] = [[] for _ in prompts]
         self.topk_logits: list[list[torch.Tensor]] = [[] for _ in prompts]
         self.hidden: list[list[torch.Tensor]] | None = [[] for _ in prompts] if save_hidden else None
@@ -112,7 +114,7 @@ class _Recorder:
         out = []
         for row, tokens in enumerate(self.tokens):
             n = len(tokens) - 1  # positions with a following token
-            rec = {"input_ids": torch.tensor(tokens, dtype=torch.int64),
+            rec = {"input_ids": torch.tensor(tokens, dtype=torch.int64), "prompt_length": torch.tensor(self.prompt_lengths[row]),
                    "topk_ids": torch.cat(self.topk_ids[row])[:n], "topk_logits": torch.cat(self.topk_logits[row])[:n]}
             if self.hidden is not None:
                 rec["hidden"] = torch.cat(self.hidden[row])[:n]

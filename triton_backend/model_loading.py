@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+import triton_backend.draft_arch  # noqa: F401  (registers the reduced-vocabulary draft architecture)
 from triton_backend.config import RuntimeConfig
 from triton_backend.engines.torch_engine import TorchEngine
 from triton_backend.errors import ModelLoadError

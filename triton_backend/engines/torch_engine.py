@@ -135,7 +135,8 @@ class TorchEngine:
         self.model = model.to(device=self.device, dtype=_DTYPES[runtime.dtype]).eval()
         self.name = name
         config = model.config
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()  # a reduced-vocabulary draft head still emits full-width logits
+        self.vocab_size = int(getattr(head, "full_vocab_size", None) or head.weight.shape[0])
         self.max_context = int(max_context or getattr(config, "max_position_embeddings", 2048))
         if eos_token_ids is None:
             eos = getattr(config, "eos_token_id", None)

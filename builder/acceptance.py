@@ -1,0 +1,72 @@
+"""Held-out acceptance: the real speculative loop on prompts the drafter never trained on."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from triton_backend.config import SamplingParams, SpeculationMode
+from triton_backend.deployment import DeploymentConfig, build_decoder
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AcceptanceReport:
+    mode: str
+    prompts: int
+    generated_tokens: int
+    target_passes: int
+    drafted_tokens: int
+    accepted_tokens: int
+    draft_ms_per_round: float
+    verify_ms_per_pass: float
+    seconds: float
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "acceptance_rate": self.acceptance_rate, "tokens_per_pass": self.tokens_per_pass}
+
+    def summary(self) -> str:
+        return (f"{self.mode}: held-out acceptance {self.acceptance_rate:.3f} ({self.accepted_tokens}/{self.drafted_tokens}) "
+                f"over {self.prompts} prompts, {self.tokens_per_pass:.2f} tokens per target pass, "
+                f"draft {self.draft_ms_per_round:.1f} ms/round, verify {self.verify_ms_per_pass:.1f} ms/pass")
+
+
+def measure_acceptance(deployment: DeploymentConfig, prompts: list[str], mode: SpeculationMode, *,
+                       max_tokens: int = 64, num_draft_tokens: int = 4, chat: bool = True,
+                       sampling: SamplingParams | None = None, decoder: Any = None) -> AcceptanceReport:
+    """Generate for each prompt with ``mode`` (no fallback) and add up the loop's statistics."""
+    decoder = decoder or build_decoder(deployment)
+    spec = replace(deployment.speculation, mode=mode, num_draft_tokens=num_draft_tokens, adaptive=False, fallback=False)
+    params = sampling or SamplingParams(max_tokens=max_tokens)
+    totals = dict(generated=0, passes=0, drafted=0, accepted=0, rounds=0, draft_s=0.0, verify_s=0.0, total_s=0.0)
+    for prompt in prompts:
+        text = prompt
+        if chat and getattr(decoder.tokenizer, "chat_template", None):
+            text = decoder.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                         add_generation_prompt=True, tokenize=False)
+        stats = decoder.generate(text, params, spec).stats
+        totals["generated"] += stats.generated_tokens
+        totals["passes"] += stats.target_passes
+        totals["drafted"] += stats.drafted_tokens
+        totals["accepted"] += stats.accepted_tokens
+        totals["rounds"] += stats.speculative_rounds
+        totals["draft_s"] += stats.draft_time_s
+        totals["verify_s"] += stats.verify_time_s
+        totals["total_s"] += stats.total_time_s
+    report = AcceptanceReport(
+        mode=mode.value, prompts=len(prompts), generated_tokens=totals["generated"], target_passes=totals["passes"],
+        drafted_tokens=totals["drafted"], accepted_tokens=totals["accepted"],
+        draft_ms_per_round=1000 * totals["draft_s"] / max(1, totals["rounds"]),
+        verify_ms_per_pass=1000 * totals["verify_s"] / max(1, totals["passes"]), seconds=totals["total_s"])
+    logger.info("%s", report.summary())
+    return report
