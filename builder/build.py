@@ -64,6 +64,7 @@ class BuildContext:
     repository: dict[str, str] = field(default_factory=dict)
     stages: list[dict[str, Any]] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    medusa_heads: Path | None = None  # the torch runtime's copy of trained Medusa heads
 
     def roles(self) -> list[tuple[str, ModelSpec, ModelArchitecture]]:
         assert self.models is not None
@@ -118,6 +119,11 @@ def _stage_torch_weights(ctx: BuildContext) -> None:
     assert ctx.serving is not None
     for role, model, _ in ctx.roles():
         save_torch_weights(model.source, ctx.out / "weights" / role, ctx.serving.dtype)
+    medusa = ctx.spec.medusa
+    if medusa is not None and medusa.source is not None:
+        from builder.medusa_heads import copy_runtime_heads
+
+        ctx.medusa_heads = copy_runtime_heads(Path(medusa.source), ctx.out / "weights" / "medusa")
 
 
 def _stage_checkpoint(role: str) -> Callable[[BuildContext], None]:
@@ -148,16 +154,17 @@ def _stage_repository(ctx: BuildContext) -> None:
     file_dir = repo / serving.model_name / VERSION
     file_dir.mkdir(parents=True, exist_ok=True)
     weights = {role: relative_to_file(ctx.out / "weights" / role, file_dir) for role, _, _ in ctx.roles()}
+    medusa = relative_to_file(ctx.medusa_heads, file_dir) if ctx.medusa_heads is not None else None
     deployment = DeploymentConfig(
-        target=weights["target"], draft=weights.get("draft"),
+        target=weights["target"], draft=weights.get("draft"), medusa=medusa,
         runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype),
         speculation=SpeculationConfig(num_draft_tokens=ctx.spec.limits.max_draft_len))
     render_model_repository(deployment, repo, serving)
     ctx.repository = {"dir": "model_repo", "model": serving.model_name,
                       "deployment": (file_dir / serving.deployment_file).relative_to(ctx.out).as_posix()}
-    if ctx.spec.medusa is not None:
+    if ctx.spec.medusa is not None and ctx.medusa_heads is None:
         ctx.notices.append("Medusa heads are in the TensorRT-LLM target checkpoint; the torch runtime's repository "
-                           "serves the target with n-gram drafting")
+                           "serves the target with n-gram drafting (its heads file has no specbuild metadata)")
 
 
 def _stages(ctx: BuildContext) -> list[tuple[str, Callable[[BuildContext], None]]]:

@@ -38,6 +38,11 @@ def build_checkpoint(spec: BuildSpec, plan: Plan, role: str, model_spec: ModelSp
     loop = make_forward_loop(tokenizer, texts, spec.calibration.max_length, device)
     quant = quantize_model(model, precision, kv, loop)
     info = export_checkpoint(model, arch, precision, kv, out / "checkpoints" / role, plan.tp, plan.pp)
+    medusa = None
+    if role == "target" and spec.medusa is not None:
+        from builder.medusa_heads import record_medusa_tree
+
+        medusa = record_medusa_tree(out / "checkpoints" / role, spec.medusa)
     del model
     gc.collect()
     quantization = info.config.get("quantization") or {}
@@ -47,5 +52,5 @@ def build_checkpoint(spec: BuildSpec, plan: Plan, role: str, model_spec: ModelSp
         "quant_algo": quantization.get("quant_algo"), "kv_cache_quant_algo": quantization.get("kv_cache_quant_algo"),
         "ranks": len(info.files), "calibration_samples": len(texts) if quant.quantized else 0,
         "quantization_seconds": round(quant.seconds, 2), "export_seconds": round(info.seconds, 2),
-        "modelopt_version": quant.modelopt_version,
+        "modelopt_version": quant.modelopt_version, **({"medusa": medusa} if medusa else {}),
     }

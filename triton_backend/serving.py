@@ -108,7 +108,8 @@ def load_deployment(path: Path) -> DeploymentConfig:
 
     from dataclasses import replace
 
-    return replace(config, target=resolve(config.target) or config.target, draft=resolve(config.draft))
+    return replace(config, target=resolve(config.target) or config.target, draft=resolve(config.draft),
+                   medusa=resolve(config.medusa))
 
 
 class ResponseSink(Protocol):
