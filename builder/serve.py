@@ -76,11 +76,13 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
     return render_model_repository(deployment, out, config.serving), config.repository_dir is None
 
 
-def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None) -> int:
+def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
+                  server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
     """Start Triton, call ``on_ready``, run until Triton exits or SIGTERM/SIGINT arrives
-    (forwarded to Triton as SIGTERM: it finishes in-flight requests). Returns Triton's status."""
+    (forwarded to Triton as SIGTERM: it finishes in-flight requests). Returns Triton's status.
+    ``server_factory`` makes the server (e.g. one launched under MPI, :mod:`builder.deploy`)."""
     repository, temporary = prepare_repository(config)
-    server = TritonServer(replace(config.server, model_repository=repository, echo_log=True))
+    server = server_factory(replace(config.server, model_repository=repository, echo_log=True))
     previous: dict[int, object] = {}
 
     def forward(signum: int, frame: types.FrameType | None) -> None:

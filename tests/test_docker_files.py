@@ -1,0 +1,352 @@
+"""The Docker files, checked without a Docker engine (none runs on these machines): hadolint and
+ShellCheck (real binaries from the test extra), and a parser of our own that follows every COPY,
+script path, spec path, port and variable the images and compose.yaml name back to the
+repository and to the code that reads them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from builder.deploy_cli import SETTINGS
+from builder.spec import BuildSpec
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKER = REPO / "docker"
+DOCKERFILES = {"gpu": DOCKER / "Dockerfile.gpu", "cpu": DOCKER / "Dockerfile.cpu"}
+COMPOSE = DOCKER / "compose.yaml"
+PORTS = {"SPECBUILD_HTTP_PORT": 8000, "SPECBUILD_GRPC_PORT": 8001, "SPECBUILD_METRICS_PORT": 8002}
+# paths that NVIDIA's base image provides (not copied from this repository)
+BASE_IMAGE_PATHS = {"gpu": {"/opt/nvidia/nvidia_entrypoint.sh"}, "cpu": set()}
+# variables the images may set besides deploy's settings: read by reference_model.cache_dir / entrypoint.sh
+OTHER_VARIABLES = {"SPECBUILD_CACHE_DIR", "SPECBUILD_PYTHON"}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    args: str
+    line: int
+
+
+def parse_dockerfile(path: Path) -> list[Instruction]:
+    """Instructions with continuation lines joined and comment lines dropped."""
+    out: list[Instruction] = []
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if not pending:
+            start = number
+        continued = stripped.endswith("\\")
+        pending.append(stripped[:-1].strip() if continued else stripped)
+        if not continued:
+            keyword, _, args = " ".join(pending).partition(" ")
+            out.append(Instruction(keyword.upper(), args.strip(), start))
+            pending = []
+    assert not pending, f"{path.name}: the last instruction ends with a line continuation"
+    return out
+
+
+def words(args: str) -> list[str]:
+    """Exec (JSON) form or shell words."""
+    return json.loads(args) if args.startswith("[") else shlex.split(args)
+
+
+def env_values(instructions: list[Instruction]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for ins in instructions:
+        if ins.keyword == "ENV":
+            for word in shlex.split(ins.args):
+                key, sep, value = word.partition("=")
+                assert sep, f"line {ins.line}: use ENV KEY=VALUE, got {word!r}"
+                values[key] = value
+    return values
+
+
+def copies(instructions: list[Instruction]) -> list[tuple[list[str], PurePosixPath, int]]:
+    """``(sources relative to the build context, absolute destination, line)`` of every COPY/ADD."""
+    workdir = PurePosixPath("/")
+    out = []
+    for ins in instructions:
+        if ins.keyword == "WORKDIR":
+            workdir = workdir / ins.args
+        elif ins.keyword in ("COPY", "ADD"):
+            parts = [w for w in words(ins.args) if not w.startswith("--")]
+            assert not any(w.startswith("--from") for w in words(ins.args)), "no multi-stage copies expected"
+            *sources, dest = parts
+            out.append((sources, workdir / dest, ins.line))
+    return out
+
+
+def repo_path_in_image(instructions: list[Instruction], container_path: str) -> Path | None:
+    """The repository file a container path comes from through a COPY (the last one wins), or ``None``."""
+    target = PurePosixPath(container_path)
+    found = None
+    for sources, dest, _ in copies(instructions):
+        for source in sources:
+            src = REPO / source
+            if src.is_dir():
+                try:
+                    found = src / target.relative_to(dest)
+                except ValueError:
+                    continue
+            elif target == dest / src.name or (len(sources) == 1 and target == dest):
+                found = src
+    return found
+
+
+def dockerignore_excludes(rel: str) -> bool:
+    """Docker's .dockerignore rule: the last pattern matching the path or a parent wins."""
+    patterns = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+                if ln.strip() and not ln.strip().startswith("#")]
+    parts = PurePosixPath(rel).parts
+    candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    excluded = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        body = pattern[1:] if negate else pattern
+        regex = re.escape(body.rstrip("/")).replace(r"\*\*/", "(.*/)?").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        if any(re.fullmatch(regex, c) for c in candidates):
+            excluded = not negate
+    return excluded
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if found is None:
+        pytest.fail(f"{name} is not installed: pip install -e '.[test]' (it ships the binary)")
+    return found
+
+
+# -- linters ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_hadolint_passes(kind: str, tmp_path: Path) -> None:
+    config = tmp_path / "hadolint.yaml"
+    config.write_text("failure-threshold: info\n")  # every finding fails; our own ignores carry a reason
+    proc = subprocess.run([tool("hadolint"), "--no-color", "-c", str(config), str(DOCKERFILES[kind])],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The linter really runs its rules (a floating tag, unpinned pip, cached pip downloads)."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN pip install requests\n")
+    proc = subprocess.run([tool("hadolint"), "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    for rule in ("DL3007", "DL3013", "DL3042"):
+        assert rule in proc.stdout
+
+
+def test_ignore_pragmas_carry_a_reason() -> None:
+    for path in DOCKERFILES.values():
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("# hadolint ignore="):
+                assert i > 0 and lines[i - 1].startswith("#") and "hadolint" not in lines[i - 1], \
+                    f"{path.name}:{i + 1}: say why above the ignore"
+
+
+def test_shell_scripts_pass_shellcheck() -> None:
+    scripts = sorted(DOCKER.glob("*.sh"))
+    assert {p.name for p in scripts} >= {"entrypoint.sh", "healthcheck.sh"}
+    proc = subprocess.run([tool("shellcheck"), *map(str, scripts)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- our own checks ---------------------------------------------------------------------------
+def test_base_images_are_pinned() -> None:
+    pins = {"gpu": r"nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-trtllm-python-py3",
+            "cpu": r"python:3\.\d+\.\d+-slim-[a-z]+"}
+    for kind, path in DOCKERFILES.items():
+        froms = [ins for ins in parse_dockerfile(path) if ins.keyword == "FROM"]
+        assert len(froms) == 1, f"{path.name}: one stage expected"
+        image = froms[0].args.split()[0]
+        assert "$" not in image and ":" in image and not image.endswith(":latest"), image
+        assert re.fullmatch(pins[kind], image), f"{path.name}: base {image} does not match {pins[kind]}"
+
+
+def test_cpu_image_python_has_a_bundled_triton_stub() -> None:
+    import pytriton
+
+    image = next(i for i in parse_dockerfile(DOCKERFILES["cpu"]) if i.keyword == "FROM").args
+    minor = re.match(r"python:(3\.\d+)\.", image).group(1)
+    stub = Path(pytriton.__file__).parent / "tritonserver" / "python_backend_stubs" / minor / "triton_python_backend_stub"
+    assert stub.is_file(), f"nvidia-pytriton has no Python backend stub for the CPU image's Python {minor}"
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_copy_sources_exist_and_reach_the_build_context(kind: str) -> None:
+    found = copies(parse_dockerfile(DOCKERFILES[kind]))
+    assert found, "the image copies the project in"
+    for sources, _, line in found:
+        for source in sources:
+            assert (REPO / source).exists(), f"{DOCKERFILES[kind].name}:{line}: COPY source {source} does not exist"
+            assert not dockerignore_excludes(source.rstrip("/")), f"line {line}: .dockerignore drops {source}"
+            if (REPO / source).is_dir():
+                for file in (REPO / source).rglob("*.py"):
+                    if "__pycache__" not in file.parts:
+                        assert not dockerignore_excludes(file.relative_to(REPO).as_posix()), file
+
+
+def test_dockerignore_keeps_the_venv_and_caches_out() -> None:
+    for rel in (".venv/bin/python", ".git/config", "tests/test_docker_files.py", "builder/__pycache__/x.pyc"):
+        assert dockerignore_excludes(rel), rel
+    assert not dockerignore_excludes("builder/deploy.py")
+
+
+def _executable_in_git(path: Path) -> bool | None:
+    proc = subprocess.run(["git", "ls-files", "-s", "--", str(path.relative_to(REPO))], cwd=REPO,
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None  # not tracked (yet)
+    return proc.stdout.split()[0] == "100755"
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_entrypoint_and_healthcheck_scripts_exist_and_are_executable(kind: str) -> None:
+    instructions = parse_dockerfile(DOCKERFILES[kind])
+    by_keyword = {ins.keyword: ins for ins in instructions}
+    assert {"ENTRYPOINT", "HEALTHCHECK", "EXPOSE"} <= set(by_keyword)
+    entrypoint = words(by_keyword["ENTRYPOINT"].args)
+    assert by_keyword["ENTRYPOINT"].args.startswith("["), "exec form: signals reach the entrypoint"
+    assert entrypoint[-1].endswith("/docker/entrypoint.sh")
+    health = words(by_keyword["HEALTHCHECK"].args.split("CMD", 1)[1].strip())
+    for container_path in [*entrypoint, *health]:
+        if container_path in BASE_IMAGE_PATHS[kind]:
+            continue
+        source = repo_path_in_image(instructions, container_path)
+        assert source is not None and source.is_file(), f"{container_path} is not copied from the repository"
+        assert os.access(source, os.X_OK), f"{source} is not executable"
+        assert _executable_in_git(source) in (True, None), f"{source} is committed without the executable bit"
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_variables_ports_and_default_spec(kind: str) -> None:
+    instructions = parse_dockerfile(DOCKERFILES[kind])
+    env = env_values(instructions)
+    known = {s.env for s in SETTINGS} | OTHER_VARIABLES
+    unknown = {k for k in env if k.startswith("SPECBUILD_")} - known
+    assert not unknown, f"{DOCKERFILES[kind].name} sets variables nothing reads: {unknown}"
+    for name, port in PORTS.items():
+        assert env[name] == str(port)
+    exposed = {int(p) for ins in instructions if ins.keyword == "EXPOSE" for p in ins.args.split()}
+    assert exposed == set(PORTS.values())
+    assert env["SPECBUILD_HOST"] == "0.0.0.0"
+    if "SPECBUILD_SPEC" in env:
+        spec = repo_path_in_image(instructions, env["SPECBUILD_SPEC"])
+        assert spec is not None and spec.is_file(), env["SPECBUILD_SPEC"]
+        BuildSpec.load(spec)  # parses and validates
+
+
+def _pyproject_dependencies() -> dict[str, str]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {_req_name(d): d.replace(" ", "") for d in deps}
+
+
+def _req_name(requirement: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_gpu_image_keeps_the_image_torch_and_tensorrt_llm() -> None:
+    runs = [ins.args for ins in parse_dockerfile(DOCKERFILES["gpu"]) if ins.keyword == "RUN"]
+    installs = [cmd for run in runs for cmd in run.split("&&") if "pip install" in cmd]
+    assert installs
+    for cmd in installs:
+        assert "--no-deps" in cmd or " -c " in cmd, f"unconstrained install: {cmd.strip()}"
+        assert not re.search(r"\btorch\b|tensorrt", cmd), cmd
+    text = (DOCKER / "requirements-gpu.txt").read_text()
+    reqs = {_req_name(ln): ln.replace(" ", "") for ln in text.splitlines() if ln.strip() and not ln.startswith("#")}
+    assert "torch" not in reqs and "tensorrt-llm" not in reqs
+    pyproject = _pyproject_dependencies()
+    expected = set(pyproject) - {"torch", "nvidia-pytriton"}
+    assert set(reqs) == expected, f"docker/requirements-gpu.txt drifted from pyproject.toml: {set(reqs) ^ expected}"
+    for name in expected - {"nvidia-modelopt"}:
+        assert reqs[name] == pyproject[name], f"{name}: {reqs[name]} vs pyproject {pyproject[name]}"
+    assert reqs["nvidia-modelopt"] == "nvidia-modelopt"  # the image's TensorRT-LLM decides
+
+
+def test_cpu_image_installs_the_pinned_cpu_torch_first() -> None:
+    runs = [ins.args for ins in parse_dockerfile(DOCKERFILES["cpu"]) if ins.keyword == "RUN"]
+    torch_runs = [i for i, run in enumerate(runs) if "torch==" in run and "pip install" in run]
+    project_runs = [i for i, run in enumerate(runs) if re.search(r"pip install [^&]*\s\.(\s|$)", run)]
+    assert len(torch_runs) == 1 and project_runs and torch_runs[0] < project_runs[0]
+    run = runs[torch_runs[0]]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in run
+    assert re.search(r"torch==([\w.]+)", run).group(0) == _pyproject_dependencies()["torch"]
+
+
+# -- compose ----------------------------------------------------------------------------------
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _interpolate(value: str) -> str:
+    """Compose's ``${VAR:-default}`` with nothing set: the defaults."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def test_compose_servers_build_our_images_with_healthcheck_ports_and_volumes() -> None:
+    compose = _compose()
+    services = compose["services"]
+    assert {"server-gpu", "server-cpu", "client-gpu", "client-cpu"} <= set(services)
+    for kind in ("gpu", "cpu"):
+        server = services[f"server-{kind}"]
+        assert server["profiles"] == [kind]
+        dockerfile = (COMPOSE.parent / server["build"]["context"] / server["build"]["dockerfile"]).resolve()
+        assert dockerfile == DOCKERFILES[kind].resolve()
+        instructions = parse_dockerfile(dockerfile)
+        test = server["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        script = repo_path_in_image(instructions, test[1])
+        assert script is not None and os.access(script, os.X_OK) and "/v2/health/ready" in script.read_text()
+        published = {int(p.split(":")[-1]) for p in server["ports"]}
+        assert published == set(PORTS.values())
+        mounts = {_interpolate(v).split(":")[1]: _interpolate(v).split(":")[0] for v in server["volumes"]}
+        engine_cache = env_values(instructions)["SPECBUILD_ENGINE_CACHE"]
+        assert mounts[engine_cache] in compose["volumes"], "the engine cache is a named volume"
+        assert "/models" in mounts and "/specs" in mounts
+
+
+def test_compose_gpu_profile_reserves_gpus_and_cpu_profile_does_not() -> None:
+    services = _compose()["services"]
+    devices = services["server-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    assert "deploy" not in services["server-cpu"]
+    spec = _interpolate(services["server-gpu"]["environment"]["SPECBUILD_SPEC"])
+    source = repo_path_in_image(parse_dockerfile(DOCKERFILES["gpu"]), spec)
+    assert source is not None and source.is_file()
+    assert _interpolate(services["server-cpu"]["environment"]["SPECBUILD_SPEC"]) == ""  # default deployment
+
+
+@pytest.mark.parametrize("kind", ["gpu", "cpu"])
+def test_compose_client_waits_for_a_healthy_server_and_is_a_valid_generate_command(kind: str) -> None:
+    from builder.cli import build_parser
+
+    services = _compose()["services"]
+    client = services[f"client-{kind}"]
+    assert client["profiles"] == [kind]
+    assert client["image"] == services[f"server-{kind}"]["image"]
+    assert client["depends_on"] == {f"server-{kind}": {"condition": "service_healthy"}}
+    command = [_interpolate(str(w)) for w in client["command"]]
+    assert command[:2] == ["specbuild", "generate"]
+    args = build_parser().parse_args(command[1:])
+    assert args.url == f"server-{kind}:8001" and args.protocol == "grpc" and args.stream
