@@ -159,7 +159,7 @@ def _epoch(heads: MedusaHeads, weight: torch.Tensor, hidden: torch.Tensor, label
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 

@@ -77,7 +77,7 @@ class TargetDataConfig:
     def identity(self, prompts: list[str]) -> dict[str, Any]:
         """What makes two runs' shards interchangeable (recorded in meta.json)."""
         fields = asdict(self)
-        for key in ("out_dir", "batch_size", "max_prompts", "prompts_file"):
+        for key in ("out_dir", "batch_size", "max_prompts", "prompts_file", "save_hidden"):
             fields.pop(key)
         fields["prompts_sha256"] = hashlib.sha256("\n".join(prompts).encode()).hexdigest()
         return fields
@@ -174,17 +174,21 @@ def generate_batch(model: Any, prompts: list[list[int]], config: TargetDataConfi
     return rec.records()
 
 
-def _check_meta(out: Path, identity: dict[str, Any]) -> None:
+def _check_meta(out: Path, identity: dict[str, Any], save_hidden: bool) -> None:
+    """Refuse to mix shards made with other settings; remember whether hidden states are kept."""
     meta = out / META
     if meta.exists():
         previous = json.loads(meta.read_text())
+        had_hidden = previous.pop("save_hidden", False)
+        if save_hidden and not had_hidden:
+            raise BuildSpecError(f"{out} was made without hidden states (Medusa training needs them); use another folder")
         if previous != identity:
             changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
             raise BuildSpecError(f"{out} holds data made with other settings ({', '.join(changed)}); "
                                  "use another folder or delete it")
     else:
         out.mkdir(parents=True, exist_ok=True)
-        meta.write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
+        meta.write_text(json.dumps({**identity, "save_hidden": save_hidden}, indent=2, sort_keys=True) + "\n")
 
 
 def generate_target_data(config: TargetDataConfig, *, progress: bool = True) -> Path:
@@ -195,7 +199,7 @@ def generate_target_data(config: TargetDataConfig, *, progress: bool = True) -> 
 
     prompts = config.prompts()
     out = Path(config.out_dir)
-    _check_meta(out, config.identity(prompts))
+    _check_meta(out, config.identity(prompts), config.save_hidden)
     shards = [prompts[i:i + config.shard_size] for i in range(0, len(prompts), config.shard_size)]
     todo = [i for i in range(len(shards)) if not (out / f"shard-{i:05d}.pt").exists()]
     logger.info("%d prompts in %d shards; %d to generate", len(prompts), len(shards), len(todo))

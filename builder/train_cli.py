@@ -21,6 +21,7 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompts", type=int, default=None, help="use only the first N training prompts")
     p.add_argument("--max-new-tokens", type=int, default=96, help="length of each target response")
     p.add_argument("--gen-batch-size", type=int, default=32, help="prompts per batched target generation")
+    p.add_argument("--shard-size", type=int, default=64, help="prompts per data shard (the unit of resuming)")
     p.add_argument("--eval-prompts", default="", help="held-out prompts (default: the packaged held-out set)")
     p.add_argument("--eval-count", type=int, default=16, help="held-out prompts to measure acceptance on")
     p.add_argument("--eval-max-tokens", type=int, default=64)
@@ -38,7 +39,8 @@ def _data_config(a: argparse.Namespace, out_dir: str, prompts: str, *, hidden: b
     from builder.target_data import TargetDataConfig
 
     return TargetDataConfig(target=a.target, out_dir=out_dir, prompts_file=prompts, max_prompts=a.max_prompts,
-                            max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch_size, save_hidden=hidden,
+                            max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch_size, shard_size=a.shard_size,
+                            save_hidden=hidden,
                             seed=a.seed)
 
 

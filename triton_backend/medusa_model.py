@@ -36,12 +36,15 @@ class MedusaHeadsInfo:
     hidden_size: int
     vocab_size: int
     shared_lm_head: bool = True
-    medusa_choices: Choices = DEFAULT_MEDUSA_CHOICES
+    medusa_choices: Choices | None = None  # None: the default tree, cut to num_heads levels
     target: str = ""
     head_accuracy: tuple[float, ...] = ()  # held-out top-1 accuracy per head, when measured
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "medusa_choices", normalise_choices(self.medusa_choices))
+        choices = self.medusa_choices
+        if choices is None:
+            choices = tuple(c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= self.num_heads)
+        object.__setattr__(self, "medusa_choices", normalise_choices(choices))
         object.__setattr__(self, "head_accuracy", tuple(float(a) for a in self.head_accuracy))
         deepest = max(len(c) for c in self.medusa_choices)
         if deepest > self.num_heads:
@@ -57,7 +60,8 @@ class MedusaHeadsInfo:
             raise ModelLoadError(f"not a {FORMAT} heads file (format {meta.get('format')!r})")
         known = set(cls.__dataclass_fields__)
         values = {k: json.loads(v) for k, v in meta.items() if k in known}
-        values["medusa_choices"] = tuple(tuple(c) for c in values.get("medusa_choices", DEFAULT_MEDUSA_CHOICES))
+        if values.get("medusa_choices") is not None:
+            values["medusa_choices"] = tuple(tuple(c) for c in values["medusa_choices"])
         return cls(**values)
 
 
