@@ -318,6 +318,10 @@ def _source_repository(config: DeployConfig) -> Path:
 def prepare(config: DeployConfig) -> Prepared:
     """Build (or reuse) and render; decide how Triton is launched."""
     build_dir, reused = None, False
+    try:
+        config.engine_cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DeployError(f"engine cache {config.engine_cache} cannot be created: {exc.strerror}") from None
     if config.spec is not None:
         if not config.spec.is_file():
             raise DeployError(f"build spec {config.spec} not found (mount it into the container?)")

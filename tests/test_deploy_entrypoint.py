@@ -169,6 +169,7 @@ def test_default_deployment_without_a_spec(tmp_path: Path) -> None:
     ({"SPECBUILD_BUILD_MODE": "fast"}, [], "SPECBUILD_BUILD_MODE='fast': expected one of"),
     ({}, ["--spec", "a.yaml", "--source", "b"], "give a build spec or a source to serve, not both"),
     ({}, ["--world-size", "0"], "world_size must be >= 1"),
+    ({"SPECBUILD_ENGINE_CACHE": "/proc/specbuild-engines"}, [], "engine cache /proc/specbuild-engines cannot be created"),
 ])
 def test_bad_settings_get_a_clear_error(tmp_path: Path, settings: dict[str, str], args: list[str], message: str) -> None:
     proc = run_entrypoint(entrypoint_env(tmp_path / "engines", **settings), *args, "--prepare-only", timeout=60)

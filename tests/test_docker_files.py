@@ -350,3 +350,26 @@ def test_compose_client_waits_for_a_healthy_server_and_is_a_valid_generate_comma
     assert command[:2] == ["specbuild", "generate"]
     args = build_parser().parse_args(command[1:])
     assert args.url == f"server-{kind}:8001" and args.protocol == "grpc" and args.stream
+
+
+def _dry_run_gpu_requirements(constraints: Path, report: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet",
+                           "--disable-pip-version-check", "--report", str(report), "-c", str(constraints),
+                           "-r", str(DOCKER / "requirements-gpu.txt")], capture_output=True, text=True, timeout=120)
+
+
+def test_gpu_requirements_under_frozen_constraints_change_nothing_that_is_installed(tmp_path: Path) -> None:
+    """The GPU image's install step, offline against this environment standing in for NVIDIA's
+    image: every requirement is met by what is installed, so pip installs nothing; and an
+    "image" whose version is outside a bound makes the install fail instead of replacing it."""
+    frozen = subprocess.run([sys.executable, "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
+                            capture_output=True, text=True, check=True).stdout
+    constraints = tmp_path / "image-constraints.txt"
+    constraints.write_text(frozen)
+    proc = _dry_run_gpu_requirements(constraints, tmp_path / "report.json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "report.json").read_text())["install"] == []
+    old = "\n".join("transformers==4.40.0" if ln.lower().startswith("transformers==") else ln for ln in frozen.splitlines())
+    constraints.write_text(old + "\n")
+    refused = _dry_run_gpu_requirements(constraints, tmp_path / "report2.json")
+    assert refused.returncode != 0 and "ResolutionImpossible" in refused.stderr
