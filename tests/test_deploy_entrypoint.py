@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from triton_fixtures import local_decoder  # noqa: F401 (fixture)
@@ -59,8 +61,9 @@ def healthy(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """``(spec, engine cache, repository)`` after the entrypoint built the spec once."""
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, Path]]:
+    """``(spec, engine cache, repository)`` after the entrypoint built the spec once (the
+    build's ~0.5 GB of float32 weights are removed afterwards)."""
     work = tmp_path_factory.mktemp("deploy")
     spec = work / "reference.yaml"
     spec.write_text(SPEC_TEXT)
@@ -70,7 +73,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     assert "building" in proc.stderr and "reusing" not in proc.stderr
     repository = Path(proc.stdout.strip().splitlines()[-1])
     assert repository.parent.parent == work / "engines"
-    return spec, work / "engines", repository
+    yield spec, work / "engines", repository
+    shutil.rmtree(work, ignore_errors=True)
 
 
 # -- the real thing ---------------------------------------------------------------------------
