@@ -35,7 +35,10 @@ class LogitsProcessor:
             out = torch.zeros_like(logits)
             out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
             return out
-        logits = logits / self.temperature
+        # shifted by the row's maximum first (softmax is shift-invariant): a tiny temperature then
+        # sends the others to -inf instead of turning every logit into +-inf and the softmax into NaN
+        temperature = max(self.temperature, torch.finfo(logits.dtype).tiny)  # 5e-324 is 0.0 in float32
+        logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
         vocab = logits.shape[-1]
         if 0 < self.top_k < vocab:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
@@ -46,6 +49,7 @@ class LogitsProcessor:
             # drop a token when the mass strictly before it already reaches top_p (the top-1 always stays)
             mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
             drop_sorted = mass_before >= self.top_p
+            drop_sorted[..., 0] = False  # even when top_p rounds to 0 in float32
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             logits = logits.masked_fill(drop, float("-inf"))
         return torch.softmax(logits, dim=-1)
