@@ -85,9 +85,12 @@ class SamplingParams:
             f"top_p must be in (0, 1], got {self.top_p!r}",
         )
         _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), f"seed must be an integer in [0, 2^64), got {self.seed!r}")
-        _require(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _require(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
+                 "stop must be a list of non-empty strings")
         _require(
-            all(len(seq) > 0 and all(_is_int(t) and t >= 0 for t in seq) for seq in self.stop_token_ids),
+            isinstance(self.stop_token_ids, (list, tuple))
+            and all(isinstance(seq, (list, tuple)) and len(seq) > 0 and all(_is_int(t) and t >= 0 for t in seq)
+                    for seq in self.stop_token_ids),
             "stop token sequences must be non-empty sequences of token ids >= 0",
         )
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -125,6 +128,10 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", SpeculationMode.parse(self.mode))
+        for name in ("fallback_threshold", "verify_cost_per_token", "typical_threshold", "typical_alpha"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                     f"{name} must be a finite number, got {value!r}")
         try:
             object.__setattr__(self, "tree_acceptance", TreeAcceptance(self.tree_acceptance))
         except ValueError:
