@@ -61,20 +61,41 @@ class DeploymentConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DeploymentConfig":
+        if not isinstance(data, dict):
+            raise InvalidRequestError(f"a deployment is a JSON object, got {type(data).__name__}")
         data = dict(data)
-        known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
-        if unknown:
-            raise InvalidRequestError(f"unknown deployment fields: {sorted(unknown)}")
-        runtime = RuntimeConfig(**data.pop("runtime", {}))
-        speculation = SpeculationConfig(**data.pop("speculation", {}))
+        _check_fields("deployment", data, cls)
+        runtime = RuntimeConfig(**_check_fields("runtime", data.pop("runtime", {}), RuntimeConfig))
+        speculation = SpeculationConfig(**_check_fields("speculation", data.pop("speculation", {}), SpeculationConfig))
         layers = data.pop("draft_layers", None)
+        if layers is not None and not (isinstance(layers, (list, tuple)) and all(_is_index(i) for i in layers)):
+            raise InvalidRequestError(f"draft_layers must be a list of layer indices, got {layers!r}")
+        for name in ("target", "draft", "medusa"):
+            if name in data and not isinstance(data[name], str) and not (name != "target" and data[name] is None):
+                raise InvalidRequestError(f"{name} must be a model name or path, got {data[name]!r}")
         return cls(runtime=runtime, speculation=speculation,
                    draft_layers=tuple(layers) if layers is not None else None, **data)
 
     @classmethod
     def load(cls, path: str | Path) -> "DeploymentConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidRequestError(f"cannot read deployment file {path}: {exc}") from None
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_fields(what: str, data: Any, cls: type) -> dict[str, Any]:
+    """``data`` as a dict of ``cls``'s fields, or a typed error naming what is wrong."""
+    if not isinstance(data, dict):
+        raise InvalidRequestError(f"{what} must be a JSON object, got {data!r}")
+    unknown = set(data) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise InvalidRequestError(f"unknown {what} fields: {sorted(map(str, unknown))}")
+    return data
 
 
 def build_decoder(config: DeploymentConfig) -> SpeculativeDecoder:
