@@ -21,6 +21,7 @@ class AcceptanceReport:
     drafted_tokens: int
     accepted_tokens: int
     draft_ms_per_round: float
+    per_position: tuple[float, ...]  # [i]: share of rounds whose first i + 1 drafted tokens were all accepted
     verify_ms_per_pass: float
     seconds: float
 
@@ -37,7 +38,8 @@ class AcceptanceReport:
 
     def summary(self) -> str:
         return (f"{self.mode}: held-out acceptance {self.acceptance_rate:.3f} ({self.accepted_tokens}/{self.drafted_tokens}) "
-                f"over {self.prompts} prompts, {self.tokens_per_pass:.2f} tokens per target pass, "
+                f"over {self.prompts} prompts (per position {', '.join(f'{a:.2f}' for a in self.per_position)}), "
+                f"{self.tokens_per_pass:.2f} tokens per target pass, "
                 f"draft {self.draft_ms_per_round:.1f} ms/round, verify {self.verify_ms_per_pass:.1f} ms/pass")
 
 
@@ -49,6 +51,8 @@ def measure_acceptance(deployment: DeploymentConfig, prompts: list[str], mode: S
     spec = replace(deployment.speculation, mode=mode, num_draft_tokens=num_draft_tokens, adaptive=False, fallback=False)
     params = sampling or SamplingParams(max_tokens=max_tokens)
     totals = dict(generated=0, passes=0, drafted=0, accepted=0, rounds=0, draft_s=0.0, verify_s=0.0, total_s=0.0)
+    drafted_at: list[int] = []
+    accepted_at: list[int] = []
     for prompt in prompts:
         text = prompt
         if chat and getattr(decoder.tokenizer, "chat_template", None):
@@ -63,10 +67,17 @@ def measure_acceptance(deployment: DeploymentConfig, prompts: list[str], mode: S
         totals["draft_s"] += stats.draft_time_s
         totals["verify_s"] += stats.verify_time_s
         totals["total_s"] += stats.total_time_s
+        for i, (d, a) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
+            if i == len(drafted_at):
+                drafted_at.append(0)
+                accepted_at.append(0)
+            drafted_at[i] += d
+            accepted_at[i] += a
     report = AcceptanceReport(
         mode=mode.value, prompts=len(prompts), generated_tokens=totals["generated"], target_passes=totals["passes"],
         drafted_tokens=totals["drafted"], accepted_tokens=totals["accepted"],
         draft_ms_per_round=1000 * totals["draft_s"] / max(1, totals["rounds"]),
+        per_position=tuple(a / d for a, d in zip(accepted_at, drafted_at) if d),
         verify_ms_per_pass=1000 * totals["verify_s"] / max(1, totals["passes"]), seconds=totals["total_s"])
     logger.info("%s", report.summary())
     return report

@@ -4,8 +4,10 @@ The draft is a :class:`~triton_backend.draft_arch.SubsetLlamaForCausalLM`: a few
 layers initialised from chosen target layers, the target's input embeddings (frozen) and
 final norm, and an LM head over the ``draft_vocab`` tokens the target writes most often
 (initialised from the target's head rows). It learns by knowledge distillation: at every
-response position, cross-entropy against the target's top-K distribution (from
-:mod:`builder.target_data`, restricted to the draft vocabulary). The result is saved as a
+position, cross-entropy against the target's top-K distribution (from
+:mod:`builder.target_data`, restricted to the draft vocabulary), plus a regression onto the
+target's last hidden state when the data has it (the draft's head starts as the target's,
+so matching the hidden state is matching the target's logits). The result is saved as a
 Hugging Face folder with the target's tokenizer, loadable by ``specbuild run --draft``.
 """
 
@@ -40,6 +42,8 @@ class DistillConfig:
     time_limit_s: float = 900.0
     seed: int = 0
     save_dtype: str = "bfloat16"
+    hidden_weight: float = 1.0  # weight of the hidden-state regression (when the data has hidden states)
+    response_only: bool = False  # distil only at response positions (default: every position)
 
     def __post_init__(self) -> None:
         if not self.init_layers or any(i < 0 for i in self.init_layers):
@@ -98,34 +102,48 @@ def init_draft(target: Any, layers: tuple[int, ...], token_ids: torch.Tensor) ->
     return draft
 
 
-def _batch(records: list[dict[str, torch.Tensor]], table: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Right-padded inputs, KD targets mapped into the draft vocabulary, and the loss mask."""
+def _batch(records: list[dict[str, torch.Tensor]], table: torch.Tensor, response_only: bool) -> dict[str, torch.Tensor]:
+    """Right-padded inputs, KD targets mapped into the draft vocabulary (zero weight where not
+    trained), and the target's hidden states when the data has them."""
     width = max(r["input_ids"].shape[0] for r in records)
     k = records[0]["topk_ids"].shape[1]
     ids = torch.zeros(len(records), width, dtype=torch.long)
     attn = torch.zeros(len(records), width, dtype=torch.long)
     tgt_ids = torch.zeros(len(records), width, k, dtype=torch.long)
     tgt_p = torch.zeros(len(records), width, k)
+    with_hidden = all("hidden" in r for r in records)
+    tgt_h = torch.zeros(len(records), width, records[0]["hidden"].shape[1]) if with_hidden else None
     for b, r in enumerate(records):
         n = r["input_ids"].shape[0]
         ids[b, :n] = r["input_ids"]
         attn[b, :n] = 1
-        start = int(r["prompt_length"]) - 1
+        if tgt_h is not None:
+            tgt_h[b, :n - 1] = r["hidden"].float()
+        start = int(r["prompt_length"]) - 1 if response_only else 0
         mapped = table[r["topk_ids"][start:].long()]  # [m, k], -1 outside the draft vocabulary
         p = torch.softmax(r["topk_logits"][start:].float(), -1) * (mapped >= 0)
         p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)
         tgt_ids[b, start:n - 1] = mapped.clamp(min=0)
         tgt_p[b, start:n - 1] = p
-    return {"input_ids": ids, "attention_mask": attn, "target_ids": tgt_ids, "target_p": tgt_p}
+    out = {"input_ids": ids, "attention_mask": attn, "target_ids": tgt_ids, "target_p": tgt_p}
+    if tgt_h is not None:
+        out["target_hidden"] = tgt_h
+    return out
 
 
-def kd_loss(draft: SubsetLlamaForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def kd_loss(draft: SubsetLlamaForCausalLM, batch: dict[str, torch.Tensor], hidden_weight: float = 0.0) -> torch.Tensor:
+    """Cross-entropy against the target's top-K distribution, plus ``hidden_weight`` x the mean
+    squared error to the target's last hidden state (a dense signal that speeds learning up)."""
     hidden = draft.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     logq = torch.log_softmax(draft.lm_head.subset_logits(hidden).float(), -1)  # [B, T, V']
     picked = logq.gather(-1, batch["target_ids"])  # [B, T, K]
     per_pos = -(batch["target_p"] * picked).sum(-1)  # [B, T]
     weight = batch["target_p"].sum(-1)  # 1 at trained positions, 0 elsewhere
-    return (per_pos * weight).sum() / weight.sum().clamp_min(1.0)
+    loss = (per_pos * weight).sum() / weight.sum().clamp_min(1.0)
+    if hidden_weight > 0 and "target_hidden" in batch:
+        err = ((hidden.float() - batch["target_hidden"]) ** 2).mean(-1)  # [B, T]
+        loss = loss + hidden_weight * (err * weight).sum() / weight.sum().clamp_min(1.0)
+    return loss
 
 
 def _batches(records: list[dict[str, torch.Tensor]], size: int, gen: torch.Generator) -> list[list[int]]:
@@ -163,7 +181,7 @@ def distill(cfg: DistillConfig, *, progress: bool = True) -> DistillReport:
             for chunk in _batches(records, cfg.batch_size, gen):
                 if time.monotonic() > deadline:
                     break
-                loss = kd_loss(draft, _batch([records[i] for i in chunk], table))
+                loss = kd_loss(draft, _batch([records[i] for i in chunk], table, cfg.response_only), cfg.hidden_weight)
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -30,6 +30,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_REFERENCE, help="reference model name, HF directory or .gguf")
     p.add_argument("--draft", default=None, help="draft model (HF directory or .gguf) sharing the target's tokenizer")
     p.add_argument("--draft-layers", type=parse_layers, default=None, help="self-speculative draft from target layers, e.g. 0-5")
+    p.add_argument("--medusa", default=None, help="Medusa heads file (.safetensors from `specbuild train-medusa`)")
+    p.add_argument("--tree-acceptance", default="exact", choices=["exact", "typical"],
+                   help="Medusa tree verification when sampling: exact (distribution-preserving) or typical")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--raw", action="store_true", help="send the prompt as is (default: apply the chat template)")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -38,7 +41,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--speculation", default="auto", help="auto, draft, ngram or off")
+    p.add_argument("--speculation", default="auto", help="auto, draft, medusa, ngram or off")
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to the running acceptance")
     p.add_argument("--no-fallback", action="store_true", help="never fall back to plain decoding")
@@ -56,8 +59,9 @@ class LocalRunConfig:
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LocalRunConfig":
         speculation = SpeculationConfig(mode=a.speculation, num_draft_tokens=a.num_draft_tokens,
-                                        adaptive=a.adaptive, fallback=not a.no_fallback)
-        deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers,
+                                        adaptive=a.adaptive, fallback=not a.no_fallback,
+                                        tree_acceptance=a.tree_acceptance)
+        deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,
                                       runtime=RuntimeConfig(device=a.device, num_threads=a.threads),
                                       speculation=speculation)
         sampling = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,

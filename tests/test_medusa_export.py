@@ -93,3 +93,25 @@ def test_heads_not_matching_the_spec_are_refused(tiny_dir, heads_file):
     model = load_model(str(tiny_dir), RuntimeConfig()).eval()
     with pytest.raises(BuildSpecError, match="2 heads x 1 layers"):
         attach_medusa_heads(model, MedusaSpec(num_heads=4, num_layers=1, source=str(path)))
+
+
+def test_torch_only_build_serves_the_trained_heads(tiny_dir, heads_file, tmp_path):
+    from builder.cli import main as cli_main
+    from triton_backend.deployment import build_decoder
+    from triton_backend.serving import load_deployment
+
+    path, _ = heads_file
+    out = tmp_path / "out"
+    assert cli_main(["build", "--target", str(tiny_dir), "--torch-only", "--medusa-heads", "2", "--medusa-source",
+                     str(path), "-o", str(out), "--no-progress"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not any("Medusa heads are in the TensorRT-LLM" in n for n in manifest["notices"])
+    deployment = load_deployment(out / manifest["model_repo"]["deployment"])
+    assert Path(deployment.medusa).is_file() and Path(deployment.medusa).parent == (out / "weights" / "medusa").resolve()
+    decoder = build_decoder(deployment)
+    from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+
+    assert decoder.resolve(SpeculationMode.AUTO)[0] is SpeculationMode.MEDUSA
+    params = SamplingParams(max_tokens=12)
+    medusa = decoder.generate([1, 2, 3], params, SpeculationConfig(mode="medusa", fallback=False))
+    assert medusa.token_ids == decoder.generate([1, 2, 3], params, SpeculationConfig(mode="off")).token_ids
