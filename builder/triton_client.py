@@ -212,17 +212,32 @@ def _grpc_stream(config: ClientConfig, request: GenerateRequest, result: RemoteR
                  on_text: Callable[[str], None] | None) -> None:
     import tritonclient.grpc as grpcclient
 
+    from tritonclient.utils import InferenceServerException
+
     replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    done = False
     with grpcclient.InferenceServerClient(config.url) as client:
         client.start_stream(callback=lambda result, error: replies.put((result, error)),
                             stream_timeout=config.timeout_s)
         try:
-            client.async_stream_infer(config.model_name, _infer_inputs(grpcclient, request.arrays()),
-                                      enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(config.model_name, _infer_inputs(grpcclient, request.arrays()),
+                                          enable_empty_final_response=True)
+            except InferenceServerException as exc:  # the stream broke already (no server): the callback says why
+                raise _stream_error(replies, exc) from None
             for reply in _until_final(replies, config.timeout_s):
                 _collect(result, reply.as_numpy, started, on_text)
+            done = True
         finally:
-            client.stop_stream()
+            client.stop_stream(cancel_requests=not done)  # an error or Ctrl-C cancels the request on the server
+
+
+def _stream_error(replies: "queue.Queue[tuple[Any, Any]]", exc: Exception) -> ClientError:
+    try:
+        _, error = replies.get(timeout=5)
+    except queue.Empty:
+        error = None
+    return _server_error(error if error is not None else exc)
 
 
 def _until_final(replies: "queue.Queue[tuple[Any, Any]]", timeout_s: float) -> Iterator[Any]:
