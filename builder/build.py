@@ -24,7 +24,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from builder.architecture import ModelArchitecture, is_config_only
 from builder.compile import CompileMode, EngineResult, EngineStatus, compile_engines, engine_builds
@@ -34,6 +34,9 @@ from builder.plan_types import Plan
 from builder.planner import ResolvedModels, plan_deployment, resolve_models
 from builder.spec import BuildSpec, ModelSpec
 from builder.torch_runtime import TorchServing, relative_to_file, save_torch_weights, torch_serving
+
+if TYPE_CHECKING:
+    from triton_backend.engines.trtllm_config import TrtllmConfig
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +149,7 @@ def _stage_repository(ctx: BuildContext) -> None:
     from builder.model_repository import VERSION, render_model_repository
     from triton_backend.config import RuntimeConfig, SpeculationConfig
     from triton_backend.deployment import DeploymentConfig
+    from triton_backend.engines.trtllm_config import EngineRuntime
     from triton_backend.interface import ServingConfig
 
     assert ctx.serving is not None
@@ -155,16 +159,35 @@ def _stage_repository(ctx: BuildContext) -> None:
     file_dir.mkdir(parents=True, exist_ok=True)
     weights = {role: relative_to_file(ctx.out / "weights" / role, file_dir) for role, _, _ in ctx.roles()}
     medusa = relative_to_file(ctx.medusa_heads, file_dir) if ctx.medusa_heads is not None else None
+    engines = _compiled_engines(ctx, file_dir)
+    # a Medusa engine takes its tree at run time: the one its checkpoint's max_draft_len was sized for
+    choices = ctx.checkpoints.get("target", {}).get("medusa", {}).get("medusa_choices") if engines else None
     deployment = DeploymentConfig(
-        target=weights["target"], draft=weights.get("draft"), medusa=medusa,
+        target=weights["target"], draft=weights.get("draft"), medusa=medusa, medusa_choices=choices,
         runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype),
-        speculation=SpeculationConfig(num_draft_tokens=ctx.spec.limits.max_draft_len))
+        speculation=SpeculationConfig(num_draft_tokens=ctx.spec.limits.max_draft_len),
+        engine_runtime=EngineRuntime.TRTLLM if engines is not None else EngineRuntime.TORCH, trtllm=engines)
     render_model_repository(deployment, repo, serving)
     ctx.repository = {"dir": "model_repo", "model": serving.model_name,
                       "deployment": (file_dir / serving.deployment_file).relative_to(ctx.out).as_posix()}
-    if ctx.spec.medusa is not None and ctx.medusa_heads is None:
+    if engines is not None:
+        ctx.notices.append("the model repository serves the compiled TensorRT-LLM engines (engine_runtime trtllm); "
+                           "loading it needs TensorRT-LLM (the GPU image)")
+    elif ctx.spec.medusa is not None and ctx.medusa_heads is None:
         ctx.notices.append("Medusa heads are in the TensorRT-LLM target checkpoint; the torch runtime's repository "
                            "serves the target with n-gram drafting (its heads file has no specbuild metadata)")
+
+
+def _compiled_engines(ctx: BuildContext, file_dir: Path) -> TrtllmConfig | None:
+    """The deployment's engines when every engine of the build compiled (the repository then
+    serves them with the trtllm runtime), else None (it serves the torch weights)."""
+    from triton_backend.engines.trtllm_config import TrtllmConfig, TrtllmTargetKind
+
+    if not ctx.engines or any(e.status is not EngineStatus.COMPILED for e in ctx.engines):
+        return None
+    dirs = {e.role: relative_to_file(ctx.out / e.engine_dir, file_dir) for e in ctx.engines}
+    kind = TrtllmTargetKind.MEDUSA if ctx.spec.medusa is not None else TrtllmTargetKind.DRAFT_TOKENS_EXTERNAL
+    return TrtllmConfig(target_engine=dirs["target"], target_kind=kind, draft_engine=dirs.get("draft"))
 
 
 def _stages(ctx: BuildContext) -> list[tuple[str, Callable[[BuildContext], None]]]:

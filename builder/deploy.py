@@ -21,7 +21,10 @@ Launch: when the repository holds a TensorRT-LLM model (``backend: "tensorrtllm"
 plan shards the engines over TP x PP > 1 ranks, Triton runs under MPI with one process per
 rank, as NVIDIA's tensorrtllm_backend launches it: rank 0 serves the whole repository and the
 endpoints; ranks > 0 load only the TensorRT-LLM models (``--model-control-mode=explicit``);
-each rank gets its own Python-backend shared-memory prefix.
+each rank gets its own Python-backend shared-memory prefix. A repository whose ``specdec``
+deployment serves compiled engines itself (``engine_runtime: trtllm``) runs in one Triton
+process: TensorRT-LLM's executor spawns a multi-rank engine's ranks (orchestrator mode). Such a
+build is served only when its manifest marks every engine "compiled" and TensorRT-LLM imports.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import contextlib
 import enum
 import fcntl
 import hashlib
+import importlib.util
 import json
 import logging
 import re
@@ -56,6 +60,7 @@ KEY_FILE = "deploy-key.json"
 KEY_TOOLS = ("specbuild", "tensorrt_llm", "tensorrt", "nvidia-modelopt", "torch", "transformers")
 _BACKEND_LINE = re.compile(r'^\s*backend\s*:\s*"([^"]+)"', re.MULTILINE)
 TRTLLM_BACKEND = "tensorrtllm"
+TRTLLM_RUNTIME = "trtllm"  # a deployment's engine_runtime serving compiled engines itself
 
 
 class DeployError(SpecbuildError, RuntimeError):
@@ -239,6 +244,35 @@ def tensorrtllm_models(repository: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
+def deployment_runtimes(repository: Path) -> set[str]:
+    """The engine runtimes (``torch``/``trtllm``) the repository's deployment files select."""
+    runtimes = set()
+    for path in sorted(repository.glob("*/*/deployment.json")):
+        try:
+            runtimes.add(str(json.loads(path.read_text()).get("engine_runtime", "torch")))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise DeployError(f"deployment file {path} cannot be read: {exc}") from None
+    return runtimes
+
+
+def check_engines_servable(build_dir: Path) -> None:
+    """A build whose repository serves its TensorRT-LLM engines needs every engine marked
+    "compiled" in the manifest and TensorRT-LLM importable; say which is missing, before Triton
+    starts."""
+    repository = build_dir / REPOSITORY_DIR
+    if TRTLLM_RUNTIME not in deployment_runtimes(repository):
+        return
+    manifest_path = build_dir / MANIFEST_NAME
+    engines = json.loads(manifest_path.read_text()).get("engines", {}) if manifest_path.is_file() else {}
+    unfinished = {role: e.get("status") for role, e in engines.items() if e.get("status") != EngineStatus.COMPILED.value}
+    if not engines or unfinished:
+        raise DeployError(f"{repository} serves TensorRT-LLM engines, but the build's manifest does not mark them all "
+                          f"compiled ({unfinished or 'no engines recorded'}); rebuild, or serve the torch weights")
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        raise DeployError(f"{repository} serves compiled TensorRT-LLM engines, and TensorRT-LLM is not installed "
+                          "here: run the GPU image (docker/Dockerfile.gpu), or rebuild with --build-mode torch-only")
+
+
 def planned_world_size(build_dir: Path) -> int:
     """TP x PP of the build's plan (1 when the folder has no plan)."""
     plan_file = build_dir / "plan.json"
@@ -259,7 +293,10 @@ def launch_world_size(repository: Path, requested: int | None) -> tuple[int, tup
                               f"{repository}: ranks > 0 would have nothing to load")
         return requested, models
     if not models:
-        if planned > 1:
+        if planned > 1 and TRTLLM_RUNTIME in deployment_runtimes(repository):
+            logger.info("the plan shards the engines over %d ranks (TP x PP): the trtllm runtime's executor spawns "
+                        "them itself (orchestrator mode) from one Triton process", planned)
+        elif planned > 1:
             logger.warning("the plan shards the TensorRT-LLM engines over %d ranks (TP x PP), but %s has no "
                            "TensorRT-LLM model: its Python-backend models run in one Triton process", planned, repository)
         return 1, models
@@ -326,6 +363,7 @@ def prepare(config: DeployConfig) -> Prepared:
         if not config.spec.is_file():
             raise DeployError(f"build spec {config.spec} not found (mount it into the container?)")
         build_dir, reused = build_or_reuse(config.spec, config)
+        check_engines_servable(build_dir)
         repository = build_dir / REPOSITORY_DIR
     elif config.source is not None:
         repository = _source_repository(config)
@@ -363,5 +401,5 @@ def deploy(config: DeployConfig, on_ready: Callable[[Endpoints, Path], None] | N
 
 
 __all__ = ["BuildMode", "DeployConfig", "DeployError", "MpiTritonServer", "Prepared", "build_or_reuse", "cache_key",
-           "deploy", "fingerprint", "launch_world_size", "mpi_command", "planned_world_size", "prepare",
-           "tensorrtllm_models"]
+           "check_engines_servable", "deploy", "deployment_runtimes", "fingerprint", "launch_world_size",
+           "mpi_command", "planned_world_size", "prepare", "tensorrtllm_models"]

@@ -16,6 +16,7 @@ from triton_backend.config import RuntimeConfig, SpeculationConfig, SpeculationM
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.drafters.base import Drafter
 from triton_backend.engines.torch_engine import TorchEngine
+from triton_backend.engines.trtllm_config import EngineRuntime, TrtllmConfig
 from triton_backend.errors import InvalidRequestError
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer
@@ -29,7 +30,9 @@ class DeploymentConfig:
     """``target``/``draft``: a reference model name, a HF directory or a .gguf file.
     ``draft_layers``: instead of a separate draft, a self-speculative draft made of these
     target layers. ``ngram``: offer n-gram lookup. ``medusa``: a Medusa heads file (see
-    :mod:`triton_backend.medusa_model`) for the target; ``medusa_choices`` overrides its tree."""
+    :mod:`triton_backend.medusa_model`) for the target; ``medusa_choices`` overrides its tree.
+    ``engine_runtime``: ``torch`` serves ``target``/``draft`` with torch; ``trtllm`` serves the
+    compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer)."""
 
     target: str = DEFAULT_REFERENCE
     draft: str | None = None
@@ -39,8 +42,13 @@ class DeploymentConfig:
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    engine_runtime: EngineRuntime = EngineRuntime.TORCH
+    trtllm: TrtllmConfig | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "engine_runtime", EngineRuntime.parse(self.engine_runtime))
+        if self.engine_runtime is EngineRuntime.TRTLLM and self.trtllm is None:
+            raise InvalidRequestError("engine_runtime trtllm needs a trtllm section naming the compiled engines")
         if self.draft is not None and self.draft_layers is not None:
             raise InvalidRequestError("give either a draft model or draft_layers, not both")
         if self.draft_layers is not None:
@@ -57,6 +65,8 @@ class DeploymentConfig:
         data = asdict(self)
         data["speculation"]["mode"] = self.speculation.mode.value
         data["speculation"]["tree_acceptance"] = self.speculation.tree_acceptance.value
+        data["engine_runtime"] = self.engine_runtime.value
+        data["trtllm"] = self.trtllm.to_dict() if self.trtllm is not None else None
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -73,8 +83,10 @@ class DeploymentConfig:
         for name in ("target", "draft", "medusa"):
             if name in data and not isinstance(data[name], str) and not (name != "target" and data[name] is None):
                 raise InvalidRequestError(f"{name} must be a model name or path, got {data[name]!r}")
+        trtllm = data.pop("trtllm", None)
         return cls(runtime=runtime, speculation=speculation,
-                   draft_layers=tuple(layers) if layers is not None else None, **data)
+                   draft_layers=tuple(layers) if layers is not None else None,
+                   trtllm=TrtllmConfig.from_dict(trtllm) if trtllm is not None else None, **data)
 
     @classmethod
     def load(cls, path: str | Path) -> "DeploymentConfig":
@@ -99,6 +111,10 @@ def _check_fields(what: str, data: Any, cls: type) -> dict[str, Any]:
 
 
 def build_decoder(config: DeploymentConfig) -> SpeculativeDecoder:
+    if config.engine_runtime is EngineRuntime.TRTLLM:
+        from triton_backend.trtllm_deployment import build_trtllm_decoder
+
+        return build_trtllm_decoder(config)
     target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name)
     drafters: dict[SpeculationMode, Drafter] = {}
     if config.draft is not None:

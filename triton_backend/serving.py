@@ -108,8 +108,9 @@ def load_deployment(path: Path) -> DeploymentConfig:
 
     from dataclasses import replace
 
+    trtllm = config.trtllm.with_paths(resolve) if config.trtllm is not None else None  # engine folders too
     return replace(config, target=resolve(config.target) or config.target, draft=resolve(config.draft),
-                   medusa=resolve(config.medusa))
+                   medusa=resolve(config.medusa), trtllm=trtllm)
 
 
 class ResponseSink(Protocol):
