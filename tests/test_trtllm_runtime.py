@@ -449,7 +449,10 @@ def test_real_executor_accepts_the_requests_as_built() -> None:
         pytest.skip("needs TensorRT-LLM (not installable here)")
     from triton_backend.engines.trtllm_engine import executor_bindings, to_executor_request
 
-    bindings = executor_bindings()
+    try:
+        bindings = executor_bindings()
+    except ModelLoadError as exc:  # installed, but its CUDA libraries cannot load here
+        pytest.skip(str(exc))
     ids = end_ids(SAMPLING, [2])
     request = to_executor_request(bindings, target_request([1, 2, 3], [4, 5], SAMPLING, ids, 9, None))
     assert request.max_tokens == 3 and list(request.external_draft_tokens_config.tokens) == [4, 5]

@@ -174,9 +174,10 @@ class TrtllmEngine:
         self._lock = threading.Lock()
         logger.info("loading the %s engine %s (%s, %d rank(s))", role, self.info.engine_dir, self.info.architecture,
                     self.info.world_size)
+        config = to_executor_config(self._bindings, spec)
         try:
-            self._executor = self._bindings.Executor(self.info.engine_dir, self._bindings.ModelType.DECODER_ONLY,
-                                                     to_executor_config(self._bindings, spec))
+            self._executor = self._bindings.Executor(str(self.info.engine_dir), self._bindings.ModelType.DECODER_ONLY,
+                                                     config)
         except Exception as exc:  # the bindings raise RuntimeError subclasses with TensorRT-LLM's message
             raise ModelLoadError(f"TensorRT-LLM could not load the {role} engine {self.info.engine_dir}: {exc}") from None
 
