@@ -63,8 +63,39 @@ def load_model(source: str | Path, runtime: RuntimeConfig | None = None) -> PreT
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=_DTYPES[runtime.dtype], **kwargs)
     except Exception as exc:  # missing/corrupt weights surface as several exception types
-        raise ModelLoadError(f"could not load model weights from {folder}: {exc}") from exc
+        problem = None if gguf else weight_file_problem(folder)
+        raise ModelLoadError(problem or f"could not load model weights from {folder}: {exc}") from exc
     return model
+
+
+def weight_file_problem(folder: Path) -> str | None:
+    """What is wrong with a model folder's safetensors weights, naming the file; ``None`` if
+    every file the folder (or its index) names is present and its header matches its size."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"weight index {index} is unreadable: {exc}"
+    else:
+        names = sorted(p.name for p in folder.glob("*.safetensors")) or ["model.safetensors"]
+        if names == ["model.safetensors"] and not (folder / names[0]).exists():
+            if any((folder / n).exists() for n in ("pytorch_model.bin", "model.gguf")):
+                return None
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            return f"weight file {path} is missing" + (f" (named in {index.name})" if index.is_file() else "")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except Exception as exc:  # safetensors raises its own error types for bad headers / sizes
+            return f"weight file {path} is corrupt or truncated ({path.stat().st_size} bytes): {exc}"
+    return None
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:
