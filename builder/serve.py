@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
+import subprocess
 import tempfile
+import threading
+import time
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 DEPLOYMENT_FILE = "deployment.json"
 REPOSITORY_DIR = "model_repo"
+EXIT_GRACE_S = 10  # after Triton's own exit timeout
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,26 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
     return render_model_repository(deployment, out, config.serving), config.repository_dir is None
 
 
+def _wait(server: TritonServer, stopping: threading.Event) -> int:
+    """Triton's exit status. Once told to stop, wait at most its exit timeout plus a grace period:
+    Triton 2.51 does not exit while a client holds a gRPC stream open (its gRPC server shuts
+    down with no deadline), so a client that never closes its stream would keep it up forever."""
+    deadline = None
+    while deadline is None or time.monotonic() < deadline:
+        try:
+            code = server.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if deadline is None and stopping.is_set():
+                deadline = time.monotonic() + server.config.exit_timeout_s + EXIT_GRACE_S
+            continue
+        logger.info("Triton exited with status %d", code)
+        return code
+    logger.error("Triton did not exit within %ds of the stop signal (a client still holds a gRPC stream open?); "
+                 "killing it", server.config.exit_timeout_s + EXIT_GRACE_S)
+    server.kill()
+    return 1
+
+
 def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
                   server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
     """Start Triton, call ``on_ready``, run until Triton exits or SIGTERM/SIGINT arrives
@@ -84,10 +108,12 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
     repository, temporary = prepare_repository(config)
     server = server_factory(replace(config.server, model_repository=repository, echo_log=True))
     previous: dict[int, object] = {}
+    stopping = threading.Event()
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
         logger.info("received signal %d: stopping Triton", signum)
         server.send_signal(signal.SIGTERM)
+        stopping.set()
 
     try:
         endpoints = server.start()
@@ -95,9 +121,7 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
             previous[sig] = signal.signal(sig, forward)
         if on_ready is not None:
             on_ready(endpoints, repository)
-        code = server.wait()
-        logger.info("Triton exited with status %d", code)
-        return code
+        return _wait(server, stopping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]

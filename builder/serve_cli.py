@@ -64,7 +64,8 @@ def _cmd_serve(a: argparse.Namespace) -> int:
                             unary_instance_count=a.max_concurrency)
     server = ServerConfig(model_repository=Path("."), host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
                           metrics_port=a.metrics_port, source=TritonSource(a.triton),
-                          startup_timeout_s=a.startup_timeout, log_verbose=a.log_verbose, log_file=a.log_file)
+                          startup_timeout_s=a.startup_timeout, exit_timeout_s=a.exit_timeout, log_verbose=a.log_verbose,
+                          log_file=a.log_file)
     config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir)
     if a.render_only:
         if a.repository_dir is None:
@@ -95,6 +96,8 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--repository-dir", type=Path, default=None, help="render the repository here (kept)")
     p.add_argument("--render-only", action="store_true", help="render the repository and exit")
     p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--exit-timeout", type=int, default=30,
+                   help="seconds Triton waits for in-flight requests after SIGTERM (then it is stopped)")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-file", type=Path, default=None)
     p.set_defaults(func=_cmd_serve)

@@ -351,6 +351,12 @@ class TritonServer:
             self._reader.join(timeout=5)
         return code
 
+    def kill(self) -> None:
+        """SIGKILL the server and its backend stubs (its process group)."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(10)
+
     def stop(self) -> int | None:
         """SIGTERM (Triton finishes in-flight requests), then SIGKILL the group if it hangs."""
         if self._proc is None:
