@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""The long load test, run by hand: N concurrent gRPC streams for D seconds against a real
+Triton server on loopback (free ports), every answer checked against its in-process
+reference, server memory and Prometheus counters checked, then SIGTERM mid-load.
+
+    SPECBUILD_CACHE_DIR=... python scripts/load_test.py --streams 32 --duration 120 \\
+        --out benchmarks/results/load_32x120.json
+
+Exit status 0 when everything passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from builder.loadtest import LoadConfig  # noqa: E402
+from builder.loadtest_session import SessionConfig, markdown, run_session, write  # noqa: E402
+from triton_backend.interface import ServingConfig  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of load")
+    p.add_argument("--warmup", type=float, default=20.0, help="seconds before memory is judged")
+    p.add_argument("--templates", type=int, default=24)
+    p.add_argument("--min-tokens", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-concurrency", type=int, default=8, help="requests the model generates at once")
+    p.add_argument("--exit-timeout", type=int, default=120, help="Triton's exit timeout for the SIGTERM phase")
+    p.add_argument("--no-sigterm", action="store_true", help="skip the SIGTERM-mid-load phase")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/load.json"))
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = SessionConfig(
+        load=LoadConfig(streams=a.streams, duration_s=a.duration, warmup_s=a.warmup, templates=a.templates,
+                        min_tokens=a.min_tokens, max_tokens=a.max_tokens, seed=a.seed),
+        serving=ServingConfig(max_concurrency=a.max_concurrency, default_max_tokens=16),
+        sigterm=not a.no_sigterm, exit_timeout_s=a.exit_timeout)
+    results = run_session(config)
+    write(results, a.out)
+    print(markdown(results))
+    print(f"results: {a.out}")
+    return 0 if results["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
