@@ -85,8 +85,12 @@ class EngineResult:
 
 def _common_args(spec: BuildSpec, plan: Plan) -> list[str]:
     lim = spec.limits
+    # With external draft tokens every round is a new request whose input is the whole context so
+    # far, so the input may grow into the output budget: such engines take inputs up to
+    # max_seq_len - 1. A Medusa engine drafts inside one request and keeps the spec's input limit.
+    input_len = lim.max_input_len if spec.medusa is not None else lim.max_seq_len - 1
     args = ["--gemm_plugin", "auto", "--max_batch_size", str(lim.max_batch_size), "--max_input_len",
-            str(lim.max_input_len), "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
+            str(input_len), "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
             "--use_paged_context_fmha", "enable", "--gather_generation_logits"]
     if plan.tp * plan.pp > 1:
         args += ["--workers", str(plan.tp * plan.pp)]

@@ -71,7 +71,7 @@ def test_build_without_trtllm_build_writes_the_script_and_says_so(full_build, ca
     script = (out / "build_engines.sh").read_text()
     assert os.access(out / "build_engines.sh", os.X_OK)
     target_cmd = ("trtllm-build \\\n    --checkpoint_dir checkpoints/target \\\n    --output_dir engines/target \\\n"
-                  "    --gemm_plugin auto \\\n    --max_batch_size 4 \\\n    --max_input_len 2048 \\\n"
+                  "    --gemm_plugin auto \\\n    --max_batch_size 4 \\\n    --max_input_len 2559 \\\n"
                   "    --max_seq_len 2560 \\\n    --max_num_tokens 8192 \\\n    --use_paged_context_fmha enable \\\n"
                   "    --gather_generation_logits \\\n    --speculative_decoding_mode draft_tokens_external \\\n"
                   "    --max_draft_len 5\n")
