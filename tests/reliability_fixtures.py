@@ -145,6 +145,31 @@ def _collect_until_final(outcome: StreamOutcome, replies: "queue.Queue[tuple[Any
         outcome.cancelled = True
 
 
+def http_infer(url: str, tensors: list[tuple[str, np.ndarray, str]], *, timeout_s: float = 120.0,
+               model: str = SERVING.unary_model_name or "") -> StreamOutcome:
+    """One request through Triton's HTTP ``infer`` API on the unary entry point (which forwards
+    it to the decoupled model through BLS)."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=timeout_s,
+                                              connection_timeout=timeout_s)
+    try:
+        inputs = []
+        for name, array, wire in tensors:
+            tensor = httpclient.InferInput(name, list(array.shape), wire)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        reply = client.infer(model, inputs)
+    except InferenceServerException as exc:
+        return StreamOutcome(error=exc.message())
+    finally:
+        client.close()
+    outcome = StreamOutcome(final=True)
+    outcome.responses.append({n: reply.as_numpy(n) for n in _OUTPUT_NAMES if reply.as_numpy(n) is not None})
+    return outcome
+
+
 def assert_client_safe(message: str) -> None:
     """An error a client sees: short, one line of text, no traceback or source location."""
     assert message, "empty error message"
@@ -168,5 +193,5 @@ def delta(after: Mapping[str, float], before: Mapping[str, float], name: str) ->
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
-__all__ = ["DEPLOYMENT", "MODEL", "SERVING", "StreamOutcome", "assert_client_safe", "delta", "infer_input",
-           "reliable_decoder", "reliable_triton", "stream_request", "wait_idle"]
+__all__ = ["DEPLOYMENT", "MODEL", "SERVING", "StreamOutcome", "assert_client_safe", "delta", "http_infer",
+           "infer_input", "reliable_decoder", "reliable_triton", "stream_request", "wait_idle"]

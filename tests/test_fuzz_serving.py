@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_fixtures import (  # noqa: F401 (fixtures)
-    DEPLOYMENT, SERVING, StreamOutcome, assert_client_safe, delta, infer_input, reliable_decoder, reliable_triton,
-    stream_request, wait_idle,
+    DEPLOYMENT, SERVING, StreamOutcome, assert_client_safe, delta, http_infer, infer_input, reliable_decoder,
+    reliable_triton, stream_request, wait_idle,
 )
 
 from triton_backend.errors import SpecbuildError
@@ -243,14 +243,22 @@ def check(outcome: StreamOutcome, expected: Expected) -> str:
 # -- the test -----------------------------------------------------------------------------------
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
-@given(request=requests())
+@given(request=requests(), over_http=st.integers(0, 4).map(lambda i: i == 0))
 def test_every_fuzzed_request_gets_the_right_answer_or_a_short_typed_error(reliable_triton, reliable_decoder,
-                                                                            request: list[Tensor]) -> None:
+                                                                            request: list[Tensor],
+                                                                            over_http: bool) -> None:
+    """Most requests go over a gRPC stream to the decoupled model, some through HTTP ``infer``
+    to the unary entry point (BLS); a huge valid request always streams."""
     expected = expect(request, reliable_decoder)
-    tensors_ = [infer_input(t.name, t.array, t.wire) for t in request]
-    outcome = stream_request(reliable_triton.endpoints.grpc_url, tensors_, timeout_s=120,
-                             cancel_after_s=0.3 if expected.huge else None)
-    TALLY[check(outcome, expected)] += 1
+    if over_http and not expected.huge:
+        outcome = http_infer(reliable_triton.endpoints.http_url, [(t.name, t.array, t.wire) for t in request])
+        route = "HTTP unary"
+    else:
+        tensors_ = [infer_input(t.name, t.array, t.wire) for t in request]
+        outcome = stream_request(reliable_triton.endpoints.grpc_url, tensors_, timeout_s=120,
+                                 cancel_after_s=0.3 if expected.huge else None)
+        route = "gRPC stream"
+    TALLY[f"{route}: {check(outcome, expected)}"] += 1
     assert reliable_triton.server.running
 
 
