@@ -24,6 +24,7 @@ import torch
 
 from builder.errors import BuildSpecError
 from builder.target_data import iter_records
+from builder.train_schedule import TimedCosine
 from triton_backend.draft_arch import SubsetLlamaConfig, SubsetLlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -174,24 +175,23 @@ def distill(cfg: DistillConfig, *, progress: bool = True) -> DistillReport:
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     total = cfg.epochs * math.ceil(len(records) / cfg.batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total, pct_start=0.05)
-    deadline, losses = start + cfg.time_limit_s, []
+    sched = TimedCosine(opt, total, cfg.time_limit_s - (time.monotonic() - start))
+    losses: list[float] = []
     with tqdm(total=total, desc="distill", unit="step", disable=not progress) as bar:
         for _ in range(cfg.epochs):
             for chunk in _batches(records, cfg.batch_size, gen):
-                if time.monotonic() > deadline:
+                if sched.done:
                     break
                 loss = kd_loss(draft, _batch([records[i] for i in chunk], table, cfg.response_only), cfg.hidden_weight)
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
-                if sched.last_epoch + 1 < total:
-                    sched.step()
+                sched.step()
                 losses.append(float(loss.detach()))
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        if time.monotonic() > deadline:
+        if len(losses) < total:
             logger.warning("time limit of %.0fs reached after %d of %d steps", cfg.time_limit_s, len(losses), total)
     save_draft(draft.eval(), load_tokenizer(cfg.target), Path(cfg.out_dir), cfg.save_dtype)
     return DistillReport(out_dir=cfg.out_dir, draft_parameters=sum(p.numel() for p in draft.parameters()),

@@ -18,12 +18,12 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from builder.errors import BuildSpecError
 from builder.target_data import iter_records
+from builder.train_schedule import TimedCosine
 from triton_backend.medusa_model import MedusaHeads, MedusaHeadsInfo, save_medusa
 from triton_backend.tree import Choices
 
@@ -146,11 +146,11 @@ def grow_tree(rank_acc: list[list[float]], size: int) -> Choices:
 
 
 def _epoch(heads: MedusaHeads, weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
-           opt: "_Scheduled", cfg: MedusaTrainConfig, deadline: float, gen: torch.Generator) -> list[float]:
+           opt: torch.optim.Optimizer, sched: TimedCosine, cfg: MedusaTrainConfig, gen: torch.Generator) -> list[float]:
     losses = []
     order = torch.randperm(hidden.shape[0], generator=gen)
     for s in range(0, order.shape[0], cfg.batch_size):
-        if time.monotonic() > deadline:
+        if sched.done:
             break
         idx = order[s:s + cfg.batch_size]
         logits = heads.logits(hidden[idx].float(), weight)  # [heads, b, V']
@@ -159,6 +159,7 @@ def _epoch(heads: MedusaHeads, weight: torch.Tensor, hidden: torch.Tensor, label
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         losses.append(float(loss.detach()))
     return losses
 
@@ -186,16 +187,16 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> MedusaTrai
     untrained = [row[0] for row in rank_accuracy(heads, weight, held_h, held_y, 1)]
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
     steps_per_epoch = math.ceil(train_h.shape[0] / cfg.batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.epochs * steps_per_epoch, pct_start=0.05)
-    deadline = start + cfg.time_limit_s
+    sched = TimedCosine(opt, cfg.epochs * steps_per_epoch, cfg.time_limit_s - (time.monotonic() - start))
     gen = torch.Generator().manual_seed(cfg.seed)
     losses: list[float] = []
     for epoch in tqdm(range(cfg.epochs), desc="medusa epochs", disable=not progress):
-        step_losses = _epoch(heads, weight, train_h, train_y, _Scheduled(opt, sched), cfg, deadline, gen)
+        step_losses = _epoch(heads, weight, train_h, train_y, opt, sched, cfg, gen)
         losses += step_losses
         logger.info("epoch %d: %d steps, mean loss %.3f", epoch, len(step_losses), sum(step_losses) / max(1, len(step_losses)))
-        if time.monotonic() > deadline:
-            logger.warning("time limit of %.0fs reached after %d steps", cfg.time_limit_s, len(losses))
+        if sched.done:
+            if len(losses) < cfg.epochs * steps_per_epoch:
+                logger.warning("time limit of %.0fs reached after %d steps", cfg.time_limit_s, len(losses))
             break
     acc = rank_accuracy(heads, weight, held_h, held_y, cfg.top_k_eval)
     choices = grow_tree(acc, cfg.tree_size)
@@ -205,17 +206,3 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> MedusaTrai
                              steps=len(losses), seconds=time.monotonic() - start, top1=[a[0] for a in acc], topk=acc,
                              top1_untrained=untrained, medusa_choices=choices, losses=losses[-20:])
 
-
-class _Scheduled:
-    """An optimizer whose every step also advances its LR schedule."""
-
-    def __init__(self, opt: torch.optim.Optimizer, sched: Any) -> None:
-        self.opt, self.sched = opt, sched
-
-    def zero_grad(self) -> None:
-        self.opt.zero_grad()
-
-    def step(self) -> None:
-        self.opt.step()
-        if self.sched.last_epoch + 1 < self.sched.total_steps:
-            self.sched.step()

@@ -107,3 +107,22 @@ def test_bad_settings_are_refused(tmp_path):
         list(iter_records(tmp_path))
     assert main(["distill", "--data-dir", str(tmp_path / "d"), "--out", str(tmp_path / "o"),
                  "--prompts", str(tmp_path / "missing.txt"), "--quiet"]) == 2
+
+
+def test_timed_schedule_anneals_by_steps_or_by_time():
+    from builder.train_schedule import TimedCosine
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = TimedCosine(opt, total_steps=100, time_limit_s=3600.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)  # warm-up starts low
+    for _ in range(5):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1.0)  # warm-up done (5%)
+    for _ in range(45):
+        sched.step()
+    assert 0.4 < opt.param_groups[0]["lr"] < 0.6 and not sched.done
+    for _ in range(50):
+        sched.step()
+    assert sched.done and opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+    timed = TimedCosine(opt, total_steps=10**9, time_limit_s=1e-6)  # out of time: done, learning rate ~0
+    assert timed.done and timed.factor() == pytest.approx(0.0, abs=1e-9)
