@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 from pathlib import Path
 from typing import Any, Iterator
@@ -81,9 +82,10 @@ def _option_args(action: argparse.Action, draw: st.DrawFn) -> list[str]:
 def argvs(draw: st.DrawFn, name: str, port: int) -> list[str]:
     commands = subcommands()
     poison = poisons(port).get(name, [])
+    positional = poison and not poison[0].startswith("-")  # serve's source: first, so no valueless flag eats it
     actions = [a for a in commands[name]._actions
                if not isinstance(a, argparse._HelpAction) and not set(a.option_strings) & set(poison)]
-    argv = [name] if draw(st.integers(0, 30)) else []  # sometimes no subcommand at all
+    argv = [name] + (poison if positional else []) if draw(st.integers(0, 30)) else []  # sometimes no subcommand
     if draw(st.integers(0, 20)) == 0:
         argv.insert(0, draw(st.sampled_from(["-v", "--verbose", "-h", "--bogus"])))
     required = [a for a in actions if a.required and draw(st.integers(0, 9))]  # mostly given
@@ -97,14 +99,27 @@ def argvs(draw: st.DrawFn, name: str, port: int) -> list[str]:
         argv.append(draw(st.one_of(GARBAGE, st.sampled_from(["--no-such-flag", "-Z", "extra"]))))
     if draw(st.integers(0, 30)) == 0:
         argv.append(draw(st.sampled_from(["-h", "--help"])))
-    return argv + poison
+    return argv if positional else argv + poison
+
+
+class TooSlow(Exception):
+    pass
+
+
+def _too_slow(signum: int, frame: Any) -> None:
+    raise TooSlow("a fuzzed command ran for over 60 s: it got past its cheap fatal input")
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    previous = signal.signal(signal.SIGALRM, _too_slow)
+    signal.alarm(60)
     try:
         code: Any = main(argv)
     except SystemExit as exc:  # argparse (--help: 0; bad arguments: 2)
         code = exc.code
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     err = capsys.readouterr().err
     return code, err
 
