@@ -64,7 +64,8 @@ class LoadConfig:
     request_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.streams < 1 or self.duration_s <= 0 or self.templates < 1 or not 1 <= self.min_tokens <= self.max_tokens:
+        if (self.streams < 1 or self.duration_s <= 0 or self.templates < 1
+                or not 1 <= self.min_tokens <= self.max_tokens):
             raise ValueError(f"bad load configuration: {self}")
 
 
@@ -257,7 +258,8 @@ class LoadReport:
 class _Run:
     def __init__(self, endpoints: Endpoints, server_pid: int, templates: list[Template], config: LoadConfig,
                  model: str) -> None:
-        self.endpoints, self.pid, self.templates, self.config, self.model = endpoints, server_pid, templates, config, model
+        self.endpoints, self.pid, self.templates = endpoints, server_pid, templates
+        self.config, self.model = config, model
         self.report = LoadReport(config=asdict(config))
         self.lock = threading.Lock()
         self.stop = threading.Event()

@@ -129,11 +129,13 @@ def markdown(results: dict[str, Any]) -> str:
         f"{memory.get('last_third_mib')} MiB, max {memory.get('max_mib')} MiB, growth {memory.get('growth_mib')} MiB "
         f"({'flat' if memory.get('flat') else 'NOT flat'})",
         "- metrics (server delta = clients' sum): " + ", ".join(
-            f"{_short(name)}{'' if a == b else ' MISMATCH'} {a:g}={b:g}" for name, (a, b) in load["metric_checks"].items()),
+            f"{_short(name)}{'' if a == b else ' MISMATCH'} {a:g}={b:g}"
+            for name, (a, b) in load["metric_checks"].items()),
     ]
     if "sigterm" in results:
         s = results["sigterm"]
-        lines.append(f"- SIGTERM with {s['in_flight_at_signal']:g} requests in flight: exit code {s['exit_code']} after "
+        lines.append(f"- SIGTERM with {s['in_flight_at_signal']:g} requests in flight: exit code {s['exit_code']} "
+                     f"after "
                      f"{s['exit_after_s']} s (exit timeout {s['exit_timeout_s']} s); {s['finished_exactly']} finished "
                      f"exactly, {s['wrong']} wrong, {len(s['errors'])} errors")
     lines.append(f"- passed: {results['passed']}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import numpy as np

@@ -14,7 +14,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from reliability_fixtures import (  # noqa: F401 (fixtures)
@@ -41,7 +40,6 @@ ENDLESS = GenerateRequest(prompt="Tell me a long story about a dragon.", max_tok
 # a client in its own process: starts an endless streamed request, reports the first block, then waits to be killed
 CLIENT = """
 import queue, sys, time
-import numpy as np
 import tritonclient.grpc as g
 replies = queue.Queue()
 client = g.InferenceServerClient(sys.argv[1])

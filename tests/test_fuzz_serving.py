@@ -31,7 +31,7 @@ from reliability_fixtures import (  # noqa: F401 (fixtures)
 from triton_backend.errors import SpecbuildError
 from triton_backend.interface import INPUTS
 from triton_backend.serving import parse_request
-from triton_backend.triton_io import TensorSpec, TritonType
+from triton_backend.triton_io import TensorSpec
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,9 @@ def _array(values: list[Any], wire: str, shape: tuple[int, ...]) -> np.ndarray:
         else:
             values = [o if v is None else float(min(max(v, info.min), info.max)) for v, o in zip(finite, values)]
     size = int(np.prod(shape))
-    values = (values * (size // max(1, len(values)) + 1))[:size] if values else [b""] * size if wire == "BYTES" else [0] * size
+    if not values:
+        values = [b""] if wire == "BYTES" else [0]
+    values = (values * (size // len(values) + 1))[:size]
     with np.errstate(over="ignore", invalid="ignore"):
         return np.array(values, dtype=dtype).reshape(shape)
 
