@@ -93,8 +93,17 @@ class GenerateRequest:
             if spec.dtype is TritonType.STRING:
                 out[name] = np.array([[v.encode("utf-8") for v in value]], dtype=np.object_)
             else:
+                _check_range(name, value, spec.dtype)
                 out[name] = np.array([[value]], dtype=spec.dtype.numpy)
         return out
+
+
+def _check_range(name: str, value: Any, dtype: TritonType) -> None:
+    """An integer the tensor cannot hold is refused (numpy would wrap it around silently)."""
+    if isinstance(value, int) and not isinstance(value, bool) and np.issubdtype(dtype.numpy, np.integer):
+        info = np.iinfo(dtype.numpy)
+        if not info.min <= value <= info.max:
+            raise ClientError(f"{name}={value} does not fit the model's {dtype.wire} input [{info.min}, {info.max}]")
 
 
 @dataclass

@@ -150,6 +150,7 @@ def test_fuzzed_arguments_exit_0_or_2_with_a_one_line_error(command: str, data: 
 @pytest.mark.parametrize("argv", [
     ["generate", "--stream", "--prompt", "hi"],  # found by the fuzz: a traceback from the gRPC stream
     ["serve", "--render-only"],  # found by the fuzz: exit status 1 and no 'error:' line
+    ["generate", "--prompt", "hi", "--max-tokens", "4294967297"],  # found by the fuzz: sent as max_tokens=1
 ])
 def test_regressions_found_by_the_fuzz(argv: list[str], closed_port: int, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,3 +160,5 @@ def test_regressions_found_by_the_fuzz(argv: list[str], closed_port: int, tmp_pa
     code, err = run_cli(argv, capsys)
     assert_clean_exit(argv, code, err)
     assert code == 2
+    if "4294967297" in argv:  # refused before anything is sent, rather than wrapped around to 1
+        assert "max_tokens=4294967297 does not fit the model's INT32 input" in err
