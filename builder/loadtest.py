@@ -122,7 +122,7 @@ class Answer:
 def send(url: str, model: str, request: GenerateRequest, timeout_s: float) -> Answer:
     import tritonclient.grpc as grpcclient
 
-    answer, replies = Answer(), queue.Queue()  # type: ignore[var-annotated]
+    answer, replies, done = Answer(), queue.Queue(), False  # type: ignore[var-annotated]
     started = time.perf_counter()
     with grpcclient.InferenceServerClient(url) as client:
         client.start_stream(callback=lambda result, error: replies.put((result, error)))
@@ -133,21 +133,25 @@ def send(url: str, model: str, request: GenerateRequest, timeout_s: float) -> An
                 tensor.set_data_from_numpy(array)
                 inputs.append(tensor)
             client.async_stream_infer(model, inputs, enable_empty_final_response=True)
-            _read(answer, replies, timeout_s)
+            done = _read(answer, replies, timeout_s)
         finally:
-            client.stop_stream(cancel_requests=True)  # nothing is pending once the final response came
+            # cancel only what is unfinished: Triton 2.51 can lose track of a stream cancelled just
+            # after its final response, and then never unloads the model (SIGTERM waits its whole
+            # exit timeout, then exits 1)
+            client.stop_stream(cancel_requests=not done)
     answer.latency_s = time.perf_counter() - started
     return answer
 
 
-def _read(answer: Answer, replies: "queue.Queue[tuple[Any, Any]]", timeout_s: float) -> None:
+def _read(answer: Answer, replies: "queue.Queue[tuple[Any, Any]]", timeout_s: float) -> bool:
+    """Fills ``answer``; True once the request is over (its final response or its error came)."""
     deadline = time.monotonic() + timeout_s
     pieces = []
     while True:
         result, error = replies.get(timeout=max(0.1, deadline - time.monotonic()))
         if error is not None:
             answer.error = error.message()
-            return
+            return True
         text = result.as_numpy("text_output")
         if text is not None:
             piece = "".join(v.decode("utf-8") for v in np.asarray(text).reshape(-1))
@@ -163,7 +167,7 @@ def _read(answer: Answer, replies: "queue.Queue[tuple[Any, Any]]", timeout_s: fl
         final = result.get_response().parameters.get("triton_final_response")
         if final is not None and final.bool_param:
             answer.text = "".join(pieces)
-            return
+            return True
 
 
 # -- memory and metrics --------------------------------------------------------------------------

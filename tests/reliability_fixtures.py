@@ -116,8 +116,9 @@ def stream_request(url: str, tensors: list[grpcclient.InferInput], *, timeout_s:
             client.async_stream_infer(model, tensors, enable_empty_final_response=True)
             _collect_until_final(outcome, replies, timeout_s, cancel_after_s)
         finally:
-            # never blocks: cancels whatever is still pending (nothing, once the final response came)
-            client.stop_stream(cancel_requests=True)
+            # cancel only an unfinished request (a cancellation just after the final response can
+            # leave Triton 2.51 unable to unload the model)
+            client.stop_stream(cancel_requests=not (outcome.final or outcome.error is not None))
     return outcome
 
 

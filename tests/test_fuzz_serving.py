@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = int(os.environ.get("SPECBUILD_FUZZ_EXAMPLES", "150"))
 HUGE_MAX_TOKENS = 16  # above this a valid request is streamed a little, then cancelled
+HUGE_REFERENCE_TOKENS = 256  # a huge request that ends by itself must end before this in-process
 INT32 = (-(2**31), 2**31 - 1)
 WIRE_NUMPY = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32,
               "INT64": np.int64, "FP64": np.float64, "INT8": np.int8, "FP16": np.float16}
@@ -187,6 +188,7 @@ class Expected:
     structural: frozenset[str] = frozenset()  # inputs Triton must refuse
     result: Any = None  # GenerationResult of a deterministic valid request
     huge: bool = False  # valid, too long to wait for: streamed a little, then cancelled
+    capped: Any = None  # a huge request's in-process result at HUGE_REFERENCE_TOKENS (if it ended by itself)
     deterministic: bool = True
     max_tokens: int = 0
 
@@ -201,11 +203,13 @@ def expect(request: list[Tensor], decoder) -> Expected:
         if parsed.chat:
             prompt = decoder.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                            add_generation_prompt=True, tokenize=False)
+        deterministic = parsed.sampling.greedy or parsed.sampling.seed is not None
         if parsed.sampling.max_tokens > HUGE_MAX_TOKENS:
             decoder.encode(prompt)
             decoder.resolve(parsed.speculation.mode)
-            return Expected(huge=True)
-        deterministic = parsed.sampling.greedy or parsed.sampling.seed is not None
+            capped = replace(parsed.sampling, max_tokens=HUGE_REFERENCE_TOKENS)
+            return Expected(huge=True, deterministic=deterministic,
+                            capped=lambda: decoder.generate(prompt, capped, parsed.speculation))
         result = decoder.generate(prompt, parsed.sampling, parsed.speculation)
         return Expected(result=result, deterministic=deterministic, max_tokens=parsed.sampling.max_tokens)
     except SpecbuildError as exc:
@@ -226,8 +230,14 @@ def check(outcome: StreamOutcome, expected: Expected) -> str:
         return "refused by the model (typed error)"
     assert outcome.error is None, outcome.error
     if expected.huge:
-        assert outcome.cancelled and not outcome.final
-        return "huge max_tokens: streamed, then cancelled"
+        if outcome.cancelled:
+            return "huge max_tokens: streamed, then cancelled"
+        # it ended by itself (EOS or stop) before the cancellation: it must be what the model says
+        assert outcome.final and outcome.stat("finish_reason") in ("eos", "stop")
+        if expected.deterministic:
+            local = expected.capped()
+            assert local.finish_reason.value != "length" and outcome.text == local.text
+        return "huge max_tokens: ended by itself (EOS/stop) before the cancellation"
     assert outcome.final
     local = expected.result
     tokens = outcome.stat("num_output_tokens")
