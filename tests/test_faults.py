@@ -40,6 +40,7 @@ ENDLESS = GenerateRequest(prompt="Tell me a long story about a dragon.", max_tok
 # a client in its own process: starts an endless streamed request, reports the first block, then waits to be killed
 CLIENT = """
 import queue, sys, time
+import numpy as np
 import tritonclient.grpc as g
 replies = queue.Queue()
 client = g.InferenceServerClient(sys.argv[1])
