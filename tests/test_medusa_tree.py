@@ -252,3 +252,23 @@ def test_deployment_round_trip_with_medusa():
                               speculation=SpeculationConfig(mode="medusa", tree_acceptance=TreeAcceptance.TYPICAL))
     again = DeploymentConfig.from_dict(json.loads(config.to_json()))
     assert again == config and again.medusa_choices == ((0,), (0, 0))
+
+
+def test_verifiers_evaluate_only_the_rows_they_visit():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(len(PARENTS) + 1, 10, generator=g)
+    tokens = [int(logits[0].argmax()), 2, int(logits[1].argmax()), 6, 9, 4, 2, 8]
+    visited: list[int] = []
+
+    def row(i: int) -> torch.Tensor:
+        visited.append(i)
+        return logits[i]
+
+    lazy = verify_tree_greedy(row, tokens, PARENTS)
+    assert lazy == verify_tree_greedy(logits, tokens, PARENTS)
+    assert visited == [0] + [i + 1 for i in lazy.path]  # the root, then each accepted node: nothing else
+    probs = torch.softmax(logits, -1)
+    for verify in (verify_tree_sampling, verify_tree_typical):
+        a = verify(probs, tokens, PARENTS, torch.Generator().manual_seed(0))
+        b = verify(lambda i: probs[i], tokens, PARENTS, torch.Generator().manual_seed(0))
+        assert a == b

@@ -96,11 +96,11 @@ class MedusaHeads(nn.Module):
             MedusaHead(info.hidden_size, info.vocab_size, info.num_layers, not info.shared_lm_head)
             for _ in range(info.num_heads)])
 
-    def logits(self, hidden: torch.Tensor, shared_weight: torch.Tensor | None) -> torch.Tensor:
-        """``hidden`` [..., H] -> ``[num_heads, ..., V']``; ``shared_weight`` [V', H] is the target's
-        LM head (or a subset of its rows) when the heads share it."""
+    def logits(self, hidden: torch.Tensor, shared_weight: torch.Tensor | None, count: int | None = None) -> torch.Tensor:
+        """``hidden`` [..., H] -> ``[count, ..., V']`` from the first ``count`` heads (default all);
+        ``shared_weight`` [V', H] is the target's LM head (or a subset of its rows) when the heads share it."""
         out = []
-        for head in self.medusa_heads:
+        for head in list(self.medusa_heads)[:count]:
             feats = head.features(hidden)
             weight = head.lm_head.weight if head.lm_head is not None else shared_weight
             if weight is None:

@@ -20,12 +20,18 @@ it reached a leaf). Each round commits ``len(path) + 1`` tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, Union
 
 import torch
 
 from triton_backend.tree import check_parents, node_depths, path_to
+
+
+# the target's rows: a tensor [n+1, vocab], or a function of the row index (rows computed on demand,
+# so a verifier that walks the tree pays the LM head only for the rows it visits)
+Rows = Union[torch.Tensor, Callable[[int], torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,16 @@ class TreeVerifyResult:
         return len(self.path)
 
 
-def _check(rows: torch.Tensor, tree_tokens: Sequence[int], parents: Sequence[int]) -> None:
-    if rows.ndim != 2 or rows.shape[0] != len(tree_tokens) + 1 or len(parents) != len(tree_tokens):
+def _check(rows: Rows, tree_tokens: Sequence[int], parents: Sequence[int]) -> Callable[[int], torch.Tensor]:
+    """The row function, after checking shapes: ``[n+1, vocab]`` rows for ``n`` nodes."""
+    shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else None
+    if len(parents) != len(tree_tokens) or (shape is not None and (len(shape) != 2 or shape[0] != len(tree_tokens) + 1)):
         raise ValueError(f"expected [n+1, vocab] rows for n={len(tree_tokens)} nodes and {len(parents)} parents, "
-                         f"got {tuple(rows.shape)}")
+                         f"got {shape}")
     check_parents(parents)
+    if isinstance(rows, torch.Tensor):
+        return rows.__getitem__
+    return rows
 
 
 def _children(parents: Sequence[int]) -> dict[int, list[int]]:
@@ -53,17 +64,16 @@ def _children(parents: Sequence[int]) -> dict[int, list[int]]:
 
 
 def verify_tree_greedy(
-    target_logits: torch.Tensor,  # [n+1, vocab]
+    target_logits: Rows,  # [n+1, vocab]
     tree_tokens: Sequence[int],  # [n]
     parents: Sequence[int],  # [n]
 ) -> TreeVerifyResult:
     """Follow the target's argmax down the tree for as long as a child matches it."""
-    _check(target_logits, tree_tokens, parents)
-    argmax = target_logits.argmax(dim=-1).tolist()  # [n+1]
+    row = _check(target_logits, tree_tokens, parents)
     children = _children(parents)
     node, path = -1, []
     while True:
-        want = argmax[node + 1]
+        want = int(row(node + 1).argmax())
         match = next((c for c in children.get(node, []) if tree_tokens[c] == want), None)
         if match is None:
             return TreeVerifyResult(tuple(path), int(want))
@@ -72,17 +82,17 @@ def verify_tree_greedy(
 
 
 def verify_tree_sampling(
-    target_probs: torch.Tensor,  # [n+1, vocab] p, processed
+    target_probs: Rows,  # [n+1, vocab] p, processed
     tree_tokens: Sequence[int],
     parents: Sequence[int],
     generator: torch.Generator | None,
 ) -> TreeVerifyResult:
     """Exact: draw from ``p`` at each row, follow the child holding the draw if any."""
-    _check(target_probs, tree_tokens, parents)
+    row = _check(target_probs, tree_tokens, parents)
     children = _children(parents)
     node, path = -1, []
     while True:
-        x = int(torch.multinomial(target_probs[node + 1], 1, generator=generator).item())
+        x = int(torch.multinomial(row(node + 1), 1, generator=generator).item())
         match = next((c for c in children.get(node, []) if tree_tokens[c] == x), None)
         if match is None:
             return TreeVerifyResult(tuple(path), x)
@@ -91,7 +101,7 @@ def verify_tree_sampling(
 
 
 def verify_tree_typical(
-    target_probs: torch.Tensor,  # [n+1, vocab] p, processed
+    target_probs: Rows,  # [n+1, vocab] p, processed
     tree_tokens: Sequence[int],
     parents: Sequence[int],
     generator: torch.Generator | None,
@@ -99,14 +109,16 @@ def verify_tree_typical(
     alpha: float = 0.3,
 ) -> TreeVerifyResult:
     """Medusa's typical acceptance (not distribution-preserving)."""
-    _check(target_probs, tree_tokens, parents)
-    entropy = -(target_probs * torch.log(target_probs.clamp_min(1e-20))).sum(-1)  # [n+1]
-    bar = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))
-    ok = [bool(target_probs[p + 1, t] > bar[p + 1]) for t, p in zip(tree_tokens, parents)]
-    reachable = []
-    for i, p in enumerate(parents):
-        reachable.append(ok[i] and (p < 0 or reachable[p]))
+    row = _check(target_probs, tree_tokens, parents)
+    reachable: list[bool] = []
+    for i, (t, p) in enumerate(zip(tree_tokens, parents)):
+        if p >= 0 and not reachable[p]:
+            reachable.append(False)
+            continue
+        probs = row(p + 1)
+        entropy = float(-(probs * torch.log(probs.clamp_min(1e-20))).sum())
+        reachable.append(float(probs[t]) > min(threshold, alpha * math.exp(-entropy)))
     depths = node_depths(parents)
     best = max((i for i in range(len(parents)) if reachable[i]), key=lambda i: (depths[i], -i), default=-1)
-    next_token = int(torch.multinomial(target_probs[best + 1], 1, generator=generator).item())
+    next_token = int(torch.multinomial(row(best + 1), 1, generator=generator).item())
     return TreeVerifyResult(tuple(path_to(best, parents)), next_token)

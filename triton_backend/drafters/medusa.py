@@ -80,7 +80,7 @@ class MedusaDrafter:
         count = sum(1 for d in self.depths if d <= depth)  # choices are sorted by depth: a prefix
         used = max(self.depths[:count], default=0)
         with torch.inference_mode():
-            logits = self.heads.logits(hidden, self.shared_weight)[:used]  # [heads, V']
+            logits = self.heads.logits(hidden, self.shared_weight, used)  # [used heads, V']
             ranked = [logits[h].topk(self.top[h]).indices for h in range(used)]
         if self.vocab is not None:
             ranked = [self.vocab[r] for r in ranked]

@@ -38,7 +38,7 @@ class TorchSession:
         self._engine = engine
         self._cache = DynamicCache(config=engine.model.config)
         self._cached: list[int] = []
-        self._tree: list[int] = []  # tree nodes in the cache after tree_logits, until keep_tree_path
+        self._tree: list[int] = []  # tree nodes in the cache after tree_hidden, until keep_tree_path
         self.forward_calls = 0
 
     @property
@@ -77,12 +77,12 @@ class TorchSession:
         self.forward_calls += 1
         return out.logits[0, -num_last:].float()
 
-    def tree_logits(self, tokens: Sequence[int], tree_tokens: Sequence[int],
-                    parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def tree_hidden(self, tokens: Sequence[int], tree_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """One pass over the committed ``tokens`` and a draft tree (tree attention, see
-        :mod:`triton_backend.tree`): logits ``[1 + n, vocab]`` (float32) and last hidden
-        states ``[1 + n, hidden]`` for the last committed token then each node. The nodes
-        stay in the cache until :meth:`keep_tree_path` keeps the accepted ones."""
+        :mod:`triton_backend.tree`): last hidden states ``[1 + n, hidden]`` for the last
+        committed token then each node (:meth:`head_logits` turns rows into logits, so a
+        verifier pays the LM head only for the rows it visits). The nodes stay in the cache
+        until :meth:`keep_tree_path` keeps the accepted ones."""
         from triton_backend.tree import tree_attention_inputs
 
         n = len(tokens) + len(tree_tokens)
@@ -97,15 +97,24 @@ class TorchSession:
         with torch.inference_mode():
             hidden = self._engine.model.base_model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                                                    past_key_values=self._cache, use_cache=True).last_hidden_state
-            hidden = hidden[0, len(new) - 1:]
-            logits = self._engine.model.get_output_embeddings()(hidden)
         self._cached.extend(new)
         self._tree = list(tree_tokens)
         self.forward_calls += 1
-        return logits.float(), hidden
+        return hidden[0, len(new) - 1:]
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's logits (float32, ``[r, vocab]``) for last hidden states ``[r, hidden]``."""
+        with torch.inference_mode():
+            return self._engine.model.get_output_embeddings()(hidden).float()
+
+    def tree_logits(self, tokens: Sequence[int], tree_tokens: Sequence[int],
+                    parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`tree_hidden` with every row's logits: ``([1 + n, vocab], [1 + n, hidden])``."""
+        hidden = self.tree_hidden(tokens, tree_tokens, parents)
+        return self.head_logits(hidden), hidden
 
     def keep_tree_path(self, path: Sequence[int]) -> None:
-        """KV compaction, the one place the cache is rearranged: after :meth:`tree_logits`,
+        """KV compaction, the one place the cache is rearranged: after :meth:`tree_hidden`,
         keep the committed tokens plus the tree nodes ``path`` (root-to-leaf); drop the rest."""
         from triton_backend.tree import compact_cache
 
