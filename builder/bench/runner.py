@@ -69,9 +69,13 @@ def triton_rows(config: BenchConfig, deployment: DeploymentConfig) -> Iterator[l
 
 
 def _deployment(config: BenchConfig) -> DeploymentConfig:
-    fields = {"target": config.target, "draft": config.draft, "runtime": RuntimeConfig(num_threads=config.num_threads)}
-    if config.medusa is not None and "medusa" in DeploymentConfig.__dataclass_fields__:
-        fields["medusa"] = config.medusa
+    def absolute(path: str | None) -> str | None:  # the served deployment resolves relative paths from its own folder
+        return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
+
+    fields = {"target": absolute(config.target), "draft": absolute(config.draft),
+              "runtime": RuntimeConfig(num_threads=config.num_threads)}
+    if config.medusa is not None:
+        fields["medusa"] = absolute(config.medusa)
     return DeploymentConfig(**fields)
 
 
