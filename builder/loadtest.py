@@ -273,8 +273,11 @@ class _Run:
 
     def worker(self, index: int, deadline: float) -> None:
         rng = random.Random(self.config.seed * 1000 + index)
+        first = True
         while time.monotonic() < deadline:
-            template = rng.choice(self.templates)
+            # the first requests cover the templates in order (so a short run sees each kind), then at random
+            template = self.templates[index % len(self.templates)] if first else rng.choice(self.templates)
+            first = False
             try:
                 answer = send(self.endpoints.grpc_url, self.model, template.request, self.config.request_timeout_s)
             except Exception as exc:  # recorded: the run fails on any of these

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 CONFIG = LoadConfig(streams=int(os.environ.get("SPECBUILD_LOAD_STREAMS", "8")),
                     duration_s=float(os.environ.get("SPECBUILD_LOAD_SECONDS", "20")), warmup_s=5.0, templates=10,
-                    min_tokens=4, max_tokens=12, invalid_every=10, sample_every_s=1.0)
+                    min_tokens=4, max_tokens=12, invalid_every=5, sample_every_s=1.0)
 
 
 def test_concurrent_streams_lose_nothing_and_metrics_match(reliable_triton, reliable_decoder) -> None:
@@ -28,7 +28,8 @@ def test_concurrent_streams_lose_nothing_and_metrics_match(reliable_triton, reli
     print("\nload summary:", json.dumps(summary, indent=1, default=str))
     assert not report.mismatches, report.mismatches[:5]
     assert not report.unexpected_errors, report.unexpected_errors[:5]
-    assert report.succeeded >= CONFIG.streams and report.refused_as_expected >= 1
+    # each stream's first request is template i (template 4 is invalid), whatever the machine's speed
+    assert report.succeeded >= CONFIG.streams - 1 and report.refused_as_expected >= 1
     for name, (server, clients) in report.metric_checks.items():
         assert server == clients, f"{name}: the server counted {server}, the clients got {clients}"
     assert report.in_flight_after == 0
