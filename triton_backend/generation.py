@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
@@ -126,6 +126,63 @@ class SpeculativeDecoder:
             run.release()
 
 
+class CommitState(Protocol):
+    """What :func:`commit_blocks` reads and updates on a run (the torch loop and the TensorRT-LLM loop)."""
+
+    params: SamplingParams
+    tokens: list[int]
+    generated: list[int]
+    emitted_tokens: int
+    limit: int
+    stats: GenerationStats
+    stopper: StopChecker
+    detok: IncrementalDetokenizer
+
+
+def _commit(run: CommitState, block: list[int]) -> FinishReason | None:
+    """Commit a verified block token by token, so a stop inside it truncates exactly there."""
+    reason: FinishReason | None = None
+    for token in block:
+        run.generated.append(token)
+        reason = run.stopper.after_append(run.generated)
+        if reason is None and len(run.generated) >= run.limit:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            break
+    run.tokens = run.tokens[: run.stats.prompt_tokens] + run.generated
+    return reason
+
+
+def _new_token_ids(run: CommitState, finished: bool) -> list[int]:
+    """Tokens not yet streamed, holding back a possible start of a stop token sequence."""
+    end = len(run.generated)
+    if not finished:
+        end -= held_back(run.generated, run.params.stop_token_ids)
+    new = run.generated[run.emitted_tokens:end]
+    run.emitted_tokens = max(run.emitted_tokens, end)
+    return new
+
+
+def commit_blocks(run: CommitState, blocks: Iterator[list[int]]) -> Iterator[GenerationChunk]:
+    """Commit each block of ``blocks`` and yield what it adds; the last chunk is finished and
+    carries the stats. Returns without a finished chunk only when ``blocks`` runs out."""
+    started = time.perf_counter()
+    for block in blocks:
+        reason = _commit(run, block)
+        if not run.stats.time_to_first_token_s:
+            run.stats.time_to_first_token_s = time.perf_counter() - started
+        finished = reason is not None
+        text = run.detok.update(run.generated, final=finished, text_cut=run.stopper.text_cut)
+        new = _new_token_ids(run, finished)
+        if finished:
+            run.stats.generated_tokens = len(run.generated)
+            run.stats.total_time_s = time.perf_counter() - started
+            yield GenerationChunk(new, text, True, reason, run.stats)
+            return
+        if new or text:
+            yield GenerationChunk(new, text)
+
+
 class _Run:
     """The state of one generation."""
 
@@ -189,40 +246,9 @@ class _Run:
             self.stats.fallback_at_token = len(self.generated) + result.num_accepted + 1
         return proposal.tokens[: result.num_accepted] + [result.next_token]
 
-    def _commit(self, block: list[int]) -> FinishReason | None:
-        reason: FinishReason | None = None
-        for token in block:
-            self.generated.append(token)
-            reason = self.stopper.after_append(self.generated)
-            if reason is None and len(self.generated) >= self.limit:
-                reason = FinishReason.LENGTH
-            if reason is not None:
-                break
-        self.tokens = self.tokens[: self.stats.prompt_tokens] + self.generated
-        return reason
-
-    def _new_token_ids(self, finished: bool) -> list[int]:
-        """Tokens not yet streamed, holding back a possible start of a stop token sequence."""
-        end = len(self.generated)
-        if not finished:
-            end -= held_back(self.generated, self.params.stop_token_ids)
-        new = self.generated[self.emitted_tokens:end]
-        self.emitted_tokens = max(self.emitted_tokens, end)
-        return new
+    def _rounds(self) -> Iterator[list[int]]:
+        while True:
+            yield self._round()
 
     def chunks(self) -> Iterator[GenerationChunk]:
-        started = time.perf_counter()
-        reason: FinishReason | None = None
-        while reason is None:
-            reason = self._commit(self._round())
-            if self.stats.target_passes == 1:
-                self.stats.time_to_first_token_s = time.perf_counter() - started
-            finished = reason is not None
-            text = self.detok.update(self.generated, final=finished, text_cut=self.stopper.text_cut)
-            new = self._new_token_ids(finished)
-            if finished:
-                self.stats.generated_tokens = len(self.generated)
-                self.stats.total_time_s = time.perf_counter() - started
-                yield GenerationChunk(new, text, True, reason, self.stats)
-            elif new or text:
-                yield GenerationChunk(new, text)
+        return commit_blocks(self, self._rounds())

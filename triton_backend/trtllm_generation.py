@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
-from triton_backend.config import FinishReason, SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance
+from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance
 from triton_backend.controller import SpeculationController
 from triton_backend.drafters.ngram import NgramDrafter, find_ngram_continuation
 from triton_backend.engines.trtllm_engine import EngineOutput, TrtllmEngineError
@@ -33,9 +33,9 @@ from triton_backend.engines.trtllm_requests import (
     RequestSpec, SeedRole, count_accepted, draft_request, end_ids, plain_request, request_seed, target_request,
 )
 from triton_backend.errors import ContextLengthError, InvalidRequestError
-from triton_backend.generation import GenerationChunk, SpeculativeDecoder
+from triton_backend.generation import GenerationChunk, SpeculativeDecoder, commit_blocks
 from triton_backend.stats import GenerationStats
-from triton_backend.text import IncrementalDetokenizer, StopChecker, held_back
+from triton_backend.text import IncrementalDetokenizer, StopChecker
 
 logger = logging.getLogger(__name__)
 
@@ -244,45 +244,14 @@ class _TrtllmRun:
                 return
             yield self._round(k)
 
-    # -- committing and streaming (as the torch loop) ----------------------------------------
-    def _commit(self, block: list[int]) -> FinishReason | None:
-        reason: FinishReason | None = None
-        for token in block:
-            self.generated.append(token)
-            reason = self.stopper.after_append(self.generated)
-            if reason is None and len(self.generated) >= self.limit:
-                reason = FinishReason.LENGTH
-            if reason is not None:
-                break
-        self.tokens = self.tokens[: self.stats.prompt_tokens] + self.generated
-        return reason
-
-    def _new_token_ids(self, finished: bool) -> list[int]:
-        end = len(self.generated)
-        if not finished:
-            end -= held_back(self.generated, self.params.stop_token_ids)
-        new = self.generated[self.emitted_tokens:end]
-        self.emitted_tokens = max(self.emitted_tokens, end)
-        return new
-
+    # -- committing and streaming: the torch loop's own ----------------------------------------
     def chunks(self) -> Iterator[GenerationChunk]:
-        started = time.perf_counter()
         blocks = self.blocks()
         try:
-            for block in blocks:
-                reason = self._commit(block)
-                if not self.stats.time_to_first_token_s:
-                    self.stats.time_to_first_token_s = time.perf_counter() - started
-                finished = reason is not None
-                text = self.detok.update(self.generated, final=finished, text_cut=self.stopper.text_cut)
-                new = self._new_token_ids(finished)
-                if finished:
-                    self.stats.generated_tokens = len(self.generated)
-                    self.stats.total_time_s = time.perf_counter() - started
-                    yield GenerationChunk(new, text, True, reason, self.stats)
+            for chunk in commit_blocks(self, blocks):
+                yield chunk
+                if chunk.finished:
                     return
-                if new or text:
-                    yield GenerationChunk(new, text)
         finally:
             blocks.close()
         raise TrtllmEngineError("the engine ended the request before it was complete")
