@@ -74,3 +74,31 @@ def test_empty_rounds_do_not_count():
     c = SpeculationController(SpeculationConfig(fallback_min_drafted=1, fallback_window=4), 0.0)
     assert not c.record(0, 0)
     assert c.window_acceptance() is None
+
+
+def _run_rounds(controller: SpeculationController, rounds: list[tuple[int, int]]) -> bool:
+    return any(controller.record(d, a) for d, a in rounds)
+
+
+def test_break_even_fallback_keeps_a_free_drafter_that_pays_and_drops_a_costly_one():
+    cfg = SpeculationConfig(num_draft_tokens=8, fallback_window=64, fallback_min_drafted=32)
+    # a copy-like pattern: every third round copies 8 tokens, the others miss -> 13/3 tokens per 3 rounds
+    bursty = [(8, 8), (8, 0), (8, 0)] * 10
+    free = SpeculationController(cfg, draft_cost=0.0)
+    assert not _run_rounds(free, bursty)
+    assert free.window_gain() > 1.0
+    costly = SpeculationController(cfg, draft_cost=0.3)  # the same outcomes from a draft costing 0.3 steps a token
+    assert _run_rounds(costly, bursty) and costly.fallen_back
+    assert costly.window_gain() < 1.0
+
+
+def test_break_even_fallback_for_a_free_drafter_that_never_matches():
+    cfg = SpeculationConfig(num_draft_tokens=4, fallback_window=40, fallback_min_drafted=20)
+    c = SpeculationController(cfg, draft_cost=0.0)
+    assert _run_rounds(c, [(4, 0)] * 20) and c.fallen_back  # 1 token per 1.24 steps
+
+
+def test_explicit_threshold_overrides_break_even():
+    cfg = SpeculationConfig(num_draft_tokens=8, fallback_window=64, fallback_min_drafted=32, fallback_threshold=0.5)
+    c = SpeculationController(cfg, draft_cost=0.0)
+    assert _run_rounds(c, [(8, 8), (8, 0), (8, 0)] * 10)  # pays, but acceptance 1/3 < 0.5

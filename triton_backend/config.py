@@ -107,8 +107,11 @@ class SpeculationConfig:
 
     ``num_draft_tokens`` is the draft length k (the upper bound when ``adaptive``).
     Fallback: over a sliding window of the last ``fallback_window`` drafted tokens,
-    once at least ``fallback_min_drafted`` have been drafted, an acceptance rate
-    below ``fallback_threshold`` switches the request to plain decoding.
+    once at least ``fallback_min_drafted`` have been drafted, the request switches to
+    plain decoding when speculation stops paying: by default when the window's rounds
+    commit fewer tokens per unit of cost than plain decoding (the cost model of
+    :mod:`triton_backend.controller`), or, with ``fallback_threshold`` set, when the
+    window's acceptance rate is below it.
     """
 
     mode: SpeculationMode = SpeculationMode.AUTO
@@ -117,7 +120,7 @@ class SpeculationConfig:
     min_draft_tokens: int = 1
     fallback: bool = True
     fallback_window: int = 200
-    fallback_threshold: float = 0.5
+    fallback_threshold: float | None = None  # None: break-even under the cost model
     fallback_min_drafted: int = 50
     ngram_min: int = 1
     ngram_max: int = 3
@@ -130,6 +133,8 @@ class SpeculationConfig:
         object.__setattr__(self, "mode", SpeculationMode.parse(self.mode))
         for name in ("fallback_threshold", "verify_cost_per_token", "typical_threshold", "typical_alpha"):
             value = getattr(self, name)
+            if name == "fallback_threshold" and value is None:
+                continue
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
                      f"{name} must be a finite number, got {value!r}")
         try:
@@ -144,7 +149,8 @@ class SpeculationConfig:
             f"min_draft_tokens must be in [1, num_draft_tokens], got {self.min_draft_tokens!r}",
         )
         _require(_is_int(self.fallback_window) and self.fallback_window > 0, "fallback_window must be a positive integer")
-        _require(0 <= self.fallback_threshold <= 1, "fallback_threshold must be in [0, 1]")
+        _require(self.fallback_threshold is None or 0 <= self.fallback_threshold <= 1,
+                 "fallback_threshold must be in [0, 1] (or unset: break-even)")
         _require(
             _is_int(self.fallback_min_drafted) and 0 < self.fallback_min_drafted <= self.fallback_window,
             "fallback_min_drafted must be in [1, fallback_window]",
@@ -161,13 +167,17 @@ class SpeculationConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """How the torch runtime runs: device, dtype and torch threads."""
+    """How the torch runtime runs: device, dtype, torch threads, and how many rows the CPU
+    float32 linear layers are prepacked for (0: not packed; see ``engines/packed_linear.py``)."""
 
     device: str = "cpu"
     dtype: str = "float32"
     num_threads: int = 1
+    packed_gemm_rows: int = 8
 
     def __post_init__(self) -> None:
+        _require(_is_int(self.packed_gemm_rows) and (self.packed_gemm_rows == 0 or 4 <= self.packed_gemm_rows <= 64),
+                 f"packed_gemm_rows must be 0 (off) or 4..64, got {self.packed_gemm_rows!r}")
         _require(self.dtype in ("float32", "float16", "bfloat16"), f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         _require(_is_int(self.num_threads) and self.num_threads >= 1, "num_threads must be >= 1")
 

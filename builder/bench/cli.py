@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     p.add_argument("--workloads", default="chat,code,copy")
     p.add_argument("--prompts-per-workload", type=int, default=5)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=BenchConfig.max_tokens)
+    p.add_argument("--ignore-eos", action="store_true", help="fixed-length requests: generate past EOS")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ngram-k", type=_ints, default=(4, 8))
     p.add_argument("--draft-k", type=_ints, default=(4,))
@@ -30,17 +31,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--label", default="cpu", help="results file name suffix")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--pass-cost", action="store_true",
+                   help="instead: measure the target's pass cost over 1..16 tokens, prepacked linear layers vs not")
+    p.add_argument("--pass-sizes", type=_ints, default=None, help="token counts per pass for --pass-cost")
     p.set_defaults(func=_cmd_bench)
 
 
+def _cmd_pass_cost(args: argparse.Namespace) -> int:
+    from builder.bench.pass_cost import DEFAULT_SIZES, PassCostConfig, measure_pass_cost, pass_cost_markdown, write_pass_cost
+
+    config = PassCostConfig(target=args.target, sizes=args.pass_sizes or DEFAULT_SIZES, repeats=args.repeats * 3,
+                            num_threads=args.threads)
+    result = measure_pass_cost(config)
+    paths = write_pass_cost(result, args.out, args.label)
+    print(pass_cost_markdown(result))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.pass_cost:
+        return _cmd_pass_cost(args)
     from builder.bench.report import summarize, to_markdown, write_report
     from builder.bench.runner import run_bench
 
     config = BenchConfig(
         target=args.target, draft=args.draft, medusa=args.medusa, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
-        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, repeats=args.repeats,
+        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
         ngram_k=args.ngram_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton,
         num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
     )

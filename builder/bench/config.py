@@ -21,7 +21,8 @@ class BenchConfig:
     prompts_file: Path = DEFAULT_PROMPTS
     workloads: tuple[str, ...] = ("chat", "code", "copy")
     prompts_per_workload: int = 5
-    max_tokens: int = 64
+    max_tokens: int = 96
+    ignore_eos: bool = False  # True: fixed-length requests (the peer then masks EOS: its text differs after one)
     repeats: int = 3
     ngram_k: tuple[int, ...] = (4, 8)
     draft_k: tuple[int, ...] = (4,)

@@ -123,7 +123,9 @@ def to_markdown(summary: dict) -> str:
     cfg = summary["config"]
     lines = [
         f"Machine: {env['processor']} ({env['device']}, torch {env['torch']}, {env['threads']} thread(s)); "
-        f"{cfg['max_tokens']} new tokens per request, {cfg['repeats']} interleaved repeats; greedy, float32.",
+        f"{'exactly' if cfg.get('ignore_eos') else 'up to'} {cfg['max_tokens']} new tokens per request "
+        f"({'past EOS' if cfg.get('ignore_eos') else 'stopping at EOS'}), {cfg['repeats']} interleaved repeats; "
+        f"greedy, float32.",
         "",
         "| workload | row | tok/s | x plain (spread) | x HF plain | TTFT p50 s | p50 s | p95 s | accept | mean acc len | tok/pass | E(a,k) | identical |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

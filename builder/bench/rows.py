@@ -28,7 +28,7 @@ class Row(Protocol):
     name: str
     info: dict
 
-    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult: ...
+    def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult: ...
 
 
 @dataclass
@@ -38,8 +38,8 @@ class OursRow:
     speculation: SpeculationConfig
     info: dict = field(default_factory=dict)
 
-    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult:
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
         start = time.perf_counter()
         result = self.decoder.generate(prompt.ids, params, self.speculation)
         latency = time.perf_counter() - start
@@ -71,14 +71,16 @@ class PeerRow:
     kwargs: dict
     info: dict = field(default_factory=dict)
 
-    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult:
+    def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
         ids = torch.tensor([prompt.ids])
         clock = _FirstTokenClock()
+        # ignore_eos: transformers has no "generate EOS but keep going"; min_new_tokens masks EOS
+        # instead, so past an EOS the peer's text differs from ours (reported as not identical)
+        fixed = {"min_new_tokens": max_tokens} if ignore_eos else {}
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                      min_new_tokens=max_tokens, do_sample=False, streamer=clock,
-                                      pad_token_id=0, **self.kwargs)
+                                      do_sample=False, streamer=clock, pad_token_id=0, **fixed, **self.kwargs)
         latency = time.perf_counter() - start
         ttft = (clock.first - start) if clock.first is not None else latency
         return RowResult(out[0, len(prompt.ids):].tolist(), latency, ttft)
@@ -94,18 +96,18 @@ class TritonRow:
     num_draft_tokens: int | None = None
     info: dict = field(default_factory=dict)
 
-    def run(self, prompt: BenchPrompt, max_tokens: int) -> RowResult:
+    def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
         from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 
         request = GenerateRequest(prompt=prompt.text, max_tokens=max_tokens, speculation=self.speculation,
-                                  num_draft_tokens=self.num_draft_tokens, stream=True, ignore_eos=True)
+                                  num_draft_tokens=self.num_draft_tokens, stream=True, ignore_eos=ignore_eos)
         result = generate(ClientConfig(self.url, ClientProtocol.GRPC), request)
         return RowResult([], result.latency_s, result.time_to_first_chunk_s, None, text=result.text,
                          num_tokens=int(result.stats.get("num_output_tokens", 0)))
 
 
-def run_sample(row: Row, prompt: BenchPrompt, repeat: int, max_tokens: int, tokenizer: Any) -> Sample:
-    r = row.run(prompt, max_tokens)
+def run_sample(row: Row, prompt: BenchPrompt, repeat: int, max_tokens: int, ignore_eos: bool, tokenizer: Any) -> Sample:
+    r = row.run(prompt, max_tokens, ignore_eos)
     text = r.text if r.text is not None else tokenizer.decode(r.tokens, skip_special_tokens=True)
     num_tokens = len(r.tokens) if r.num_tokens is None else r.num_tokens
     return Sample(row.name, prompt.workload, prompt.index, repeat, r.tokens, text, num_tokens, r.latency_s, r.ttft_s, r.stats)

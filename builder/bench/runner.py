@@ -37,12 +37,14 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     if medusa is not None and medusa in decoder.drafters:
         rows.append(OursRow("medusa", decoder, SpeculationConfig(mode=medusa), {"kind": "ours", "method": "medusa"}))
     if config.peer:
-        model = decoder.target.model
+        # the peer runs stock transformers: its own copy of the same weights, without our
+        # runtime's prepacked linear layers
+        model = load_model(config.target, RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=0)).eval()
         rows.append(PeerRow("hf plain", model, {}, {"kind": "peer", "method": "off"}))
         rows.append(PeerRow("hf prompt-lookup", model, {"prompt_lookup_num_tokens": 10},
                             {"kind": "peer", "method": "ngram", "k": 10}))
         if config.draft is not None:
-            assistant = load_model(config.draft, RuntimeConfig(num_threads=config.num_threads)).eval()
+            assistant = load_model(config.draft, RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=0)).eval()
             rows.append(PeerRow("hf assisted", model, {"assistant_model": assistant}, {"kind": "peer", "method": "draft"}))
     return rows
 
@@ -101,7 +103,7 @@ def _run_rows(config: BenchConfig, decoder: SpeculativeDecoder, rows: list[Row])
         "device": decoder.target.runtime.device, "label": config.label,
     }
     for row in rows:  # warm-up, not recorded
-        row.run(prompts[0], 8)
+        row.run(prompts[0], 8, config.ignore_eos)
     order_rng = random.Random(0)
     jobs = [(rep, prompt) for rep in range(config.repeats) for prompt in prompts]
     with tqdm(total=len(jobs) * len(rows), desc="bench", unit="req") as bar:
@@ -109,6 +111,6 @@ def _run_rows(config: BenchConfig, decoder: SpeculativeDecoder, rows: list[Row])
             shuffled = list(rows)
             order_rng.shuffle(shuffled)  # no row always runs first (cache/thermal order effects)
             for row in shuffled:
-                run.samples.append(run_sample(row, prompt, rep, config.max_tokens, tokenizer))
+                run.samples.append(run_sample(row, prompt, rep, config.max_tokens, config.ignore_eos, tokenizer))
                 bar.update(1)
     return run

@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from triton_backend.config import RuntimeConfig
+from triton_backend.engines.packed_linear import pack_linear_layers
 from triton_backend.errors import ContextLengthError
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,8 @@ class TorchEngine:
         self.runtime = runtime
         self.device = torch.device(runtime.device)
         self.model = model.to(device=self.device, dtype=_DTYPES[runtime.dtype]).eval()
+        if runtime.packed_gemm_rows and self.device.type == "cpu" and runtime.dtype == "float32":
+            pack_linear_layers(self.model, runtime.packed_gemm_rows)
         self.name = name
         config = model.config
         head = model.get_output_embeddings()  # a reduced-vocabulary draft head still emits full-width logits
