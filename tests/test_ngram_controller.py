@@ -102,3 +102,24 @@ def test_explicit_threshold_overrides_break_even():
     cfg = SpeculationConfig(num_draft_tokens=8, fallback_window=64, fallback_min_drafted=32, fallback_threshold=0.5)
     c = SpeculationController(cfg, draft_cost=0.0)
     assert _run_rounds(c, [(8, 8), (8, 0), (8, 0)] * 10)  # pays, but acceptance 1/3 < 0.5
+
+
+def test_adaptive_controller_drops_a_draft_that_cannot_pay_within_a_few_rounds():
+    cfg = SpeculationConfig(num_draft_tokens=4, adaptive=True)
+    costly = SpeculationController(cfg, draft_cost=0.3)
+    rounds = 0
+    while costly.next_draft_length() > 0:
+        costly.record(costly.next_draft_length(), 0)
+        rounds += 1
+        assert rounds < 10
+    assert costly.fallen_back and rounds >= 1
+    free = SpeculationController(cfg, draft_cost=0.0)  # n-gram: 0.3 acceptance still pays
+    for _ in range(30):
+        k = free.next_draft_length()
+        assert k > 0
+        free.record(k, round(0.3 * k))
+    assert not free.fallen_back
+    never = SpeculationController(SpeculationConfig(num_draft_tokens=4, adaptive=True, fallback=False), draft_cost=0.3)
+    for _ in range(30):
+        never.record(never.next_draft_length(), 0)
+    assert never.next_draft_length() >= 1 and not never.fallen_back

@@ -3,7 +3,8 @@
 - Draft length: fixed ``k``, or adaptive: from an exponential moving average of the
   per-token acceptance rate ``a``, pick the ``k`` that maximises expected tokens per
   round ``E(a, k) = (1 - a^(k+1)) / (1 - a)`` over the round's cost
-  ``1 + k * draft_cost + k * verify_cost`` (in target decoding steps).
+  ``1 + k * draft_cost + k * verify_cost`` (in target decoding steps); when even the best
+  ``k`` is below break-even, fall back at once (a poor draft is dropped within a few rounds).
 - Fallback: a sliding window of the last ``fallback_window`` drafted tokens' outcomes;
   once ``fallback_min_drafted`` are in it and speculation no longer pays, the request
   continues as plain decoding. "Pays" is, by default, break-even under the same cost model:
@@ -58,6 +59,13 @@ class SpeculationController:
             rate = expected_tokens_per_round(self.acceptance_ema, k) / self.round_cost(k)
             if rate > best_rate + 1e-9:
                 best_k, best_rate = k, rate
+        if cfg.fallback and cfg.fallback_threshold is None and best_rate < 1.0:
+            # no draft length pays at the running acceptance: plain decoding is faster (break-even)
+            self.fallen_back = True
+            logger.info("speculation fallback: at running acceptance %.3f the best draft length (%d) commits "
+                        "%.2fx the tokens of plain decoding per unit of time; continuing with plain decoding",
+                        self.acceptance_ema, best_k, best_rate)
+            return 0
         return best_k
 
     def window_acceptance(self) -> float | None:

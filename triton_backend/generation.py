@@ -217,6 +217,9 @@ class _Run:
         if not self.use_drafter:
             return 0
         k = self.controller.next_draft_length()
+        if self.controller.fallen_back and not self.stats.fallback:  # the adaptive controller's break-even
+            self.stats.fallback = True
+            self.stats.fallback_at_token = len(self.generated)
         # never draft past what may still be generated: the round adds k + 1 tokens at most
         return max(0, min(k, self.limit - len(self.generated) - 1))
 

@@ -235,6 +235,9 @@ class _TrtllmRun:
         while True:
             k = max(0, min(self.controller.next_draft_length(), self.limit - len(self.generated) - 1))
             if self.controller.fallen_back:
+                if not self.stats.fallback:  # the adaptive controller's break-even, before any round triggered it
+                    self.stats.fallback = True
+                    self.stats.fallback_at_token = len(self.generated)
                 yield from self._streamed(0)
                 return
             if len(self.tokens) + k + 1 > self.info.max_input_len:

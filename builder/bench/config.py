@@ -18,6 +18,7 @@ class BenchConfig:
     target: str = DEFAULT_REFERENCE
     draft: str | None = None  # a draft model directory sharing the target's tokenizer
     medusa: str | None = None  # Medusa heads directory (when the runtime has Medusa)
+    medusa_tree_size: int | None = 7  # the first nodes of the file's tree (7 + 1 rows fit one packed GEMM); None: all
     prompts_file: Path = DEFAULT_PROMPTS
     workloads: tuple[str, ...] = ("chat", "code", "copy")
     prompts_per_workload: int = 5

@@ -31,7 +31,8 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
                             {"kind": "ours", "method": "ngram", "k": k}))
     if SpeculationMode.DRAFT in decoder.drafters:
         for k in config.draft_k:
-            rows.append(OursRow(f"draft k={k}", decoder, SpeculationConfig(mode=SpeculationMode.DRAFT, num_draft_tokens=k),
+            rows.append(OursRow(f"draft k<={k} adaptive", decoder,
+                                SpeculationConfig(mode=SpeculationMode.DRAFT, num_draft_tokens=k, adaptive=True),
                                 {"kind": "ours", "method": "draft", "k": k}))
     medusa = getattr(SpeculationMode, "MEDUSA", None)
     if medusa is not None and medusa in decoder.drafters:
@@ -78,6 +79,10 @@ def _deployment(config: BenchConfig) -> DeploymentConfig:
               "runtime": RuntimeConfig(num_threads=config.num_threads)}
     if config.medusa is not None:
         fields["medusa"] = absolute(config.medusa)
+        if config.medusa_tree_size is not None:  # the file's tree cut to its first nodes (sorted by depth)
+            from triton_backend.medusa_model import load_medusa
+
+            fields["medusa_choices"] = tuple(load_medusa(config.medusa).heads.info.medusa_choices[:config.medusa_tree_size])
     return DeploymentConfig(**fields)
 
 
