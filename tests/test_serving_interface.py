@@ -166,3 +166,31 @@ def test_serve_finds_what_to_serve(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidRequestError, match="no model repository"):
         prepare_repository(ServeConfig(source=tmp_path / "dep" / "weights"))
+
+
+def test_perf_analyzer_input_file_matches_the_served_tensors() -> None:
+    """benchmarks/perf_analyzer/inputs.json (for ``perf_analyzer --input-data``) names only
+    served inputs, with values of their types, and every entry parses to a valid request."""
+    import json
+
+    specs = {spec.name: spec for spec in INPUTS}
+    entries = json.loads((REPO_ROOT / "benchmarks" / "perf_analyzer" / "inputs.json").read_text())["data"]
+    assert len(entries) >= 3
+    for entry in entries:
+        assert set(entry) <= set(specs), set(entry) - set(specs)
+        arrays = {}
+        for name, values in entry.items():
+            spec = specs[name]
+            if spec.dtype.numpy is np.object_:
+                arrays[name] = np.array([[v.encode() for v in values]], dtype=np.object_)
+            else:
+                arrays[name] = np.array([values], dtype=spec.dtype.numpy)
+        parsed = parse_request(arrays, SPEC)
+        assert parsed.prompt and parsed.stream and parsed.chat
+
+
+def test_exclude_input_in_output_parses() -> None:
+    arrays = _arrays(exclude_input_in_output=np.array([[False]]))
+    assert parse_request(arrays, SPEC).include_prompt
+    assert not parse_request(_arrays(exclude_input_in_output=np.array([[True]])), SPEC).include_prompt
+    assert not parse_request(_arrays(), SPEC).include_prompt

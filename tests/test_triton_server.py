@@ -193,6 +193,48 @@ def test_server_keeps_serving_after_bad_requests(triton) -> None:
     assert triton.server.running
 
 
+def _grpc_stream_texts(t: RunningTriton, tensors) -> list[str]:
+    replies: queue.Queue = queue.Queue()
+    texts: list[str] = []
+    with grpcclient.InferenceServerClient(t.endpoints.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        client.async_stream_infer("specdec", [_tensor(grpcclient, *x) for x in tensors], enable_empty_final_response=True)
+        while True:
+            result, error = replies.get(timeout=120)
+            assert error is None, error.message()
+            response = result.get_response()
+            if result.as_numpy("text_output") is not None:
+                texts.append(b"".join(result.as_numpy("text_output").reshape(-1)).decode())
+            if response.parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    return texts
+
+
+def test_genai_perf_tensorrtllm_payload_is_served(triton, local_decoder) -> None:
+    """The tensors genai-perf (0.0.16, --service-kind triton --backend tensorrtllm --streaming)
+    sends per request: text_input, max_tokens, exclude_input_in_output=true, stream=true;
+    ``--extra-inputs ignore_eos:true`` adds ours. The answer equals in-process greedy."""
+    payload = [("text_input", np.array([[PROMPT.encode()]], dtype=object), "BYTES"),
+               ("max_tokens", np.array([[12]], dtype=np.int32), "INT32"),
+               ("exclude_input_in_output", np.array([[True]]), "BOOL"),
+               ("stream", np.array([[True]]), "BOOL"),
+               ("ignore_eos", np.array([[True]]), "BOOL")]
+    local = local_result(local_decoder, GenerateRequest(prompt=PROMPT, max_tokens=12, ignore_eos=True))
+    assert "".join(_grpc_stream_texts(triton, payload)) == local.text
+    # exclude_input_in_output = false: the text starts with the prompt as sent (streamed and unary)
+    with_prompt = [(n, np.array([[False]]) if n == "exclude_input_in_output" else a, w) for n, a, w in payload]
+    streamed = _grpc_stream_texts(triton, with_prompt)
+    assert streamed[0].startswith(PROMPT) and "".join(streamed) == PROMPT + local.text
+    client = httpclient.InferenceServerClient(triton.endpoints.http_url.removeprefix("http://"))
+    try:
+        unary = [x for x in with_prompt if x[0] != "stream"]
+        result = client.infer("specdec_unary", [_tensor(httpclient, *x) for x in unary])
+    finally:
+        client.close()
+    assert b"".join(result.as_numpy("text_output").reshape(-1)).decode() == PROMPT + local.text
+
+
 def test_cli_generate_prints_text_and_stats(triton, capsys: pytest.CaptureFixture[str]) -> None:
     code = cli_main(["generate", "--url", triton.endpoints.grpc_url, "--stream", "--max-tokens", "8",
                      "--prompt", "What is the capital of France?", "--speculation", "ngram"])

@@ -3,7 +3,8 @@
 No torch here: the model-repository renderer and the unary entry point import this
 without loading the runtime. Tensor names follow NVIDIA tensorrtllm_backend's
 ensemble/BLS models (``text_input``, ``max_tokens``, ``stream``, ``temperature``, ``top_k``,
-``top_p``, ``random_seed``, ``end_id``, ``stop_words``, ``bad_words``, ``num_draft_tokens`` ->
+``top_p``, ``random_seed``, ``end_id``, ``stop_words``, ``bad_words``, ``num_draft_tokens``,
+``exclude_input_in_output`` ->
 ``text_output``, ``acceptance_rate``, ``total_accepted_draft_tokens``, ``total_draft_tokens``),
 plus ours: ``speculation``, ``apply_chat_template``, ``ignore_eos`` -> ``target_passes``, ``fallback``,
 ``num_output_tokens``, ``speculation_method``, ``finish_reason``.
@@ -33,9 +34,11 @@ NUM_DRAFT_TOKENS = TensorSpec("num_draft_tokens", T.INT32, doc="draft length k; 
 SPECULATION = TensorSpec("speculation", T.STRING, doc="auto, draft, ngram or off")
 CHAT = TensorSpec("apply_chat_template", T.BOOL, doc="wrap text_input in the tokenizer's chat template")
 IGNORE_EOS = TensorSpec("ignore_eos", T.BOOL, doc="keep generating past EOS (fixed-length benchmarks)")
+EXCLUDE_INPUT = TensorSpec("exclude_input_in_output", T.BOOL,
+                           doc="false: text_output starts with the prompt as sent; true or absent: new text only")
 
 INPUTS: tuple[TensorSpec, ...] = (TEXT_INPUT, MAX_TOKENS, STREAM, TEMPERATURE, TOP_K, TOP_P, RANDOM_SEED, END_ID,
-                                  STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT, IGNORE_EOS)
+                                  STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT, IGNORE_EOS, EXCLUDE_INPUT)
 
 TEXT_OUTPUT = TensorSpec("text_output", T.STRING, (-1,), optional=False, doc="generated text (a block when streaming)")
 ACCEPTANCE_RATE = TensorSpec("acceptance_rate", T.FP32, doc="accepted / drafted tokens")

@@ -22,7 +22,7 @@ from triton_backend.deployment import DeploymentConfig
 from triton_backend.errors import InvalidRequestError, SpecbuildError
 from triton_backend.generation import GenerationChunk, SpeculativeDecoder
 from triton_backend.interface import (
-    ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, IGNORE_EOS, FALLBACK, FINISH_REASON, MAX_TOKENS, METHOD, NUM_DRAFT_TOKENS,
+    ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, FALLBACK, FINISH_REASON, MAX_TOKENS, METHOD, NUM_DRAFT_TOKENS,
     NUM_OUTPUT_TOKENS, RANDOM_SEED, SPECULATION, STOP_WORDS, STREAM, TARGET_PASSES, TEMPERATURE, TEXT_INPUT,
     TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_ACCEPTED, TOTAL_DRAFT, ServingConfig,
 )
@@ -40,6 +40,7 @@ class ServingRequest:
     speculation: SpeculationConfig
     stream: bool = False
     chat: bool = False
+    include_prompt: bool = False  # exclude_input_in_output = false: the text starts with the prompt as sent
 
 
 def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConfig,
@@ -66,8 +67,10 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
                                       num_draft_tokens=read_scalar(arrays, NUM_DRAFT_TOKENS))
     if spec.min_draft_tokens > max(1, spec.num_draft_tokens):
         spec = spec.with_overrides(min_draft_tokens=max(1, spec.num_draft_tokens))
+    exclude_input = read_scalar(arrays, EXCLUDE_INPUT)
     return ServingRequest(prompt, sampling, spec, stream=bool(read_scalar(arrays, STREAM)),
-                          chat=bool(read_scalar(arrays, CHAT)))
+                          chat=bool(read_scalar(arrays, CHAT)),
+                          include_prompt=exclude_input is not None and not bool(exclude_input))
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -183,7 +186,7 @@ class SpecdecService:
 
     def _generate(self, request: ServingRequest, sink: ResponseSink, started: float) -> None:
         prompt = self._prompt(request)
-        pieces: list[str] = []
+        pieces: list[str] = [request.prompt] if request.include_prompt else []
         with contextlib.closing(self.decoder.stream(prompt, request.sampling, request.speculation)) as chunks:
             for chunk in chunks:
                 if sink.cancelled():
@@ -194,7 +197,7 @@ class SpecdecService:
                         logger.exception("could not close a cancelled request")
                     return
                 if chunk.finished:
-                    text = chunk.text if request.stream else "".join(pieces) + chunk.text
+                    text = "".join(pieces) + chunk.text  # streaming: the prompt when nothing was sent yet
                     # counted before the last response leaves: a client that reads the metrics
                     # after its answer sees its request in them
                     self.observer.succeeded(chunk.stats or GenerationStats(), time.perf_counter() - started)
@@ -205,7 +208,8 @@ class SpecdecService:
                     return
                 if request.stream:
                     if chunk.text:
-                        sink.send(text_outputs(chunk.text), final=False)
+                        sink.send(text_outputs("".join(pieces) + chunk.text), final=False)
+                        pieces.clear()
                 else:
                     pieces.append(chunk.text)
         raise RuntimeError("generation ended without a final chunk")
