@@ -77,7 +77,7 @@ def test_speculation_config_accepts_or_raises_a_typed_error(kwargs: dict[str, An
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from(["device", "dtype", "num_threads"]), ANY))
+@given(st.dictionaries(st.sampled_from(["device", "dtype", "num_threads", "packed_gemm_rows"]), ANY))
 def test_runtime_config_accepts_or_raises_a_typed_error(kwargs: dict[str, Any]) -> None:
     _build(RuntimeConfig, kwargs)
 
@@ -85,7 +85,7 @@ def test_runtime_config_accepts_or_raises_a_typed_error(kwargs: dict[str, Any]) 
 @FUZZ
 @given(st.dictionaries(st.sampled_from(["target", "draft", "draft_layers", "ngram", "medusa", "medusa_choices",
                                         "runtime", "speculation", "bogus"]),
-                       st.one_of(ANY, st.fixed_dictionaries({}, optional={"dtype": ANY, "num_threads": ANY}),
+                       st.one_of(ANY, st.fixed_dictionaries({}, optional={"dtype": ANY, "num_threads": ANY, "packed_gemm_rows": ANY}),
                                  st.fixed_dictionaries({}, optional={"mode": ANY, "num_draft_tokens": ANY,
                                                                      "nonsense": ANY}))))
 def test_deployment_from_dict_accepts_or_raises_a_typed_error(data: dict[str, Any]) -> None:
