@@ -83,7 +83,12 @@ class PeerRow:
                                       do_sample=False, streamer=clock, pad_token_id=0, **fixed, **self.kwargs)
         latency = time.perf_counter() - start
         ttft = (clock.first - start) if clock.first is not None else latency
-        return RowResult(out[0, len(prompt.ids):].tolist(), latency, ttft)
+        tokens = out[0, len(prompt.ids):].tolist()
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+        if not ignore_eos and tokens and tokens[-1] in eos_ids:
+            tokens.pop()  # transformers returns the EOS it stopped at; ours reports it as the finish reason
+        return RowResult(tokens, latency, ttft)
 
 
 @dataclass
