@@ -32,6 +32,15 @@ def test_bench_tiny_budget(tmp_path):
     assert paths["plot"].stat().st_size > 1000
 
 
+def test_bench_compares_unpacked_rows_side_by_side(tmp_path):
+    config = BenchConfig(workloads=("copy",), prompts_per_workload=1, max_tokens=6, repeats=1, ngram_k=(3,),
+                         peer=False, compare_unpacked=True, out_dir=tmp_path, label="t")
+    run = run_bench(config)
+    assert run.rows == ["plain", "ngram k=3", "plain unpacked", "ngram k=3 unpacked"]
+    rows = {e["row"]: e for e in summarize(run)["rows"] if e["workload"] == "all"}
+    assert all(rows[name]["identical_to_plain"] is True for name in rows)
+
+
 def test_bench_through_triton(tmp_path):
     """The same requests through a real Triton server: identical text, overhead reported."""
     config = BenchConfig(workloads=("copy",), prompts_per_workload=1, max_tokens=6, repeats=1, ngram_k=(3,),

@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-k", type=_ints, default=(4,))
     p.add_argument("--no-peer", action="store_true", help="skip the Hugging Face generate rows")
     p.add_argument("--triton", action="store_true", help="also send the requests through a real Triton server")
+    p.add_argument("--compare-unpacked", action="store_true",
+                   help="add plain and n-gram rows without prepacked linear layers (the CPU GEMM fix, side by side)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--label", default="cpu", help="results file name suffix")
@@ -62,7 +64,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
-        ngram_k=args.ngram_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton,
+        ngram_k=args.ngram_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
         num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
     )
     summary = summarize(run_bench(config))

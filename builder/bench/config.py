@@ -29,6 +29,7 @@ class BenchConfig:
     draft_k: tuple[int, ...] = (4,)
     peer: bool = True  # Hugging Face generate rows
     triton: bool = False  # the same requests through a real Triton server
+    compare_unpacked: bool = False  # plain and n-gram rows again without prepacked linear layers
     num_threads: int = 1
     out_dir: Path = DEFAULT_OUT
     plot: bool = True

@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 import contextlib
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -90,7 +91,23 @@ def run_bench(config: BenchConfig) -> BenchRun:
     deployment = _deployment(config)
     decoder = build_decoder(deployment)
     with triton_rows(config, deployment) as served:
-        return _run_rows(config, decoder, build_rows(config, decoder) + served)
+        return _run_rows(config, decoder, build_rows(config, decoder) + unpacked_rows(config, deployment) + served)
+
+
+def unpacked_rows(config: BenchConfig, deployment: DeploymentConfig) -> list[Row]:
+    """The same runtime without prepacked linear layers (plain and n-gram rows): the fix's effect,
+    side by side. Its own copy of the target; outputs are checked against plain like every row."""
+    if not config.compare_unpacked:
+        return []
+    runtime = dataclasses.replace(deployment.runtime, packed_gemm_rows=0)
+    decoder = build_decoder(DeploymentConfig(target=deployment.target, runtime=runtime))
+    rows: list[Row] = [OursRow("plain unpacked", decoder, SpeculationConfig(mode=SpeculationMode.OFF),
+                               {"kind": "ours", "method": "off", "packed": False})]
+    for k in config.ngram_k:
+        rows.append(OursRow(f"ngram k={k} unpacked", decoder,
+                            SpeculationConfig(mode=SpeculationMode.NGRAM, num_draft_tokens=k),
+                            {"kind": "ours", "method": "ngram", "k": k, "packed": False}))
+    return rows
 
 
 def _run_rows(config: BenchConfig, decoder: SpeculativeDecoder, rows: list[Row]) -> BenchRun:
