@@ -70,6 +70,7 @@ VALUES: dict[str, st.SearchStrategy[Any]] = {
     "max_tokens": _mostly(st.integers(1, 3), st.one_of(st.sampled_from([0, -1, INT32[0], INT32[1], 10**6]),
                                                        st.integers(*INT32))),
     "stream": st.booleans(), "apply_chat_template": st.booleans(), "ignore_eos": st.booleans(),
+    "exclude_input_in_output": st.booleans(),
     "temperature": _mostly(st.sampled_from([0.0, 0.0, 0.7, 1.0]), _floats()),
     "top_k": _mostly(st.sampled_from([0, 1, 5, 40]), _ints()),
     "top_p": _mostly(st.sampled_from([1.0, 0.9, 0.5]), _floats()),
@@ -191,6 +192,7 @@ class Expected:
     capped: Any = None  # a huge request's in-process result at HUGE_REFERENCE_TOKENS (if it ended by itself)
     deterministic: bool = True
     max_tokens: int = 0
+    prefix: str = ""  # exclude_input_in_output = false: the prompt as sent starts the text
 
 
 def expect(request: list[Tensor], decoder) -> Expected:
@@ -200,6 +202,7 @@ def expect(request: list[Tensor], decoder) -> Expected:
     try:
         parsed = parse_request({t.name: t.array for t in request}, DEPLOYMENT.speculation, SERVING.default_max_tokens)
         prompt = parsed.prompt
+        prefix = parsed.prompt if parsed.include_prompt else ""
         if parsed.chat:
             prompt = decoder.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                            add_generation_prompt=True, tokenize=False)
@@ -208,10 +211,11 @@ def expect(request: list[Tensor], decoder) -> Expected:
             decoder.encode(prompt)
             decoder.resolve(parsed.speculation.mode)
             capped = replace(parsed.sampling, max_tokens=HUGE_REFERENCE_TOKENS)
-            return Expected(huge=True, deterministic=deterministic,
+            return Expected(huge=True, deterministic=deterministic, prefix=prefix,
                             capped=lambda: decoder.generate(prompt, capped, parsed.speculation))
         result = decoder.generate(prompt, parsed.sampling, parsed.speculation)
-        return Expected(result=result, deterministic=deterministic, max_tokens=parsed.sampling.max_tokens)
+        return Expected(result=result, deterministic=deterministic, max_tokens=parsed.sampling.max_tokens,
+                        prefix=prefix)
     except SpecbuildError as exc:
         return Expected(error=str(exc))
 
@@ -236,14 +240,14 @@ def check(outcome: StreamOutcome, expected: Expected) -> str:
         assert outcome.final and outcome.stat("finish_reason") in ("eos", "stop")
         if expected.deterministic:
             local = expected.capped()
-            assert local.finish_reason.value != "length" and outcome.text == local.text
+            assert local.finish_reason.value != "length" and outcome.text == expected.prefix + local.text
         return "huge max_tokens: ended by itself (EOS/stop) before the cancellation"
     assert outcome.final
     local = expected.result
     tokens = outcome.stat("num_output_tokens")
     assert outcome.stat("finish_reason") in ("length", "eos", "stop")
     if expected.deterministic:
-        assert outcome.text == local.text
+        assert outcome.text == expected.prefix + local.text
         assert tokens == local.stats.generated_tokens
         assert outcome.stat("target_passes") == local.stats.target_passes
         assert outcome.stat("finish_reason") == local.finish_reason.value
