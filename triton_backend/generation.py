@@ -217,9 +217,8 @@ class _Run:
         if not self.use_drafter:
             return 0
         k = self.controller.next_draft_length()
-        if self.controller.fallen_back and not self.stats.fallback:  # the adaptive controller's break-even
-            self.stats.fallback = True
-            self.stats.fallback_at_token = len(self.generated)
+        if self.controller.fallen_back:  # counts when the adaptive controller decided it (break-even)
+            self.stats.record_fallback(len(self.generated))
         # never draft past what may still be generated: the round adds k + 1 tokens at most
         return max(0, min(k, self.limit - len(self.generated) - 1))
 
@@ -245,8 +244,7 @@ class _Run:
         self.stats.verify_time_s += t2 - t1
         self.stats.record_round(len(proposal), result.num_accepted)
         if self.controller.record(len(proposal), result.num_accepted):
-            self.stats.fallback = True
-            self.stats.fallback_at_token = len(self.generated) + result.num_accepted + 1
+            self.stats.record_fallback(len(self.generated) + result.num_accepted + 1)
         return proposal.tokens[: result.num_accepted] + [result.next_token]
 
     def _rounds(self) -> Iterator[list[int]]:

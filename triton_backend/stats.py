@@ -25,6 +25,12 @@ class GenerationStats:
     verify_time_s: float = 0.0
     total_time_s: float = 0.0
 
+    def record_fallback(self, at_token: int) -> None:
+        """The request switched to plain decoding at generated-token index ``at_token`` (the first call counts)."""
+        if not self.fallback:
+            self.fallback = True
+            self.fallback_at_token = at_token
+
     def record_round(self, num_drafted: int, num_accepted: int) -> None:
         self.target_passes += 1
         if num_drafted == 0:

@@ -65,6 +65,5 @@ def tree_round(run: Any) -> list[int]:
     run.stats.verify_time_s += t2 - t1
     run.stats.record_round(depth, result.num_accepted)
     if run.controller.record(depth, result.num_accepted):
-        run.stats.fallback = True
-        run.stats.fallback_at_token = len(run.generated) + result.num_accepted + 1
+        run.stats.record_fallback(len(run.generated) + result.num_accepted + 1)
     return [proposal.tokens[i] for i in result.path] + [result.next_token]

@@ -195,8 +195,7 @@ class _TrtllmRun:
         self.stats.verify_time_s += t2 - t1
         self.stats.record_round(len(drafts), accepted)
         if self.controller.record(len(drafts), accepted):
-            self.stats.fallback = True
-            self.stats.fallback_at_token = len(self.generated) + accepted + 1
+            self.stats.record_fallback(len(self.generated) + accepted + 1)
         return block
 
     def _streamed(self, depth: int) -> Iterator[list[int]]:
@@ -235,9 +234,7 @@ class _TrtllmRun:
         while True:
             k = max(0, min(self.controller.next_draft_length(), self.limit - len(self.generated) - 1))
             if self.controller.fallen_back:
-                if not self.stats.fallback:  # the adaptive controller's break-even, before any round triggered it
-                    self.stats.fallback = True
-                    self.stats.fallback_at_token = len(self.generated)
+                self.stats.record_fallback(len(self.generated))  # counts when the adaptive controller decided it
                 yield from self._streamed(0)
                 return
             if len(self.tokens) + k + 1 > self.info.max_input_len:
