@@ -25,11 +25,19 @@ from triton_backend.model_loading import load_model
 logger = logging.getLogger(__name__)
 
 
-def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
-    rows: list[Row] = [OursRow("plain", decoder, SpeculationConfig(mode=SpeculationMode.OFF), {"kind": "ours", "method": "off"})]
+def _plain_and_ngram_rows(config: BenchConfig, decoder: SpeculativeDecoder, suffix: str = "",
+                          **info: object) -> list[Row]:
+    rows: list[Row] = [OursRow(f"plain{suffix}", decoder, SpeculationConfig(mode=SpeculationMode.OFF),
+                               {"kind": "ours", "method": "off", **info})]
     for k in config.ngram_k:
-        rows.append(OursRow(f"ngram k={k}", decoder, SpeculationConfig(mode=SpeculationMode.NGRAM, num_draft_tokens=k),
-                            {"kind": "ours", "method": "ngram", "k": k}))
+        rows.append(OursRow(f"ngram k={k}{suffix}", decoder,
+                            SpeculationConfig(mode=SpeculationMode.NGRAM, num_draft_tokens=k),
+                            {"kind": "ours", "method": "ngram", "k": k, **info}))
+    return rows
+
+
+def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
+    rows = _plain_and_ngram_rows(config, decoder)
     if SpeculationMode.DRAFT in decoder.drafters:
         for k in config.draft_k:
             rows.append(OursRow(f"draft k<={k} adaptive", decoder,
@@ -39,14 +47,14 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     if medusa is not None and medusa in decoder.drafters:
         rows.append(OursRow("medusa", decoder, SpeculationConfig(mode=medusa), {"kind": "ours", "method": "medusa"}))
     if config.peer:
-        # the peer runs stock transformers: its own copy of the same weights, without our
-        # runtime's prepacked linear layers
-        model = load_model(config.target, RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=0)).eval()
+        # the peer runs stock transformers: its own copy of the same weights (load_model never
+        # prepacks; only our TorchEngine does)
+        model = load_model(config.target, RuntimeConfig(num_threads=config.num_threads)).eval()
         rows.append(PeerRow("hf plain", model, {}, {"kind": "peer", "method": "off"}))
         rows.append(PeerRow("hf prompt-lookup", model, {"prompt_lookup_num_tokens": 10},
                             {"kind": "peer", "method": "ngram", "k": 10}))
         if config.draft is not None:
-            assistant = load_model(config.draft, RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=0)).eval()
+            assistant = load_model(config.draft, RuntimeConfig(num_threads=config.num_threads)).eval()
             rows.append(PeerRow("hf assisted", model, {"assistant_model": assistant}, {"kind": "peer", "method": "draft"}))
     return rows
 
@@ -101,13 +109,7 @@ def unpacked_rows(config: BenchConfig, deployment: DeploymentConfig) -> list[Row
         return []
     runtime = dataclasses.replace(deployment.runtime, packed_gemm_rows=0)
     decoder = build_decoder(DeploymentConfig(target=deployment.target, runtime=runtime))
-    rows: list[Row] = [OursRow("plain unpacked", decoder, SpeculationConfig(mode=SpeculationMode.OFF),
-                               {"kind": "ours", "method": "off", "packed": False})]
-    for k in config.ngram_k:
-        rows.append(OursRow(f"ngram k={k} unpacked", decoder,
-                            SpeculationConfig(mode=SpeculationMode.NGRAM, num_draft_tokens=k),
-                            {"kind": "ours", "method": "ngram", "k": k, "packed": False}))
-    return rows
+    return _plain_and_ngram_rows(config, decoder, " unpacked", packed=False)
 
 
 def _run_rows(config: BenchConfig, decoder: SpeculativeDecoder, rows: list[Row]) -> BenchRun:

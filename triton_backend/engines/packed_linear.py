@@ -35,7 +35,8 @@ def packing_available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """A drop-in ``nn.Linear`` (inference only) that runs 3..``rows``-row inputs on a packed weight."""
+    """A drop-in ``nn.Linear`` (inference only) that runs inputs of ``SMALL_ROWS + 1`` to
+    ``MAX_CHUNKS * rows`` rows on a packed weight, in chunks of ``rows``."""
 
     def __init__(self, linear: nn.Linear, rows: int) -> None:
         super().__init__()
