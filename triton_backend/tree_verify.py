@@ -111,13 +111,16 @@ def verify_tree_typical(
     """Medusa's typical acceptance (not distribution-preserving)."""
     row = _check(target_probs, tree_tokens, parents)
     reachable: list[bool] = []
+    bars: dict[int, float] = {}  # per parent row: siblings share it
     for i, (t, p) in enumerate(zip(tree_tokens, parents)):
         if p >= 0 and not reachable[p]:
             reachable.append(False)
             continue
         probs = row(p + 1)
-        entropy = float(-(probs * torch.log(probs.clamp_min(1e-20))).sum())
-        reachable.append(float(probs[t]) > min(threshold, alpha * math.exp(-entropy)))
+        if p not in bars:
+            entropy = float(-(probs * torch.log(probs.clamp_min(1e-20))).sum())
+            bars[p] = min(threshold, alpha * math.exp(-entropy))
+        reachable.append(float(probs[t]) > bars[p])
     depths = node_depths(parents)
     best = max((i for i in range(len(parents)) if reachable[i]), key=lambda i: (depths[i], -i), default=-1)
     next_token = int(torch.multinomial(row(best + 1), 1, generator=generator).item())
