@@ -39,7 +39,10 @@ def tiny_llama(seed: int, *, vocab: int = 32, layers: int = 2, hidden: int = 32,
 
 
 def tiny_engine(seed: int, **kwargs: object) -> TorchEngine:
-    return TorchEngine(tiny_llama(seed, **kwargs), name=f"tiny{seed}", runtime=RuntimeConfig(), eos_token_ids=[])
+    """The torch runtime's default engine (the slot engine) over a tiny random Llama."""
+    from triton_backend.model_loading import make_torch_engine
+
+    return make_torch_engine(tiny_llama(seed, **kwargs), name=f"tiny{seed}", runtime=RuntimeConfig(), eos_token_ids=[])
 
 
 @pytest.fixture(scope="session")

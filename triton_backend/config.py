@@ -20,6 +20,7 @@ class SpeculationMode(str, enum.Enum):
     DRAFT = "draft"  # a smaller draft model sharing the target's tokenizer
     NGRAM = "ngram"  # n-gram / prompt lookup in the context so far
     MEDUSA = "medusa"  # Medusa heads on the target propose a token tree, verified in one pass
+    EAGLE = "eagle"  # an EAGLE drafter on the target's hidden states proposes a chain
     OFF = "off"  # plain autoregressive decoding
 
     @classmethod
@@ -38,6 +39,13 @@ class TreeAcceptance(str, enum.Enum):
 
     EXACT = "exact"  # rejection sampling: the output distribution is the target's
     TYPICAL = "typical"  # Medusa's typical acceptance: faster, not distribution-preserving
+
+
+class FallbackRule(str, enum.Enum):
+    """When a request stops speculating (see :mod:`triton_backend.controller`)."""
+
+    GAIN = "gain"  # per round, from expected gain under the measured pass cost (resumes when it pays again)
+    THRESHOLD = "threshold"  # the seed articles' rule: window acceptance below fallback_threshold -> plain for good
 
 
 class FinishReason(str, enum.Enum):
@@ -105,13 +113,17 @@ class SamplingParams:
 class SpeculationConfig:
     """How the speculative loop proposes, verifies and falls back.
 
-    ``num_draft_tokens`` is the draft length k (the upper bound when ``adaptive``).
-    Fallback: over a sliding window of the last ``fallback_window`` drafted tokens,
-    once at least ``fallback_min_drafted`` have been drafted, the request switches to
-    plain decoding when speculation stops paying: by default when the window's rounds
-    commit fewer tokens per unit of cost than plain decoding (the cost model of
-    :mod:`triton_backend.controller`), or, with ``fallback_threshold`` set, when the
-    window's acceptance rate is below it.
+    ``num_draft_tokens`` is the draft length k (the upper bound under the gain rule or
+    ``adaptive``). ``fallback`` off: always draft (k fixed, or adaptive without stopping).
+    ``fallback_rule`` ``gain`` (the default): every round, draft only the length whose
+    expected committed tokens per unit of pass cost beat a plain step by ``gain_margin``,
+    from an acceptance estimate that starts at ``prior_acceptance`` (None: the drafter
+    type's prior) with ``prior_strength`` pseudo-observations and whose evidence decays by
+    ``acceptance_decay`` a round; a paused request probes again after ``probe_interval``
+    plain steps (doubling while probes do not pay). ``threshold``: over a sliding window of
+    the last ``fallback_window`` drafted tokens, once at least ``fallback_min_drafted`` have
+    been drafted, the request decodes plainly for good when the window's acceptance is below
+    ``fallback_threshold`` (0.5 when unset; setting a threshold selects this rule).
     """
 
     mode: SpeculationMode = SpeculationMode.AUTO
@@ -120,8 +132,14 @@ class SpeculationConfig:
     min_draft_tokens: int = 1
     fallback: bool = True
     fallback_window: int = 200
-    fallback_threshold: float | None = None  # None: break-even under the cost model
+    fallback_threshold: float | None = None  # set: the threshold rule with this acceptance bar
     fallback_min_drafted: int = 50
+    fallback_rule: FallbackRule = FallbackRule.GAIN
+    gain_margin: float = 0.03  # draft only when the expected rate beats plain decoding by this fraction
+    prior_acceptance: float | None = None  # None: the drafter type's prior (speculation_policy)
+    prior_strength: float = 2.0  # pseudo-observations behind the prior
+    acceptance_decay: float = 0.8  # evidence kept per recorded round
+    probe_interval: int = 16  # plain steps before a paused request probes again
     ngram_min: int = 1
     ngram_max: int = 3
     verify_cost_per_token: float = 0.06  # extra cost of verifying one more token, in target steps
@@ -157,6 +175,25 @@ class SpeculationConfig:
         )
         _require(_is_int(self.ngram_min) and _is_int(self.ngram_max) and 1 <= self.ngram_min <= self.ngram_max, "need 1 <= ngram_min <= ngram_max")
         _require(self.verify_cost_per_token >= 0, "verify_cost_per_token must be >= 0")
+        self._check_gain_rule()
+
+    def _check_gain_rule(self) -> None:
+        try:
+            rule = FallbackRule(self.fallback_rule)
+        except ValueError:
+            raise InvalidRequestError(f"fallback_rule must be gain or threshold, got {self.fallback_rule!r}") from None
+        if self.fallback_threshold is not None:
+            rule = FallbackRule.THRESHOLD
+        object.__setattr__(self, "fallback_rule", rule)
+        for name in ("gain_margin", "prior_strength", "acceptance_decay") + (("prior_acceptance",) if self.prior_acceptance is not None else ()):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                     f"{name} must be a finite number, got {value!r}")
+        _require(0 <= self.gain_margin <= 1, "gain_margin must be in [0, 1]")
+        _require(self.prior_acceptance is None or 0 <= self.prior_acceptance <= 1, "prior_acceptance must be in [0, 1]")
+        _require(0 < self.prior_strength <= 1000, "prior_strength must be in (0, 1000]")
+        _require(0 < self.acceptance_decay <= 1, "acceptance_decay must be in (0, 1]")
+        _require(_is_int(self.probe_interval) and 1 <= self.probe_interval <= 4096, "probe_interval must be in [1, 4096]")
 
     def with_overrides(self, **changes: object) -> "SpeculationConfig":
         """A copy with the given fields replaced (``None`` values are ignored)."""
@@ -167,19 +204,31 @@ class SpeculationConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """How the torch runtime runs: device, dtype, torch threads, and how many rows the CPU
-    float32 linear layers are prepacked for (0: not packed; see ``engines/packed_linear.py``)."""
+    """How the torch runtime runs: device, dtype, torch threads, how many rows the CPU
+    float32 linear layers are prepacked for (0: not packed; see ``engines/packed_linear.py``),
+    and the slot engine's KV cache (``max_batch_size`` slots x ``max_seq_len`` positions)."""
 
     device: str = "cpu"
     dtype: str = "float32"
     num_threads: int = 1
     packed_gemm_rows: int = 8
+    # the slot engine (engines/llama_engine.py): KV-cache slots (concurrent sequences) x positions
+    max_batch_size: int = 16
+    max_seq_len: int = 2048
+    batch_invariant: bool = False  # pad one-row passes too: every row bit-identical batched or alone
+    torch_engine: str = "auto"  # auto: the compact Llama forward where it covers the model, else hf
 
     def __post_init__(self) -> None:
+        _require(_is_int(self.max_batch_size) and 1 <= self.max_batch_size <= 4096,
+                 f"max_batch_size (KV-cache slots) must be in [1, 4096], got {self.max_batch_size!r}")
+        _require(_is_int(self.max_seq_len) and 1 <= self.max_seq_len <= 1 << 20,
+                 f"max_seq_len must be in [1, 2^20], got {self.max_seq_len!r}")
+        _require(isinstance(self.batch_invariant, bool), "batch_invariant must be true or false")
+        _require(self.torch_engine in ("auto", "llama", "hf"), f"torch_engine must be auto, llama or hf, got {self.torch_engine!r}")
         _require(_is_int(self.packed_gemm_rows) and (self.packed_gemm_rows == 0 or 4 <= self.packed_gemm_rows <= 64),
                  f"packed_gemm_rows must be 0 (off) or 4..64, got {self.packed_gemm_rows!r}")
         _require(self.dtype in ("float32", "float16", "bfloat16"), f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         _require(_is_int(self.num_threads) and self.num_threads >= 1, "num_threads must be >= 1")
 
 
-__all__ = ["FinishReason", "RuntimeConfig", "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance"]
+__all__ = ["FallbackRule", "FinishReason", "RuntimeConfig", "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance"]

@@ -15,11 +15,10 @@ from typing import Any
 from triton_backend.config import RuntimeConfig, SpeculationConfig, SpeculationMode
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.drafters.base import Drafter
-from triton_backend.engines.torch_engine import TorchEngine
 from triton_backend.engines.trtllm_config import EngineRuntime, TrtllmConfig
 from triton_backend.errors import InvalidRequestError
 from triton_backend.generation import SpeculativeDecoder
-from triton_backend.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer
+from triton_backend.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
 logger = logging.getLogger(__name__)
@@ -31,6 +30,7 @@ class DeploymentConfig:
     ``draft_layers``: instead of a separate draft, a self-speculative draft made of these
     target layers. ``ngram``: offer n-gram lookup. ``medusa``: a Medusa heads file (see
     :mod:`triton_backend.medusa_model`) for the target; ``medusa_choices`` overrides its tree.
+    ``eagle``: an EAGLE drafter file or folder (see :mod:`triton_backend.eagle_model`).
     ``engine_runtime``: ``torch`` serves ``target``/``draft`` with torch; ``trtllm`` serves the
     compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer)."""
 
@@ -40,6 +40,7 @@ class DeploymentConfig:
     ngram: bool = True
     medusa: str | None = None
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
+    eagle: str | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     engine_runtime: EngineRuntime = EngineRuntime.TORCH
@@ -80,7 +81,7 @@ class DeploymentConfig:
         layers = data.pop("draft_layers", None)
         if layers is not None and not (isinstance(layers, (list, tuple)) and all(_is_index(i) for i in layers)):
             raise InvalidRequestError(f"draft_layers must be a list of layer indices, got {layers!r}")
-        for name in ("target", "draft", "medusa"):
+        for name in ("target", "draft", "medusa", "eagle"):
             if name in data and not isinstance(data[name], str) and not (name != "target" and data[name] is None):
                 raise InvalidRequestError(f"{name} must be a model name or path, got {data[name]!r}")
         trtllm = data.pop("trtllm", None)
@@ -119,20 +120,24 @@ def build_decoder(config: DeploymentConfig) -> SpeculativeDecoder:
     drafters: dict[SpeculationMode, Drafter] = {}
     if config.draft is not None:
         draft_tokenizer = load_tokenizer(config.draft)
-        draft_engine = TorchEngine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
-                                   runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
+        draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
+                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(draft_engine, target=target, target_tokenizer=tokenizer,
                                                             draft_tokenizer=draft_tokenizer)
     elif config.draft_layers is not None:
         layers = config.draft_layers
-        draft_engine = TorchEngine(layer_skip_draft(target.model, layers), name=f"{target.name}[{len(layers)} layers]",
-                                   runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
+        draft_engine = make_torch_engine(layer_skip_draft(target.model, layers), name=f"{target.name}[{len(layers)} layers]",
+                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(
             draft_engine, target=target, relative_cost=len(layers) / target.model.config.num_hidden_layers)
     if config.medusa is not None:
         from triton_backend.drafters.medusa import MedusaDrafter
 
         drafters[SpeculationMode.MEDUSA] = MedusaDrafter.from_file(config.medusa, target, config.medusa_choices)
+    if config.eagle is not None:
+        from triton_backend.drafters.eagle import EagleDrafter
+
+        drafters[SpeculationMode.EAGLE] = EagleDrafter.from_file(config.eagle, target)
     if config.ngram:
         drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram_min, config.speculation.ngram_max)
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")

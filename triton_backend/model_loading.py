@@ -11,6 +11,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 import triton_backend.draft_arch  # noqa: F401  (registers the reduced-vocabulary draft architecture)
 from triton_backend.config import RuntimeConfig
+from triton_backend.engines.llama_engine import LlamaEngine
+from triton_backend.engines.llama_forward import unsupported_reason
 from triton_backend.engines.torch_engine import TorchEngine
 from triton_backend.errors import ModelLoadError
 from triton_backend.reference_model import REFERENCE_MODELS, ensure_reference_model
@@ -111,11 +113,29 @@ def eos_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *, name: str | None = None) -> tuple[TorchEngine, Any]:
-    """A torch engine and its tokenizer."""
+def make_torch_engine(model: PreTrainedModel, *, name: str = "model", runtime: RuntimeConfig | None = None,
+                      eos_token_ids: Sequence[int] | None = None,
+                      max_context: int | None = None) -> LlamaEngine | TorchEngine:
+    """The torch runtime's engine for ``model``: the slot engine (compact Llama forward, static
+    KV cache) where it covers the architecture, else the Hugging Face-wrapped engine (logged).
+    ``runtime.torch_engine`` forces one (``llama`` refuses a model it does not cover)."""
+    runtime = runtime or RuntimeConfig()
+    reason = unsupported_reason(model.config) if runtime.torch_engine != "hf" else "runtime.torch_engine = hf"
+    if reason is None:
+        return LlamaEngine(model, name=name, runtime=runtime, eos_token_ids=eos_token_ids, max_context=max_context)
+    if runtime.torch_engine == "llama":
+        raise ModelLoadError(f"runtime.torch_engine = llama, but the compact forward does not cover {name}: {reason}")
+    logger.info("%s runs on the Hugging Face-wrapped engine (%s)", name, reason)
+    return TorchEngine(model, name=name, runtime=runtime, eos_token_ids=eos_token_ids, max_context=max_context)
+
+
+def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *,
+                name: str | None = None) -> tuple[LlamaEngine | TorchEngine, Any]:
+    """A torch engine (see :func:`make_torch_engine`) and its tokenizer."""
     tokenizer = load_tokenizer(source)
     model = load_model(source, runtime)
-    engine = TorchEngine(model, name=name or Path(str(source)).name, runtime=runtime, eos_token_ids=eos_ids(model, tokenizer))
+    engine = make_torch_engine(model, name=name or Path(str(source)).name, runtime=runtime,
+                               eos_token_ids=eos_ids(model, tokenizer))
     logger.info("loaded %r", engine)
     return engine, tokenizer
 

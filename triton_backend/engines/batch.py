@@ -47,6 +47,9 @@ class BatchRow:
     ``tree_parents``: for a tree row, the parents of the LAST ``len(tree_parents)`` tokens
     (node indices, ``-1`` = child of the token just before the nodes); those nodes sit at
     position ``root + depth`` and see only their ancestors. ``None``: causal chain.
+    ``return_logits=False`` (with ``return_hidden``): skip the LM head for this row (its
+    output's ``logits`` is None); a tree verifier then pays the head only for the rows it
+    visits, through :meth:`BatchedEngine.head_logits`.
     """
 
     slot: int
@@ -55,6 +58,7 @@ class BatchRow:
     num_logits: int = 1
     tree_parents: Sequence[int] | None = None
     return_hidden: bool = False
+    return_logits: bool = True
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -65,11 +69,13 @@ class BatchRow:
             raise ValueError(f"num_logits must be in [1, {len(self.tokens)}], got {self.num_logits}")
         if self.tree_parents is not None and len(self.tree_parents) >= len(self.tokens):
             raise ValueError("a tree row needs the root token before its nodes")
+        if not (self.return_logits or self.return_hidden):
+            raise ValueError("a row must return logits, hidden states or both")
 
 
 @dataclass
 class RowOutput:
-    logits: torch.Tensor  # [num_logits, vocab] float32
+    logits: torch.Tensor | None  # [num_logits, vocab] float32; None only when the row asked for none
     hidden: torch.Tensor | None = None  # [num_logits, hidden] last hidden states, when asked
 
 

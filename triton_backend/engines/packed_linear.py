@@ -34,6 +34,25 @@ def packing_available() -> bool:
     return bool(torch.backends.mkl.is_available()) and mkl is not None and hasattr(mkl, "_mkl_reorder_linear_weight")
 
 
+def packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """MKL's packed copy of a float32 CPU ``[out, in]`` weight for ``rows``-row GEMMs."""
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+
+
+def packed_matmul(flat: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  rows: int) -> torch.Tensor:
+    """``flat @ weight.T + bias`` for ``flat`` ``[m, in]`` on the packed weight, in chunks of
+    ``rows`` (the last zero-padded). Each row's result is bit-identical to a plain float32
+    GEMM of >= 4 rows, wherever the row sits (measured; tests/test_llama_engine.py checks it)."""
+    m, width = flat.shape
+    padded = -(-m // rows) * rows
+    if padded > m:
+        flat = torch.cat([flat, flat.new_zeros(padded - m, width)])
+    chunks = [torch.ops.mkl._mkl_linear(chunk, packed, weight, bias, rows) for chunk in flat.split(rows)]
+    out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    return out[:m] if padded > m else out
+
+
 class PackedLinear(nn.Module):
     """A drop-in ``nn.Linear`` (inference only) that runs inputs of ``SMALL_ROWS + 1`` to
     ``MAX_CHUNKS * rows`` rows on a packed weight, in chunks of ``rows``."""
@@ -47,21 +66,14 @@ class PackedLinear(nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.rows = rows
-        self.register_buffer("packed", torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows),
-                             persistent=False)
+        self.register_buffer("packed", packed_weight(linear.weight, rows), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         m = flat.shape[0]
         if m <= SMALL_ROWS or m > MAX_CHUNKS * self.rows or torch.is_grad_enabled() and self.weight.requires_grad:
             return F.linear(x, self.weight, self.bias)
-        padded = -(-m // self.rows) * self.rows
-        if padded > m:
-            flat = torch.cat([flat, flat.new_zeros(padded - m, self.in_features)])
-        chunks = [torch.ops.mkl._mkl_linear(chunk, self.packed, self.weight, self.bias, self.rows)
-                  for chunk in flat.split(self.rows)]
-        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-        return out[:m].reshape(*x.shape[:-1], self.out_features)
+        return packed_matmul(flat, self.packed, self.weight, self.bias, self.rows).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rows={self.rows}"
