@@ -18,19 +18,19 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 import torch
 
 from triton_backend.config import FinishReason, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.controller import SpeculationController
-from triton_backend.drafters.base import EMPTY_PROPOSAL, Drafter
+from triton_backend.controller import controller_for
+from triton_backend.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.errors import ContextLengthError, InvalidRequestError
 from triton_backend.sampling import LogitsProcessor, make_generator
 from triton_backend.stats import GenerationStats
 from triton_backend.text import IncrementalDetokenizer, StopChecker, held_back
-from triton_backend.verifier import verify_greedy, verify_rejection
+from triton_backend.verifier import VerifyResult, verify_greedy, verify_rejection
 
 logger = logging.getLogger(__name__)
 
 # AUTO picks the first of these the deployment has
-AUTO_PREFERENCE = (SpeculationMode.DRAFT, SpeculationMode.MEDUSA, SpeculationMode.NGRAM)
+AUTO_PREFERENCE = (SpeculationMode.EAGLE, SpeculationMode.DRAFT, SpeculationMode.MEDUSA, SpeculationMode.NGRAM)
 
 
 @dataclass
@@ -168,23 +168,34 @@ def commit_blocks(run: CommitState, blocks: Iterator[list[int]]) -> Iterator[Gen
     carries the stats. Returns without a finished chunk only when ``blocks`` runs out."""
     started = time.perf_counter()
     for block in blocks:
-        reason = _commit(run, block)
-        if not run.stats.time_to_first_token_s:
-            run.stats.time_to_first_token_s = time.perf_counter() - started
-        finished = reason is not None
-        text = run.detok.update(run.generated, final=finished, text_cut=run.stopper.text_cut)
-        new = _new_token_ids(run, finished)
-        if finished:
-            run.stats.generated_tokens = len(run.generated)
-            run.stats.total_time_s = time.perf_counter() - started
-            yield GenerationChunk(new, text, True, reason, run.stats)
-            return
-        if new or text:
-            yield GenerationChunk(new, text)
+        chunk = commit_block(run, block, started)
+        if chunk is not None:
+            yield chunk
+            if chunk.finished:
+                return
 
 
-class _Run:
-    """The state of one generation."""
+def commit_block(run: CommitState, block: list[int], started: float) -> GenerationChunk | None:
+    """Commit one verified block; the chunk it adds (finished, with the stats, when the run
+    ends), or ``None`` when it adds nothing to stream yet. ``started``: the run's start
+    (``time.perf_counter()``), for the time to first token and the total time."""
+    reason = _commit(run, block)
+    if not run.stats.time_to_first_token_s:
+        run.stats.time_to_first_token_s = time.perf_counter() - started
+    finished = reason is not None
+    text = run.detok.update(run.generated, final=finished, text_cut=run.stopper.text_cut)
+    new = _new_token_ids(run, finished)
+    if finished:
+        run.stats.generated_tokens = len(run.generated)
+        run.stats.total_time_s = time.perf_counter() - started
+        return GenerationChunk(new, text, True, reason, run.stats)
+    return GenerationChunk(new, text) if new or text else None
+
+
+class RunState:
+    """What one generation tracks whatever runs its passes (this loop, or the batch
+    scheduler's rows): tokens, sampler and seeded RNG, controller, stats, stop checker and
+    detokenizer. Implements :class:`CommitState`."""
 
     def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None) -> None:
@@ -196,10 +207,10 @@ class _Run:
         self.processor = LogitsProcessor.from_params(params)
         self.rng = make_generator(params.seed)
         self.drafter_session = drafter.new_session() if drafter is not None else None
-        self.target_session = self.target.new_session()
-        self.controller = SpeculationController(spec, drafter.relative_cost if drafter else 0.0)
+        self.controller = controller_for(spec, mode, drafter, self.drafter_session)
         self.use_drafter = drafter is not None
         self.tree = mode is SpeculationMode.MEDUSA and drafter is not None  # tree rounds (triton_backend.tree_round)
+        self.eagle = mode is SpeculationMode.EAGLE and drafter is not None  # triton_backend.eagle_round
         self.stats = GenerationStats(method=mode.value if drafter else SpeculationMode.OFF.value,
                                      prompt_tokens=len(prompt_ids))
         self.stopper = StopChecker(params, self.target.eos_token_ids, decoder.tokenizer)
@@ -208,43 +219,65 @@ class _Run:
         # generation also ends at the model's context
         self.limit = min(params.max_tokens, self.target.max_context - len(prompt_ids))
 
+    def _draft_length(self) -> int:
+        if not self.use_drafter:
+            return 0
+        return self.cap_draft_length(self.controller.next_draft_length())
+
+    def cap_draft_length(self, k: int) -> int:
+        """``k`` cut so the round never drafts past what may still be generated (it adds
+        ``k + 1`` tokens at most); records a fallback the controller has decided."""
+        if self.controller.fallen_back:  # counts when the adaptive controller decided it (break-even)
+            self.stats.record_fallback(len(self.generated))
+        return max(0, min(k, self.limit - len(self.generated) - 1))
+
+    def verify_chain(self, logits: torch.Tensor, proposal: DraftProposal) -> VerifyResult:
+        """Verify a chain proposal against the target's ``[len(proposal) + 1, vocab]`` logits."""
+        drafts = torch.tensor(proposal.tokens, dtype=torch.long)
+        if self.processor.greedy:
+            return verify_greedy(logits, drafts)
+        return verify_rejection(self.processor.probs(logits), drafts, proposal.probs, self.rng)
+
+    def record_verification(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+        """Stats and controller after one verified round (fallback recorded where it triggers)."""
+        self.stats.draft_time_s += draft_s
+        self.stats.verify_time_s += verify_s
+        self.stats.record_round(num_drafted, num_accepted)
+        if self.controller.record(num_drafted, num_accepted):
+            self.stats.record_fallback(len(self.generated) + num_accepted + 1)
+
+
+class _Run(RunState):
+    """One generation run by this loop, with its own KV sessions."""
+
+    def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], params: SamplingParams,
+                 spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None) -> None:
+        super().__init__(decoder, prompt_ids, params, spec, mode, drafter)
+        self.target_session = self.target.new_session()
+
     def release(self) -> None:
         self.target_session.release()
         if self.drafter_session is not None:
             self.drafter_session.release()
-
-    def _draft_length(self) -> int:
-        if not self.use_drafter:
-            return 0
-        k = self.controller.next_draft_length()
-        if self.controller.fallen_back:  # counts when the adaptive controller decided it (break-even)
-            self.stats.record_fallback(len(self.generated))
-        # never draft past what may still be generated: the round adds k + 1 tokens at most
-        return max(0, min(k, self.limit - len(self.generated) - 1))
 
     def _round(self) -> list[int]:
         if self.tree:
             from triton_backend.tree_round import tree_round
 
             return tree_round(self)
+        if self.eagle:
+            from triton_backend.eagle_round import eagle_round
+
+            return eagle_round(self)
         k = self._draft_length()
         t0 = time.perf_counter()
         proposal = EMPTY_PROPOSAL
         if k > 0 and self.drafter_session is not None:
             proposal = self.drafter_session.propose(self.tokens, k, self.processor, self.rng)
         t1 = time.perf_counter()
-        drafts = torch.tensor(proposal.tokens, dtype=torch.long)
         logits = self.target_session.logits(self.tokens + proposal.tokens, len(proposal) + 1)
-        if self.processor.greedy:
-            result = verify_greedy(logits, drafts)
-        else:
-            result = verify_rejection(self.processor.probs(logits), drafts, proposal.probs, self.rng)
-        t2 = time.perf_counter()
-        self.stats.draft_time_s += t1 - t0
-        self.stats.verify_time_s += t2 - t1
-        self.stats.record_round(len(proposal), result.num_accepted)
-        if self.controller.record(len(proposal), result.num_accepted):
-            self.stats.record_fallback(len(self.generated) + result.num_accepted + 1)
+        result = self.verify_chain(logits, proposal)
+        self.record_verification(len(proposal), result.num_accepted, t1 - t0, time.perf_counter() - t1)
         return proposal.tokens[: result.num_accepted] + [result.next_token]
 
     def _rounds(self) -> Iterator[list[int]]:

@@ -37,6 +37,16 @@ def _rows(session: Any, hidden: torch.Tensor, processor: LogitsProcessor) -> Cal
     return row
 
 
+def verify_tree(run: Any, rows: Callable[[int], torch.Tensor], tokens: list[int], parents: list[int]) -> Any:
+    """The run's tree verification (greedy / exact sampling / typical) over lazily computed ``rows``."""
+    spec = run.controller.config
+    if run.processor.greedy:
+        return verify_tree_greedy(rows, tokens, parents)
+    if spec.tree_acceptance is TreeAcceptance.TYPICAL:
+        return verify_tree_typical(rows, tokens, parents, run.rng, spec.typical_threshold, spec.typical_alpha)
+    return verify_tree_sampling(rows, tokens, parents, run.rng)
+
+
 def tree_round(run: Any) -> list[int]:
     """The tokens this round commits (accepted path + one target token)."""
     session, drafter_session = run.target_session, run.drafter_session
@@ -48,22 +58,10 @@ def tree_round(run: Any) -> list[int]:
     parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal) - 1))
     t1 = time.perf_counter()
     hidden = session.tree_hidden(run.tokens, proposal.tokens, parents)
-    rows = _rows(session, hidden, run.processor)
-    spec = run.controller.config
-    if run.processor.greedy:
-        result = verify_tree_greedy(rows, proposal.tokens, parents)
-    elif spec.tree_acceptance is TreeAcceptance.TYPICAL:
-        result = verify_tree_typical(rows, proposal.tokens, parents, run.rng, spec.typical_threshold, spec.typical_alpha)
-    else:
-        result = verify_tree_sampling(rows, proposal.tokens, parents, run.rng)
+    result = verify_tree(run, _rows(session, hidden, run.processor), proposal.tokens, parents)
     session.keep_tree_path(result.path)
     end = result.path[-1] + 1 if result.path else 0
     drafter_session.observe(len(run.tokens) + len(result.path) + 1, hidden[end])
-    t2 = time.perf_counter()
     depth = max(node_depths(parents), default=0)
-    run.stats.draft_time_s += t1 - t0
-    run.stats.verify_time_s += t2 - t1
-    run.stats.record_round(depth, result.num_accepted)
-    if run.controller.record(depth, result.num_accepted):
-        run.stats.record_fallback(len(run.generated) + result.num_accepted + 1)
+    run.record_verification(depth, result.num_accepted, t1 - t0, time.perf_counter() - t1)
     return [proposal.tokens[i] for i in result.path] + [result.next_token]

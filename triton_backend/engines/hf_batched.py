@@ -93,7 +93,8 @@ class HFBatchedEngine:
                 return RowOutput(out.logits[0, -row.num_logits:].float())
             hidden = self._hidden(state, row, input_ids)[-row.num_logits:]
             state.length = end
-            return RowOutput(self.head_logits(hidden), hidden)
+            logits = self.head_logits(hidden) if row.return_logits else None
+            return RowOutput(logits, hidden if row.return_hidden else None)
 
     def _hidden(self, state: _Slot, row: BatchRow, input_ids: torch.Tensor) -> torch.Tensor:
         """Last hidden states ``[len(tokens), hidden]`` (tree attention for a tree row)."""
