@@ -14,7 +14,7 @@ from triton_backend.config import SamplingParams, SpeculationConfig, Speculation
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.engines.torch_engine import TorchEngine
 from triton_backend.generation import SpeculativeDecoder
-from triton_backend.model_loading import layer_skip_draft
+from triton_backend.model_loading import layer_skip_draft, make_torch_engine
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +25,8 @@ POOR_DRAFT_LAYERS = list(range(4))
 
 
 def _draft_engine(target: TorchEngine, layers: list[int]) -> TorchEngine:
-    return TorchEngine(layer_skip_draft(target.model, layers), name=f"skip{len(layers)}",
-                       eos_token_ids=sorted(target.eos_token_ids))
+    return make_torch_engine(layer_skip_draft(target.model, layers), name=f"skip{len(layers)}",
+                             eos_token_ids=sorted(target.eos_token_ids))
 
 
 @pytest.fixture(scope="module")
