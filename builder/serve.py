@@ -15,10 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
-import subprocess
 import tempfile
-import threading
-import time
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +23,7 @@ from typing import Callable
 
 from builder.model_repository import is_model_repository, render_model_repository
 from builder.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
+from builder.triton_supervisor import RestartPolicy, TritonSupervisor
 from triton_backend.errors import InvalidRequestError
 from triton_backend.interface import ServingConfig
 
@@ -33,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 DEPLOYMENT_FILE = "deployment.json"
 REPOSITORY_DIR = "model_repo"
-EXIT_GRACE_S = 10  # after Triton's own exit timeout
 
 
 @dataclass(frozen=True)
@@ -42,6 +39,7 @@ class ServeConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(model_repository=Path(".")))
     serving: ServingConfig = field(default_factory=ServingConfig)
     repository_dir: Path | None = None  # where to render a deployment (default: a temporary folder)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  # after Triton exits abnormally
 
 
 def find_deployment(source: Path | None) -> Path | None:
@@ -80,54 +78,35 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
     return render_model_repository(deployment, out, config.serving), config.repository_dir is None
 
 
-def _wait(server: TritonServer, stopping: threading.Event) -> int:
-    """Triton's exit status. Once told to stop, wait at most its exit timeout plus a grace period:
-    Triton 2.51 does not exit while a client holds a gRPC stream open (its gRPC server shuts
-    down with no deadline), so a client that never closes its stream would keep it up forever."""
-    deadline = None
-    while deadline is None or time.monotonic() < deadline:
-        try:
-            code = server.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            if deadline is None and stopping.is_set():
-                deadline = time.monotonic() + server.config.exit_timeout_s + EXIT_GRACE_S
-            continue
-        logger.info("Triton exited with status %d", code)
-        return code
-    logger.error("Triton did not exit within %ds of the stop signal (a client still holds a gRPC stream open?); "
-                 "killing it", server.config.exit_timeout_s + EXIT_GRACE_S)
-    server.kill()
-    return 1
-
-
 def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
                   server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
-    """Start Triton, call ``on_ready``, run until Triton exits or SIGTERM/SIGINT arrives
-    (forwarded to Triton as SIGTERM: it finishes in-flight requests). Returns Triton's status.
-    ``server_factory`` makes the server (e.g. one launched under MPI, :mod:`builder.deploy`)."""
+    """Start Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
+    SIGTERM: it finishes in-flight requests), restarting it after abnormal exits as
+    ``config.restart`` says (:mod:`builder.triton_supervisor`). Returns Triton's last status
+    (2 when the supervisor gave up). ``server_factory`` makes each server (e.g. one launched
+    under MPI, :mod:`builder.deploy`)."""
     repository, temporary = prepare_repository(config)
-    server = server_factory(replace(config.server, model_repository=repository, echo_log=True))
+    supervisor = TritonSupervisor(replace(config.server, model_repository=repository, echo_log=True), server_factory,
+                                  config.restart)
     previous: dict[int, object] = {}
-    stopping = threading.Event()
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
         logger.info("received signal %d: stopping Triton", signum)
-        server.send_signal(signal.SIGTERM)
-        stopping.set()
+        supervisor.request_stop()
 
     try:
-        endpoints = server.start()
+        endpoints = supervisor.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)
         if on_ready is not None:
             on_ready(endpoints, repository)
-        return _wait(server, stopping)
+        return supervisor.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
-        server.stop()
+        supervisor.stop()
         if temporary:
             shutil.rmtree(repository, ignore_errors=True)
 
 
-__all__ = ["ServeConfig", "ServerError", "find_deployment", "prepare_repository", "serve_forever"]
+__all__ = ["RestartPolicy", "ServeConfig", "ServerError", "find_deployment", "prepare_repository", "serve_forever"]

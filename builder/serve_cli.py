@@ -58,7 +58,7 @@ def _print_result(result: RemoteResult, streamed: bool, as_json: bool = False) -
 
 # -- serve ------------------------------------------------------------------------------------
 def _cmd_serve(a: argparse.Namespace) -> int:
-    from builder.serve import ServeConfig, prepare_repository, serve_forever
+    from builder.serve import RestartPolicy, ServeConfig, prepare_repository, serve_forever
 
     serving = ServingConfig(max_concurrency=a.max_concurrency, instance_count=a.instance_count,
                             unary_instance_count=a.max_concurrency)
@@ -66,7 +66,9 @@ def _cmd_serve(a: argparse.Namespace) -> int:
                           metrics_port=a.metrics_port, source=TritonSource(a.triton),
                           startup_timeout_s=a.startup_timeout, exit_timeout_s=a.exit_timeout, log_verbose=a.log_verbose,
                           log_file=a.log_file)
-    config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir)
+    restart = RestartPolicy(max_fast_failures=a.restart_limit, fast_failure_s=a.restart_window)
+    config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir,
+                         restart=restart)
     if a.render_only:
         if a.repository_dir is None:
             raise InvalidRequestError("--render-only needs --repository-dir")
@@ -100,6 +102,10 @@ def _add_serve(sub: Any) -> None:
                    help="seconds Triton waits for in-flight requests after SIGTERM (then it is stopped)")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-file", type=Path, default=None)
+    p.add_argument("--restart-limit", type=int, default=5,
+                   help="restart Triton after a crash, giving up after this many crashes in a row that each came "
+                        "within --restart-window seconds of a start (0 = never restart)")
+    p.add_argument("--restart-window", type=float, default=60.0, help="seconds; see --restart-limit")
     p.set_defaults(func=_cmd_serve)
 
 

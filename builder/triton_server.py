@@ -229,6 +229,20 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+def process_group_members(pgid: int) -> list[int]:
+    """Live processes (not zombies) whose process group is ``pgid`` (Linux /proc; [] elsewhere)."""
+    members = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return sorted(members)
+
+
 class TritonServer:
     """One tritonserver process: ``start()`` waits for readiness, ``stop()`` shuts it down."""
 
@@ -241,12 +255,14 @@ class TritonServer:
         self._reader: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
-    def start(self) -> Endpoints:
+    def start(self, endpoints: Endpoints | None = None) -> Endpoints:
+        """Start and wait until ready. ``endpoints``: exactly these (a restart keeps its ports),
+        not checked for being free (the old server's connections may linger in TIME_WAIT)."""
         cfg = self.config
         if not cfg.model_repository.is_dir():
             raise ServerError(f"model repository {cfg.model_repository} is not a folder")
         installation = find_installation(cfg.source)
-        endpoints = self._endpoints()
+        endpoints = endpoints or self._endpoints()
         self.log_path = cfg.log_file or Path(tempfile.mkdtemp(prefix="specbuild-triton-")) / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command(installation, endpoints)
@@ -331,6 +347,16 @@ class TritonServer:
         chosen = errors or lines
         return "\n".join(chosen[-limit:]) if chosen else "(Triton wrote nothing)"
 
+    def ready(self) -> bool:
+        """Whether the server answers its readiness probe now."""
+        if self.endpoints is None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.endpoints.http_url}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -350,6 +376,22 @@ class TritonServer:
         if self._reader is not None:
             self._reader.join(timeout=5)
         return code
+
+    def reap(self) -> list[int]:
+        """Once the server has exited: SIGKILL whatever is left of its process group (Python
+        backend stubs that outlived it hold the model's memory). Returns their pids."""
+        if self._proc is None or self._proc.poll() is None:
+            return []
+        leftovers = process_group_members(self._proc.pid)
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if leftovers:
+            logger.warning("killed %d process(es) left behind by tritonserver %d: %s", len(leftovers), self._proc.pid,
+                           ", ".join(map(str, leftovers)))
+        return leftovers
 
     def kill(self) -> None:
         """SIGKILL the server and its backend stubs (its process group)."""
@@ -371,6 +413,7 @@ class TritonServer:
                 self._proc.wait(10)
         if self._reader is not None:
             self._reader.join(timeout=5)
+        self.reap()
         return self._proc.returncode
 
     def __enter__(self) -> "TritonServer":
@@ -382,4 +425,4 @@ class TritonServer:
 
 
 __all__ = ["Endpoints", "ServerConfig", "ServerError", "TritonInstallation", "TritonServer", "TritonSource",
-           "check_port_free", "find_installation", "free_port", "pytriton_installation", "server_environment"]
+           "check_port_free", "find_installation", "free_port", "process_group_members", "pytriton_installation", "server_environment"]

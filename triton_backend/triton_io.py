@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from triton_backend.errors import InvalidRequestError, SpecbuildError
+from triton_backend.response_fence import FencedSender, ResponseFence
 
 
 class TritonType(str, enum.Enum):
@@ -159,26 +160,35 @@ def error_response(exc: BaseException | str) -> Any:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
-class TritonResponseSink:
-    """Sends a decoupled request's responses through its response sender."""
+_FENCE = ResponseFence()  # one per process: a Python-backend stub runs one model instance
 
-    def __init__(self, request: Any) -> None:
+
+class TritonResponseSink:
+    """Sends a decoupled request's responses through its response sender, fenced
+    (:mod:`triton_backend.response_fence`): one at a time, the final flag exactly once,
+    nothing but the final flag after a cancellation, error responses never overlapping
+    another request's answer (Triton 2.51's gRPC streams die otherwise)."""
+
+    def __init__(self, request: Any, fence: ResponseFence | None = None) -> None:
         self._request = request
-        self._sender = request.get_response_sender()
-        self._final_flag = _pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        sender = request.get_response_sender()
+        final_flag = _pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self._out = FencedSender(fence or _FENCE,
+                                 lambda response, final: sender.send(response, flags=final_flag if final else 0),
+                                 lambda: sender.send(flags=final_flag), self.cancelled)
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool) -> None:
-        self._sender.send(inference_response(outputs), flags=self._final_flag if final else 0)
+        self._out.respond(inference_response(outputs), final)
 
     def fail(self, exc: BaseException | str) -> None:
-        self._sender.send(error_response(exc), flags=self._final_flag)
+        self._out.fail(error_response(exc))
 
     def cancelled(self) -> bool:
         return bool(self._request.is_cancelled())
 
     def close(self) -> None:
         """End the request with no further response (after cancellation)."""
-        self._sender.send(flags=self._final_flag)
+        self._out.close()
 
 
 __all__ = [
