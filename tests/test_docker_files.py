@@ -76,17 +76,34 @@ def env_values(instructions: list[Instruction]) -> dict[str, str]:
     return values
 
 
+def stages(instructions: list[Instruction]) -> list[list[Instruction]]:
+    """The instructions of each build stage (from its FROM on); ARGs before the first FROM are dropped."""
+    out: list[list[Instruction]] = []
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            out.append([])
+        if out:
+            out[-1].append(ins)
+    return out
+
+
+def final_stage(path: Path) -> list[Instruction]:
+    """What the image itself is made of: the last stage (the earlier ones reach it only by COPY --from)."""
+    return stages(parse_dockerfile(path))[-1]
+
+
 def copies(instructions: list[Instruction]) -> list[tuple[list[str], PurePosixPath, int]]:
-    """``(sources relative to the build context, absolute destination, line)`` of every COPY/ADD."""
+    """``(sources relative to the build context, absolute destination, line)`` of every COPY/ADD
+    from the build context (not those from another stage)."""
     workdir = PurePosixPath("/")
     out = []
     for ins in instructions:
-        if ins.keyword == "WORKDIR":
+        if ins.keyword == "FROM":
+            workdir = PurePosixPath("/")
+        elif ins.keyword == "WORKDIR":
             workdir = workdir / ins.args
-        elif ins.keyword in ("COPY", "ADD"):
-            parts = [w for w in words(ins.args) if not w.startswith("--")]
-            assert not any(w.startswith("--from") for w in words(ins.args)), "no multi-stage copies expected"
-            *sources, dest = parts
+        elif ins.keyword in ("COPY", "ADD") and not any(w.startswith("--from") for w in words(ins.args)):
+            *sources, dest = [w for w in words(ins.args) if not w.startswith("--")]
             out.append((sources, workdir / dest, ins.line))
     return out
 
@@ -168,22 +185,48 @@ def test_shell_scripts_pass_shellcheck() -> None:
 
 
 # -- our own checks ---------------------------------------------------------------------------
-def test_base_images_are_pinned() -> None:
+def base_image_default(path: Path) -> str:
+    """The default of ``ARG BASE_IMAGE`` (declared before the first FROM)."""
+    instructions = parse_dockerfile(path)
+    first_from = next(i for i, ins in enumerate(instructions) if ins.keyword == "FROM")
+    args = [ins.args for ins in instructions[:first_from] if ins.keyword == "ARG"]
+    defaults = [a.split("=", 1)[1] for a in args if a.startswith("BASE_IMAGE=")]
+    assert len(defaults) == 1, f"{path.name}: one ARG BASE_IMAGE=<default> before the first FROM"
+    return defaults[0]
+
+
+def test_base_images_are_pinned_and_overridable() -> None:
     pins = {"gpu": r"nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-trtllm-python-py3",
-            "cpu": r"python:3\.\d+\.\d+-slim-[a-z]+"}
+            "cpu": r"python:3\.\d+\.\d+-slim-bookworm"}
     for kind, path in DOCKERFILES.items():
-        froms = [ins for ins in parse_dockerfile(path) if ins.keyword == "FROM"]
-        assert len(froms) == 1, f"{path.name}: one stage expected"
-        image = froms[0].args.split()[0]
-        assert "$" not in image and ":" in image and not image.endswith(":latest"), image
+        image = base_image_default(path)
+        assert ":" in image and not image.endswith(":latest"), image
         assert re.fullmatch(pins[kind], image), f"{path.name}: base {image} does not match {pins[kind]}"
+        froms = [ins.args.split() for ins in parse_dockerfile(path) if ins.keyword == "FROM"]
+        assert froms[0] == ["${BASE_IMAGE}", "AS", "runtime"], f"{path.name}: the first stage is the base"
+        assert froms[1] == ["runtime", "AS", "build"] and froms[-1] == ["runtime"], \
+            f"{path.name}: the image derives from the runtime stage, not from the build stage"
+
+
+def test_final_image_takes_only_the_venv_and_the_cache_from_the_build_stage() -> None:
+    """The wheelhouse, the sources and pip's work stay in the build stage."""
+    for path in DOCKERFILES.values():
+        final = final_stage(path)
+        from_build = [words(ins.args) for ins in final if ins.keyword == "COPY" and "--from=build" in ins.args]
+        assert sorted(w[-1] for w in from_build) == ["/opt/specbuild/cache", "/opt/venv"], from_build
+        for sources, _, line in copies(final):
+            assert not any(s.startswith("docker/offline") or s in ("docker", "docker/") for s in sources), \
+                f"{path.name}:{line}: the offline folder must not reach the image"
+        offline = [ins for ins in stages(parse_dockerfile(path))[1] if ins.keyword == "COPY"
+                   and words(ins.args)[0] == "docker/offline/"]
+        assert len(offline) == 1, f"{path.name}: the build stage reads docker/offline/"
 
 
 def test_cpu_image_python_has_a_bundled_triton_stub() -> None:
     import pytriton
 
-    image = next(i for i in parse_dockerfile(DOCKERFILES["cpu"]) if i.keyword == "FROM").args
-    minor = re.match(r"python:(3\.\d+)\.", image).group(1)
+    minor = re.match(r"python:(3\.\d+)\.", base_image_default(DOCKERFILES["cpu"])).group(1)
+    assert minor == "3.11", "the offline base is Debian bookworm, whose python3 is 3.11"
     stub = Path(pytriton.__file__).parent / "tritonserver" / "python_backend_stubs" / minor / "triton_python_backend_stub"
     assert stub.is_file(), f"nvidia-pytriton has no Python backend stub for the CPU image's Python {minor}"
 
@@ -205,7 +248,8 @@ def test_copy_sources_exist_and_reach_the_build_context(kind: str) -> None:
 def test_dockerignore_keeps_the_venv_and_caches_out() -> None:
     for rel in (".venv/bin/python", ".git/config", "tests/test_docker_files.py", "builder/__pycache__/x.pyc"):
         assert dockerignore_excludes(rel), rel
-    assert not dockerignore_excludes("builder/deploy.py")
+    for rel in ("builder/deploy.py", "docker/offline/wheels/torch.whl", "docker/offline/cache/models/m/config.json"):
+        assert not dockerignore_excludes(rel), rel
 
 
 def _executable_in_git(path: Path) -> bool | None:
@@ -218,7 +262,7 @@ def _executable_in_git(path: Path) -> bool | None:
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_entrypoint_and_healthcheck_scripts_exist_and_are_executable(kind: str) -> None:
-    instructions = parse_dockerfile(DOCKERFILES[kind])
+    instructions = final_stage(DOCKERFILES[kind])
     by_keyword = {ins.keyword: ins for ins in instructions}
     assert {"ENTRYPOINT", "HEALTHCHECK", "EXPOSE"} <= set(by_keyword)
     entrypoint = words(by_keyword["ENTRYPOINT"].args)
@@ -236,7 +280,7 @@ def test_entrypoint_and_healthcheck_scripts_exist_and_are_executable(kind: str) 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_variables_ports_and_default_spec(kind: str) -> None:
-    instructions = parse_dockerfile(DOCKERFILES[kind])
+    instructions = final_stage(DOCKERFILES[kind])
     env = env_values(instructions)
     known = {s.env for s in SETTINGS} | OTHER_VARIABLES
     unknown = {k for k in env if k.startswith("SPECBUILD_")} - known
@@ -266,9 +310,15 @@ def _req_name(requirement: str) -> str:
     return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
+def _pip_installs(run: str) -> list[str]:
+    """The ``pip install`` commands of a RUN line (both branches of an if)."""
+    commands = [re.sub(r"^(if|then|else)\s+", "", cmd.strip()) for cmd in re.split(r"&&|;", run)]
+    return [cmd for cmd in commands if "pip install" in cmd]
+
+
 def test_gpu_image_keeps_the_image_torch_and_tensorrt_llm() -> None:
     runs = [ins.args for ins in parse_dockerfile(DOCKERFILES["gpu"]) if ins.keyword == "RUN"]
-    installs = [cmd for run in runs for cmd in run.split("&&") if "pip install" in cmd]
+    installs = [cmd for run in runs for cmd in _pip_installs(run)]
     assert installs
     for cmd in installs:
         assert "--no-deps" in cmd or " -c " in cmd, f"unconstrained install: {cmd.strip()}"
@@ -284,14 +334,17 @@ def test_gpu_image_keeps_the_image_torch_and_tensorrt_llm() -> None:
     assert reqs["nvidia-modelopt"] == "nvidia-modelopt"  # the image's TensorRT-LLM decides
 
 
-def test_cpu_image_installs_the_pinned_cpu_torch_first() -> None:
+def test_cpu_image_installs_the_pinned_cpu_torch_first_from_the_wheelhouse_or_the_cpu_index() -> None:
     runs = [ins.args for ins in parse_dockerfile(DOCKERFILES["cpu"]) if ins.keyword == "RUN"]
     torch_runs = [i for i, run in enumerate(runs) if "torch==" in run and "pip install" in run]
-    project_runs = [i for i, run in enumerate(runs) if re.search(r"pip install [^&]*\s\.(\s|$)", run)]
+    project_runs = [i for i, run in enumerate(runs) if re.search(r"pip install [^&;]*\s\.(;|\s|$)", run)]
     assert len(torch_runs) == 1 and project_runs and torch_runs[0] < project_runs[0]
-    run = runs[torch_runs[0]]
-    assert "--index-url https://download.pytorch.org/whl/cpu" in run
-    assert re.search(r"torch==([\w.]+)", run).group(0) == _pyproject_dependencies()["torch"]
+    pin = _pyproject_dependencies()["torch"]
+    installs = _pip_installs(runs[torch_runs[0]])
+    assert installs == [f"pip install --no-index --find-links /tmp/offline/wheels {pin}",
+                        f"pip install --index-url https://download.pytorch.org/whl/cpu {pin}"]
+    project = _pip_installs(runs[project_runs[0]])
+    assert project == ["pip install --no-index --find-links /tmp/offline/wheels .", "pip install ."]
 
 
 # -- compose ----------------------------------------------------------------------------------
@@ -313,13 +366,14 @@ def test_compose_servers_build_our_images_with_healthcheck_ports_and_volumes() -
         assert server["profiles"] == [kind]
         dockerfile = (COMPOSE.parent / server["build"]["context"] / server["build"]["dockerfile"]).resolve()
         assert dockerfile == DOCKERFILES[kind].resolve()
-        instructions = parse_dockerfile(dockerfile)
+        instructions = final_stage(dockerfile)
         test = server["healthcheck"]["test"]
         assert test[0] == "CMD"
         script = repo_path_in_image(instructions, test[1])
         assert script is not None and os.access(script, os.X_OK) and "/v2/health/ready" in script.read_text()
         published = {int(p.split(":")[-1]) for p in server["ports"]}
         assert published == set(PORTS.values())
+        assert all(_interpolate(p).startswith("127.0.0.1:") for p in server["ports"]), "loopback unless told otherwise"
         mounts = {_interpolate(v).split(":")[1]: _interpolate(v).split(":")[0] for v in server["volumes"]}
         engine_cache = env_values(instructions)["SPECBUILD_ENGINE_CACHE"]
         assert mounts[engine_cache] in compose["volumes"], "the engine cache is a named volume"
@@ -332,7 +386,7 @@ def test_compose_gpu_profile_reserves_gpus_and_cpu_profile_does_not() -> None:
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
     assert "deploy" not in services["server-cpu"]
     spec = _interpolate(services["server-gpu"]["environment"]["SPECBUILD_SPEC"])
-    source = repo_path_in_image(parse_dockerfile(DOCKERFILES["gpu"]), spec)
+    source = repo_path_in_image(final_stage(DOCKERFILES["gpu"]), spec)
     assert source is not None and source.is_file()
     assert _interpolate(services["server-cpu"]["environment"]["SPECBUILD_SPEC"]) == ""  # default deployment
 
