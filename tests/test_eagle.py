@@ -1,0 +1,194 @@
+"""EAGLE drafting: the drafter's file, its batched core, the loop's exactness (greedy token
+for token, sampling in distribution with the drafter's q), a training smoke run on a tiny
+target, and greedy exactness on the real model with the committed reference drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_engine
+from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.drafters.eagle import EagleDrafter
+from triton_backend.eagle_model import EagleCheckpoint, EagleInfo, EagleKV, EagleNet, load_eagle, save_eagle
+from triton_backend.errors import ModelLoadError
+from triton_backend.generation import SpeculativeDecoder
+from triton_backend.sampling import LogitsProcessor
+
+REFERENCE_DRAFTER = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-eagle"
+
+
+def _random_drafter(target, seed: int = 0, scale: float = 0.3, vocab: torch.Tensor | None = None) -> EagleDrafter:
+    torch.manual_seed(seed)
+    net = EagleNet(EagleInfo.from_target_config(target.model.config))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, scale)
+    return EagleDrafter(EagleCheckpoint(net.eval(), vocab), target)
+
+
+def _decoder(target, drafter) -> SpeculativeDecoder:
+    return SpeculativeDecoder(target, None, drafters={SpeculationMode.EAGLE: drafter})
+
+
+def test_file_round_trip_and_bad_files(tmp_path):
+    target = tiny_engine(0)
+    drafter = _random_drafter(target, vocab=torch.arange(0, 32, 2))
+    path = save_eagle(tmp_path / "eagle.safetensors", drafter.net, drafter.vocab, dtype=torch.float32)
+    loaded = load_eagle(tmp_path)  # a folder holding eagle.safetensors
+    assert loaded.info == drafter.info
+    assert torch.equal(loaded.candidate_vocab, drafter.vocab)
+    for name, tensor in drafter.net.state_dict().items():
+        assert torch.equal(loaded.net.state_dict()[name], tensor), name
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError):
+        load_eagle(path)
+    with pytest.raises(ModelLoadError):
+        load_eagle(tmp_path / "missing.safetensors")
+
+
+def test_batched_core_equals_rows_alone():
+    """Ragged rows in one draft_chain call give each row what it gets alone (the scheduler's contract)."""
+    target = tiny_engine(0)
+    drafter = _random_drafter(target)
+    hidden = target.model.config.hidden_size
+    torch.manual_seed(1)
+    counts = [5, 2, 3]
+    feats = [torch.randn(c, hidden) for c in counts]
+    toks = [torch.randint(0, 32, (c,)) for c in counts]
+    greedy = [LogitsProcessor()] * 3
+    alone = []
+    for f, t in zip(feats, toks):
+        kv = drafter.new_cache(1, 4)
+        d, _ = drafter.draft_chain(kv, torch.tensor([0]), f[None], t[None], torch.tensor([len(t)]), 3, greedy[:1], [None])
+        alone.append(d[0])
+    width = max(counts)
+    pad_f = torch.zeros(3, width, hidden)
+    pad_t = torch.zeros(3, width, dtype=torch.long)
+    for i, (f, t) in enumerate(zip(feats, toks)):
+        pad_f[i, :len(t)], pad_t[i, :len(t)] = f, t
+    kv = drafter.new_cache(3, 4)
+    batched, q = drafter.draft_chain(kv, torch.zeros(3, dtype=torch.long), pad_f, pad_t, torch.tensor(counts), 3,
+                                     greedy, [None] * 3)
+    assert q is None
+    for i in range(3):
+        assert torch.equal(batched[i], alone[i])
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("candidates", [False, True])
+def test_greedy_identical_to_plain(k, candidates):
+    target = tiny_engine(0)
+    vocab = torch.arange(0, 32, 3) if candidates else None
+    decoder = _decoder(target, _random_drafter(target, vocab=vocab))
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in ([1, 2, 3], [5, 9, 9, 4, 1, 7, 2]):
+        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
+        spec = decoder.generate(prompt, params, SpeculationConfig(mode="eagle", num_draft_tokens=k, fallback=False))
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.drafted_tokens > 0 and spec.stats.method == "eagle"
+        assert spec.stats.target_passes < 40  # every round verified in one pass
+
+
+def test_constant_drafter_stats_add_up():
+    """A drafter with zero weights guesses one constant feature: few accepts, but the loop
+    stays exact in length and counts drafted positions consistently."""
+    target = tiny_engine(0)
+    drafter = _random_drafter(target, scale=0.0)
+    decoder = _decoder(target, drafter)
+    res = decoder.generate([1, 2, 3], SamplingParams(max_tokens=30), SpeculationConfig(mode="eagle", num_draft_tokens=2,
+                                                                                      fallback=False))
+    stats = res.stats
+    assert stats.accepted_tokens <= stats.drafted_tokens
+    assert sum(stats.drafted_per_position) == stats.drafted_tokens
+    assert len(res.token_ids) == 30
+
+
+def _exact_joint(target, prompt, horizon, processor):
+    dist = {(): 1.0}
+    for _ in range(horizon):
+        nxt = {}
+        for seq, mass in dist.items():
+            with torch.inference_mode():
+                logits = target.model(torch.tensor([list(prompt) + list(seq)])).logits[0, -1:]
+            probs = processor.probs(logits)[0]
+            for tok in range(target.vocab_size):
+                if probs[tok] > 0:
+                    nxt[seq + (tok,)] = mass * float(probs[tok])
+        dist = nxt
+    return dist
+
+
+@pytest.mark.parametrize("params,candidates", [(dict(temperature=1.0), False), (dict(temperature=0.8, top_k=4), True)])
+def test_sampling_matches_target_distribution(params, candidates):
+    """Samples of the next 2 tokens through EAGLE rounds follow the target's exact joint
+    distribution (total variation bound, fixed seeds); q is the drafter's (on a candidate
+    subset of the vocabulary in the second case)."""
+    target = tiny_engine(10, vocab=8)
+    drafter = _random_drafter(target, scale=0.5, vocab=torch.tensor([0, 2, 3, 5, 6]) if candidates else None)
+    decoder = _decoder(target, drafter)
+    prompt = [1, 2, 1, 3, 1]
+    exact = _exact_joint(target, prompt, 2, LogitsProcessor(**params))
+    n, counts, drafted = 2000, {}, 0
+    spec = SpeculationConfig(mode="eagle", num_draft_tokens=2, fallback=False)
+    for seed in range(n):
+        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), spec)
+        key = tuple(result.token_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+        drafted += result.stats.drafted_tokens
+    assert drafted > 0
+    tv = 0.5 * sum(abs(counts.get(s, 0) / n - exact.get(s, 0.0)) for s in set(exact) | set(counts))
+    assert tv < 0.07, tv  # sampling noise at n=2000 over <=64 outcomes is ~0.04
+    assert all(s in exact for s in counts)
+
+
+@pytest.mark.slow
+def test_training_smoke_on_tiny_target(tmp_path):
+    """Target data with hidden states from a tiny Llama, a few training steps, a drafter file
+    the runtime serves with greedy output identical to plain."""
+    from build_fixtures import make_tiny_llama
+    from builder.eagle_train import EagleTrainConfig, train_eagle
+    from builder.target_data import TargetDataConfig, generate_target_data
+    from triton_backend.deployment import DeploymentConfig, build_decoder
+    from triton_backend.reference_model import ensure_reference_model
+
+    tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=64, layers=2, intermediate=128)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Say hi.\nCount to three.\nName a colour.\nWhat is two plus two?\n")
+    for name in ("data", "held"):
+        generate_target_data(TargetDataConfig(target=str(tiny), out_dir=str(tmp_path / name), prompts_file=str(prompts),
+                                              max_new_tokens=12, batch_size=4, shard_size=4), progress=False)
+    out = tmp_path / "eagle" / "eagle.safetensors"
+    report = train_eagle(EagleTrainConfig(target=str(tiny), data_dir=str(tmp_path / "data"),
+                                          heldout_dir=str(tmp_path / "held"), out=str(out), candidate_vocab=64,
+                                          epochs=3, batch_size=2, time_limit_s=60), progress=False)
+    assert report.steps == 6 and out.is_file() and len(report.curve) >= 1
+    assert report.losses[-1] < report.losses[0]
+    resumed = train_eagle(EagleTrainConfig(target=str(tiny), data_dir=str(tmp_path / "data"),
+                                           heldout_dir=str(tmp_path / "held"), out=str(out), candidate_vocab=64,
+                                           epochs=3, batch_size=2, time_limit_s=60), progress=False)
+    assert resumed.steps == 6  # a finished run resumes to its end: nothing left to train
+    decoder = build_decoder(DeploymentConfig(target=str(tiny), eagle=str(out.parent), ngram=False))
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(mode="off"))
+    spec = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(mode="eagle", num_draft_tokens=3, fallback=False))
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
+
+
+@pytest.mark.slow
+def test_reference_drafter_greedy_identical_to_plain(reference, reference_prompts):
+    """The committed drafter on the real SmolLM2-135M-Instruct: token for token the target's
+    greedy output, and it really accepts drafts."""
+    engine, tokenizer = reference
+    decoder = SpeculativeDecoder(engine, tokenizer, drafters={SpeculationMode.EAGLE: EagleDrafter.from_file(
+        str(REFERENCE_DRAFTER), engine)})
+    params = SamplingParams(max_tokens=32)
+    accepted = 0
+    for prompt in reference_prompts[:3]:
+        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
+        spec = decoder.generate(prompt, params, SpeculationConfig(mode="eagle", num_draft_tokens=3, fallback=False))
+        assert spec.token_ids == plain.token_ids
+        accepted += spec.stats.accepted_tokens
+    assert accepted > 0
