@@ -119,3 +119,7 @@ def register_training_commands(sub: "argparse._SubParsersAction[argparse.Argumen
     m.add_argument("--batch-size", type=int, default=256, help="positions per training step")
     m.set_defaults(func=_cmd_train_medusa)
 
+    from builder.eagle_cli import register_eagle_commands
+
+    register_eagle_commands(sub)
+

@@ -1,0 +1,71 @@
+"""``specbuild train-eagle`` and ``specbuild eval-eagle``: flags -> one job config -> one call."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from triton_backend.reference_model import DEFAULT_REFERENCE
+
+
+def _cmd_train_eagle(a: argparse.Namespace) -> int:
+    from builder.eagle_job import EagleJob, run_train_eagle
+    from builder.eagle_train import EagleTrainConfig
+    from builder.target_data import default_prompts_file
+    from builder.train_cli import _data_config, _eval_config, _given
+
+    heldout_dir = a.heldout_data_dir or f"{a.data_dir.rstrip('/')}-heldout"
+    heldout_prompts = a.eval_prompts or str(default_prompts_file("heldout_prompts.txt"))
+    out = str(Path(a.out) / "eagle.safetensors") if not a.out.endswith(".safetensors") else a.out
+    train = EagleTrainConfig(target=a.target, data_dir=a.data_dir, heldout_dir=heldout_dir, out=out,
+                             candidate_vocab=a.candidate_vocab, epochs=a.epochs, batch_size=a.batch_size,
+                             time_limit_s=a.time_limit, unroll=a.unroll, cls_weight=a.cls_weight, seed=a.seed,
+                             **_given(lr=a.lr))
+    job = EagleJob(data=_data_config(a, a.data_dir, a.prompts, hidden=True),
+                   heldout=_data_config(a, heldout_dir, heldout_prompts, hidden=True), train=train,
+                   evaluation=_eval_config(a), headline=a.headline, threads=a.threads, progress=not a.quiet)
+    report = run_train_eagle(job)
+    print(report["summary"])
+    if report["acceptance"]:
+        acc = report["acceptance"]
+        print(f"held-out acceptance: per position {', '.join(f'{x:.3f}' for x in acc['per_position'])}; "
+              f"{acc['tokens_per_pass']:.2f} tokens per target pass")
+    return 0
+
+
+def _cmd_eval_eagle(a: argparse.Namespace) -> int:
+    from builder.eagle_job import EagleEvalJob, run_eval_eagle
+    from builder.training import EvalConfig
+
+    evaluation = EvalConfig(prompts_file=a.eval_prompts, count=a.eval_count, max_tokens=a.eval_max_tokens,
+                            num_draft_tokens=a.num_draft_tokens)
+    report = run_eval_eagle(EagleEvalJob(eagle=a.eagle, target=a.target, evaluation=evaluation,
+                                         headline=not a.no_headline, threads=a.threads))
+    print(report.summary())
+    return 0
+
+
+def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from builder.train_cli import _data_arguments
+
+    t = sub.add_parser("train-eagle", help="train an EAGLE drafter on the frozen target; report held-out acceptance")
+    _data_arguments(t)
+    t.add_argument("--out", required=True, help="output folder (eagle.safetensors + training_report.json) or file")
+    t.add_argument("--heldout-data-dir", default=None, help="held-out target data (default: <data-dir>-heldout)")
+    t.add_argument("--candidate-vocab", type=int, default=8192, help="tokens the drafter's LM head ranks (0: all)")
+    t.add_argument("--batch-size", type=int, default=8, help="sequences per training step")
+    t.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="2: also train on the drafter's own features")
+    t.add_argument("--cls-weight", type=float, default=0.2, help="weight of the token loss next to the feature loss")
+    t.add_argument("--headline", action="store_true", help="write the held-out figures to the headline file")
+    t.set_defaults(func=_cmd_train_eagle)
+
+    e = sub.add_parser("eval-eagle", help="held-out acceptance of an EAGLE drafter in the real loop (headline figures)")
+    e.add_argument("--eagle", required=True, help="the drafter file or folder")
+    e.add_argument("--target", default=DEFAULT_REFERENCE)
+    e.add_argument("--eval-prompts", default="", help="held-out prompts (default: the packaged held-out set)")
+    e.add_argument("--eval-count", type=int, default=32)
+    e.add_argument("--eval-max-tokens", type=int, default=64)
+    e.add_argument("--num-draft-tokens", type=int, default=3)
+    e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--no-headline", action="store_true", help="do not write the headline file")
+    e.set_defaults(func=_cmd_eval_eagle)

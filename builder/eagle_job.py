@@ -1,0 +1,99 @@
+"""The jobs behind ``specbuild train-eagle`` and ``specbuild eval-eagle``: target data
+(generated or resumed, with hidden states) -> training -> held-out acceptance in the real
+loop -> a JSON report next to the drafter (and, when asked, the headline figures
+``eagle_acceptance_pos1`` / ``eagle_tokens_per_pass`` from that measuring run)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from builder.acceptance import AcceptanceReport, measure_acceptance
+from builder.eagle_train import EagleTrainConfig, train_eagle
+from builder.target_data import TargetDataConfig, generate_target_data
+from builder.training import EvalConfig
+
+logger = logging.getLogger(__name__)
+
+REPORT_NAME = "training_report.json"
+
+
+@dataclass(frozen=True)
+class EagleJob:
+    data: TargetDataConfig
+    heldout: TargetDataConfig
+    train: EagleTrainConfig
+    evaluation: EvalConfig | None = EvalConfig()
+    headline: bool = False
+    threads: int = 1
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class EagleEvalJob:
+    eagle: str
+    target: str
+    evaluation: EvalConfig = EvalConfig()
+    headline: bool = True
+    threads: int = 1
+
+
+def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline: bool) -> AcceptanceReport:
+    """Held-out greedy acceptance of the drafter in the real loop (fixed draft length, no fallback)."""
+    from triton_backend.config import SpeculationMode
+    from triton_backend.deployment import DeploymentConfig
+
+    report = measure_acceptance(DeploymentConfig(target=target, eagle=eagle, ngram=False), evaluation.prompts(),
+                                SpeculationMode.EAGLE, max_tokens=evaluation.max_tokens,
+                                num_draft_tokens=evaluation.num_draft_tokens)
+    if headline and report.per_position:
+        from builder.bench.headline import update_headline
+
+        update_headline({"eagle_acceptance_pos1": report.per_position[0], "eagle_tokens_per_pass": report.tokens_per_pass,
+                         "eagle_draft_tokens": evaluation.num_draft_tokens, "eagle_heldout_prompts": report.prompts})
+    return report
+
+
+def _threads(n: int) -> int:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return previous
+
+
+def run_train_eagle(job: EagleJob) -> dict[str, Any]:
+    """Generate/resume training and held-out data, train the drafter, measure acceptance."""
+    previous = _threads(job.threads)
+    try:
+        generate_target_data(job.data, progress=job.progress)
+        generate_target_data(job.heldout, progress=job.progress)
+        trained = train_eagle(job.train, progress=job.progress)
+        acceptance = None
+        if job.evaluation is not None:
+            acceptance = evaluate_eagle(job.train.target, job.train.out, job.evaluation, headline=job.headline)
+    finally:
+        torch.set_num_threads(previous)
+    report = {"training": asdict(trained), "settings": asdict(job.train), "summary": trained.summary(),
+              "data": {"prompts_file": job.data.prompts_file or "packaged", "max_prompts": job.data.max_prompts,
+                       "max_new_tokens": job.data.max_new_tokens},
+              "acceptance": acceptance.to_dict() if acceptance else None}
+    _write(Path(job.train.out).parent / REPORT_NAME, report)
+    return report
+
+
+def run_eval_eagle(job: EagleEvalJob) -> AcceptanceReport:
+    previous = _threads(job.threads)
+    try:
+        return evaluate_eagle(job.target, job.eagle, job.evaluation, headline=job.headline)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    logger.info("report written to %s", path)
