@@ -198,7 +198,8 @@ class RunState:
     detokenizer. Implements :class:`CommitState`."""
 
     def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], params: SamplingParams,
-                 spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None) -> None:
+                 spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *,
+                 drafter_session: bool = True) -> None:
         self.decoder = decoder
         self.target = decoder.target
         self.params = params
@@ -206,7 +207,8 @@ class RunState:
         self.generated: list[int] = []
         self.processor = LogitsProcessor.from_params(params)
         self.rng = make_generator(params.seed)
-        self.drafter_session = drafter.new_session() if drafter is not None else None
+        # drafter_session=False: the caller drafts for this run itself (a batched draft model)
+        self.drafter_session = drafter.new_session() if drafter is not None and drafter_session else None
         self.controller = controller_for(spec, mode, drafter, self.drafter_session)
         self.use_drafter = drafter is not None
         self.tree = mode is SpeculationMode.MEDUSA and drafter is not None  # tree rounds (triton_backend.tree_round)
@@ -238,12 +240,14 @@ class RunState:
             return verify_greedy(logits, drafts)
         return verify_rejection(self.processor.probs(logits), drafts, proposal.probs, self.rng)
 
-    def record_verification(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
-        """Stats and controller after one verified round (fallback recorded where it triggers)."""
+    def record_verification(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float, *,
+                            controller: bool = True) -> None:
+        """Stats and (unless another policy picks the draft lengths) the controller after one
+        verified round (fallback recorded where it triggers)."""
         self.stats.draft_time_s += draft_s
         self.stats.verify_time_s += verify_s
         self.stats.record_round(num_drafted, num_accepted)
-        if self.controller.record(num_drafted, num_accepted):
+        if controller and self.controller.record(num_drafted, num_accepted):
             self.stats.record_fallback(len(self.generated) + num_accepted + 1)
 
 

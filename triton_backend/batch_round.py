@@ -1,0 +1,206 @@
+"""One round of the batch scheduler: every active sequence drafts, ONE ragged target pass
+verifies all rows, each row is verified and committed on its own.
+
+A :class:`BatchSequence` is one request's generation (a :class:`RunState`: tokens, seeded
+RNG, controller, stats, stop checker) plus its slot(s) and what its caches hold. Rows
+follow the engine contract (:mod:`triton_backend.engines.batch`): a row starts at what
+the slot holds that is still committed (``valid``, at most the committed length minus 1,
+so the last committed token is re-fed and yields the first logits row), so rollback of
+rejected drafts is only the next row starting earlier. Per row the steps are those of the
+single-request loop (:class:`~triton_backend.generation._Run`, :func:`~triton_backend.tree_round.tree_round`)
+in the same order, so each sequence consumes its RNG exactly as it would alone:
+draft (n-gram per row; a draft model batched across rows, one pass per draft position;
+Medusa trees from the hidden state of the previous pass), then verification.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.engines.batch import BatchedEngine, BatchRow, RowOutput
+from triton_backend.generation import GenerationChunk, RunState, SpeculativeDecoder, commit_block
+from triton_backend.tree import node_depths
+from triton_backend.tree_round import _rows, verify_tree
+
+logger = logging.getLogger(__name__)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    i, n = 0, min(len(a), len(b))
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class BatchSequence(RunState):
+    """One request in the batch. ``draft_engine``: the batched draft model's engine when
+    the request drafts with one (its own slot there), else None (the drafter's session
+    proposes)."""
+
+    def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], params: SamplingParams,
+                 spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *, started: float,
+                 drafter_session: bool = True) -> None:
+        super().__init__(decoder, prompt_ids, params, spec, mode, drafter, drafter_session=drafter_session)
+        self.mode = mode if drafter is not None else SpeculationMode.OFF
+        self.drafter = drafter
+        self.tree = self.mode is SpeculationMode.MEDUSA
+        self.started = started
+        self.slot: int | None = None
+        self.valid = 0  # leading committed tokens the target slot holds
+        self.draft_slot: int | None = None
+        self.draft_valid = 0
+        self.finished = False
+        self.plain_rounds = 0  # consecutive rounds the plan gave no draft (load-aware probing)
+
+    @property
+    def seeded_sampling(self) -> bool:
+        """A seeded sampling request: its draft lengths must not depend on the batch (same output alone)."""
+        return self.params.seed is not None and not self.processor.greedy
+
+    def pending(self) -> int:
+        """Committed tokens the target has not seen yet (the prompt, before prefill)."""
+        return len(self.tokens) - self._start()
+
+    def _start(self) -> int:
+        return min(self.valid, len(self.tokens) - 1)
+
+    def prefill_row(self, budget: int) -> BatchRow:
+        """A chunk of the prompt (its logits are not needed); leaves at least one token."""
+        start = self._start()
+        n = max(1, min(budget, self.pending() - 1))
+        return BatchRow(self.slot, start, self.tokens[start:start + n])
+
+    def after_prefill(self, row: BatchRow) -> None:
+        self.valid = row.start + len(row.tokens)
+
+    def release(self, target: BatchedEngine, draft: BatchedEngine | None) -> None:
+        if self.slot is not None:
+            target.release(self.slot)
+            self.slot = None
+        if self.draft_slot is not None and draft is not None:
+            draft.release(self.draft_slot)
+            self.draft_slot = None
+        if self.drafter_session is not None:
+            self.drafter_session.release()
+
+
+@dataclass
+class PlannedRow:
+    """A sequence's share of one round: its draft length and, once drafted, its proposal."""
+
+    seq: BatchSequence
+    k: int
+    proposal: DraftProposal = field(default_factory=lambda: EMPTY_PROPOSAL)
+    draft_s: float = 0.0
+
+    def target_row(self) -> BatchRow:
+        seq, start = self.seq, self.seq._start()
+        tokens = seq.tokens[start:] + self.proposal.tokens
+        if seq.tree:
+            parents = self.proposal.parents if self.proposal.parents is not None else []
+            return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
+                            return_hidden=True, return_logits=False)
+        return BatchRow(seq.slot, start, tokens, num_logits=len(self.proposal) + 1)
+
+
+def propose_per_row(planned: Sequence[PlannedRow]) -> None:
+    """Drafters with their own sessions (n-gram lookup, Medusa trees): one proposal per row."""
+    for row in planned:
+        seq = row.seq
+        if row.k <= 0 or seq.drafter_session is None or seq.draft_slot is not None:
+            continue
+        t0 = time.perf_counter()
+        row.proposal = seq.drafter_session.propose(seq.tokens, row.k, seq.processor, seq.rng)
+        row.draft_s += time.perf_counter() - t0
+
+
+def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow]) -> int:
+    """A draft model batched across rows: draft position ``j`` of every row drafting more
+    than ``j`` tokens in one pass (as :class:`_DraftModelSession` drafts alone: argmax, or a
+    sample from the processed ``q`` with the row's own generator). Returns the passes run."""
+    rows = [r for r in planned if r.k > 0 and r.seq.draft_slot is not None]
+    drafted: dict[int, list[int]] = {id(r): [] for r in rows}
+    probs: dict[int, list[torch.Tensor]] = {id(r): [] for r in rows}
+    passes = 0
+    t0 = time.perf_counter()
+    for j in range(max((r.k for r in rows), default=0)):
+        active = [r for r in rows if r.k > j]
+        batch = []
+        for r in active:
+            seq, length = r.seq, len(r.seq.tokens)
+            if j == 0:
+                start = min(seq.draft_valid, length - 1)
+                batch.append(BatchRow(seq.draft_slot, start, seq.tokens[start:]))
+            else:
+                batch.append(BatchRow(seq.draft_slot, length + j - 1, drafted[id(r)][-1:]))
+        for r, out in zip(active, engine.forward(batch)):
+            seq = r.seq
+            if seq.processor.greedy:
+                token = int(out.logits[0].argmax().item())
+            else:
+                q = seq.processor.probs(out.logits)[0]
+                token = int(torch.multinomial(q, 1, generator=seq.rng).item())
+                probs[id(r)].append(q)
+            drafted[id(r)].append(token)
+        passes += 1
+    spent = time.perf_counter() - t0
+    for r in rows:
+        r.seq.draft_valid = len(r.seq.tokens) + r.k - 1  # the last draft is never fed
+        rows_q = probs[id(r)]
+        r.proposal = DraftProposal(drafted[id(r)], torch.stack(rows_q) if rows_q else None)
+        r.draft_s += spent / max(1, len(rows))
+    return passes
+
+
+def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> tuple[list[int], int, int]:
+    """Verify one row of the target pass: the block it commits (accepted drafts + one
+    token), the positions it drafted and how many were accepted. Updates the bookkeeping of
+    the sequence's caches."""
+    seq, proposal = row.seq, row.proposal
+    length = len(seq.tokens)
+    if seq.tree:
+        parents = proposal.parents if proposal.parents is not None else []
+        result = verify_tree(seq, _rows(engine, out.hidden, seq.processor), proposal.tokens, parents)
+        engine.keep_tree_path(seq.slot, length, result.path)
+        seq.valid = length + len(result.path)
+        end = result.path[-1] + 1 if result.path else 0
+        seq.drafter_session.observe(length + len(result.path) + 1, out.hidden[end])
+        block = [proposal.tokens[i] for i in result.path] + [result.next_token]
+        drafted = max(node_depths(parents), default=0)
+    else:
+        result = seq.verify_chain(out.logits, proposal)
+        block = proposal.tokens[: result.num_accepted] + [result.next_token]
+        seq.valid = length + _common_prefix(proposal.tokens, block)
+        if seq.draft_slot is not None and row.k > 0:
+            seq.draft_valid = length + _common_prefix(proposal.tokens[:-1], block)
+        drafted = len(proposal)
+    return block, drafted, result.num_accepted
+
+
+def commit(seq: BatchSequence, block: list[int]) -> GenerationChunk | None:
+    """Commit a verified block through the stop checker; the chunk to stream, if any."""
+    chunk = commit_block(seq, block, seq.started)
+    if chunk is not None and chunk.finished:
+        seq.finished = True
+    return chunk
+
+
+def drafted_tokens(planned: Sequence[PlannedRow]) -> int:
+    return sum(len(r.proposal) for r in planned)
+
+
+def describe(planned: Sequence[PlannedRow], prefill: int) -> dict[str, Any]:
+    """A round's shape for the decision log."""
+    return {"rows": len(planned), "prefill_rows": prefill, "k": [r.k for r in planned],
+            "methods": [r.seq.mode.value for r in planned]}
+
+
+__all__ = ["BatchSequence", "PlannedRow", "commit", "describe", "drafted_tokens", "propose_per_row",
+           "propose_with_draft_model", "verify_row"]

@@ -1,0 +1,300 @@
+"""In-flight (continuous) batching: one scheduler per model instance owns the batched engines.
+
+Requests wait in a bounded queue (full: :class:`QueueFullError` at once, never a hang) and
+join the batch at the next round while a slot is free; they leave when finished, cancelled
+or failed, and their slots go back at once. Each round (:mod:`triton_backend.batch_round`):
+drop cancelled requests, pick every row's draft length (:mod:`triton_backend.batch_plan`),
+draft, run ONE ragged target pass over all rows (prefill chunks of new prompts beside
+decode/verify rows, at most ``prefill_chunk_tokens`` prompt tokens a round so a long prompt
+cannot stall everyone), then verify, commit and stream each row on its own. Everything runs
+on the scheduler's thread; clients are told through their :class:`RequestHandle`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from triton_backend.batch_plan import BatchPolicy, DraftPlanner
+from triton_backend.batch_round import (BatchSequence, PlannedRow, commit, describe, drafted_tokens, propose_per_row,
+                                        propose_with_draft_model, verify_row)
+from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.drafters.draft_model import DraftModelDrafter
+from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
+from triton_backend.engines.hf_batched import HFBatchedEngine
+from triton_backend.engines.torch_engine import TorchEngine
+from triton_backend.errors import InvalidRequestError, SpecbuildError
+from triton_backend.generation import GenerationChunk, SpeculativeDecoder
+from triton_backend.speculation_policy import PassCostModel
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(SpecbuildError):
+    """The scheduler's queue is full: the server is overloaded; retry later."""
+
+    code = "overloaded"
+
+
+class SchedulerClosedError(SpecbuildError):
+    code = "overloaded"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """``max_batch_size``: requests in the batch at once (KV slots); ``max_queue_size``:
+    requests waiting for a slot; ``prefill_chunk_tokens``: prompt tokens one round may
+    prefill (a longer prompt is split over rounds); ``policy``: who picks draft lengths."""
+
+    max_batch_size: int = 8
+    max_queue_size: int = 64
+    prefill_chunk_tokens: int = 512
+    policy: BatchPolicy = BatchPolicy.LOAD_AWARE
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_queue_size", "prefill_chunk_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        object.__setattr__(self, "policy", BatchPolicy.parse(self.policy))
+
+
+class RequestHandle(Protocol):
+    """How the scheduler talks to one request's client (called on the scheduler thread)."""
+
+    def on_chunk(self, chunk: GenerationChunk) -> None: ...
+    def on_error(self, exc: BaseException) -> None: ...
+    def cancelled(self) -> bool: ...
+    def on_cancelled(self) -> None: ...
+
+
+class RoundObserver(Protocol):
+    def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None: ...
+
+
+def as_batched(engine: object, num_slots: int) -> BatchedEngine:
+    """The batched engine for a torch engine: the slot engine itself, or the HF wrapper."""
+    if isinstance(engine, TorchEngine):
+        return HFBatchedEngine(engine, num_slots)
+    if isinstance(engine, BatchedEngine):
+        return engine
+    raise SpecbuildError(f"engine {engine!r} cannot run batched rows")
+
+
+@dataclass
+class _Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    spec: SpeculationConfig
+    mode: SpeculationMode
+    handle: RequestHandle
+    submitted: float
+
+
+class BatchScheduler:
+    """Continuous batching over a decoder's target and drafters (see the module docstring)."""
+
+    def __init__(self, decoder: SpeculativeDecoder, config: SchedulerConfig | None = None,
+                 observer: RoundObserver | None = None, cost_model: PassCostModel | None = None) -> None:
+        self.decoder = decoder
+        self.config = config or SchedulerConfig()
+        self.observer = observer
+        self.target = as_batched(decoder.target, self.config.max_batch_size)
+        drafter = decoder.drafters.get(SpeculationMode.DRAFT)
+        self.draft_engine = (as_batched(drafter.engine, self.config.max_batch_size)
+                             if isinstance(drafter, DraftModelDrafter) else None)
+        self.planner = DraftPlanner(self.config.policy, cost_model)
+        self.rounds = 0
+        self._queue: deque[_Job] = deque()
+        self._active: list[BatchSequence] = []
+        self._handles: dict[int, RequestHandle] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
+        self._thread.start()
+        logger.info("batch scheduler: %d slots on %r, queue %d, %s draft lengths", self.config.max_batch_size,
+                    self.target, self.config.max_queue_size, self.config.policy.value)
+
+    # -- client side (any thread) -----------------------------------------------------------
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpeculationConfig,
+               handle: RequestHandle) -> None:
+        """Queue a request (validated: ``prompt_ids`` from :meth:`SpeculativeDecoder.encode`).
+        Raises at once: InvalidRequestError (mode not deployed), QueueFullError."""
+        mode, _ = self.decoder.resolve(spec.mode)
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the model is shutting down")
+            if len(self._queue) >= self.config.max_queue_size:
+                raise QueueFullError(f"server overloaded: {len(self._queue)} requests already wait for one of "
+                                     f"{self.config.max_batch_size} batch slots; retry later")
+            self._queue.append(_Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter()))
+            self._cond.notify()
+
+    def load(self) -> tuple[int, int]:
+        """(requests in the batch, requests queued)."""
+        with self._cond:
+            return len(self._active), len(self._queue)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    # -- the scheduler thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._queue and not self._active:
+                    self._cond.wait()
+                if self._closed:
+                    break
+            try:
+                self._drop_cancelled()
+                self._admit()
+                if self._active:
+                    self._round()
+            except Exception as exc:  # a failed pass fails the requests in it, never the scheduler
+                logger.exception("batch round failed")
+                for seq in list(self._active):
+                    self._finish(seq, error=exc)
+        self._close_all()
+
+    def _admit(self) -> None:
+        while len(self._active) < self.config.max_batch_size:
+            with self._cond:
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+            if job.handle.cancelled():
+                self._tell(job.handle.on_cancelled)
+                continue
+            try:
+                seq = self._start(job)
+            except SlotsExhaustedError:
+                with self._cond:
+                    self._queue.appendleft(job)
+                return
+            except Exception as exc:  # this request cannot start; the others go on
+                if not isinstance(exc, SpecbuildError):
+                    logger.exception("a request could not join the batch")
+                self._tell(job.handle.on_error, exc)
+                continue
+            self._active.append(seq)
+            self._handles[id(seq)] = job.handle
+
+    def _start(self, job: _Job) -> BatchSequence:
+        mode, drafter = self.decoder.resolve(job.mode)
+        batched_draft = isinstance(drafter, DraftModelDrafter) and self.draft_engine is not None
+        seq = BatchSequence(self.decoder, job.prompt_ids, job.params, job.spec, mode, drafter,
+                            started=job.submitted, drafter_session=not batched_draft)
+        seq.slot = self.target.allocate()
+        if batched_draft:
+            try:
+                seq.draft_slot = self.draft_engine.allocate()
+            except SlotsExhaustedError:
+                self.target.release(seq.slot)
+                raise
+        return seq
+
+    def _drop_cancelled(self) -> None:
+        for seq in list(self._active):
+            if self._handles[id(seq)].cancelled():
+                self._finish(seq, cancelled=True)
+
+    def _round(self) -> None:
+        prefill, planned = self._split(self._active)
+        ks = self.planner.plan([r.seq for r in planned])
+        for row, k in zip(planned, ks):
+            row.k = k
+        propose_per_row(planned)
+        if self.draft_engine is not None:
+            propose_with_draft_model(self.draft_engine, planned)
+        rows = prefill + [r.target_row() for r in planned]
+        t0 = time.perf_counter()
+        outputs = self.target.forward(rows)
+        verify_s = time.perf_counter() - t0
+        self.rounds += 1
+        for row in prefill:
+            next(s for s in self._active if s.slot == row.slot).after_prefill(row)
+        for row, out in zip(planned, outputs[len(prefill):]):
+            self._verify_and_stream(row, out, verify_s)
+        speculating = sum(1 for r in planned if len(r.proposal))
+        logger.debug("round %d: %s", self.rounds, describe(planned, len(prefill)))
+        if self.observer is not None:
+            self.observer.round_done(len(rows), speculating, drafted_tokens(planned), len(self._queue))
+
+    def _split(self, active: Sequence[BatchSequence]) -> tuple[list[BatchRow], list[PlannedRow]]:
+        """Prefill chunks for prompts longer than what is left of the round's budget; a round
+        (draft + verify) for every other sequence."""
+        budget = self.config.prefill_chunk_tokens
+        prefill: list[BatchRow] = []
+        planned: list[PlannedRow] = []
+        for seq in active:
+            pending = seq.pending()
+            if pending <= 1:
+                planned.append(PlannedRow(seq, 0))
+            elif pending <= budget:
+                budget -= pending
+                planned.append(PlannedRow(seq, 0))
+            elif budget > 0:
+                row = seq.prefill_row(budget)
+                budget -= len(row.tokens)
+                prefill.append(row)
+        return prefill, planned
+
+    def _verify_and_stream(self, row: PlannedRow, out: object, verify_s: float) -> None:
+        seq = row.seq
+        try:
+            block, drafted, accepted = verify_row(self.target, row, out)
+            seq.record_verification(drafted, accepted, row.draft_s, verify_s, controller=self.planner.controls(seq))
+            self.planner.record(seq, drafted, accepted)
+            chunk = commit(seq, block)
+        except SpecbuildError as exc:
+            self._finish(seq, error=exc)
+            return
+        if chunk is not None and not self._tell(self._handles[id(seq)].on_chunk, chunk):
+            self._finish(seq, cancelled=True)
+            return
+        if seq.finished:
+            self._finish(seq)
+
+    def _finish(self, seq: BatchSequence, *, error: BaseException | None = None, cancelled: bool = False) -> None:
+        """Take a sequence out of the batch and give its slots back; tell the client why."""
+        if seq in self._active:
+            self._active.remove(seq)
+        seq.release(self.target, self.draft_engine)
+        self.planner.forget(seq)
+        handle = self._handles.pop(id(seq), None)
+        if handle is None:
+            return
+        if error is not None:
+            self._tell(handle.on_error, error)
+        elif cancelled:
+            self._tell(handle.on_cancelled)
+
+    @staticmethod
+    def _tell(callback, *args: object) -> bool:  # type: ignore[no-untyped-def]
+        """Call a client callback; False when it raised (the client is gone; logged)."""
+        try:
+            callback(*args)
+            return True
+        except Exception:
+            logger.exception("a request's client callback failed")
+            return False
+
+    def _close_all(self) -> None:
+        closed = SchedulerClosedError("the model is shutting down")
+        for seq in list(self._active):
+            self._finish(seq, error=closed)
+        with self._cond:
+            jobs, self._queue = list(self._queue), deque()
+        for job in jobs:
+            self._tell(job.handle.on_error, closed)
+
+
+__all__ = ["BatchScheduler", "QueueFullError", "RequestHandle", "RoundObserver", "SchedulerConfig", "as_batched"]
