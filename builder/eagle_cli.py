@@ -23,7 +23,7 @@ def _cmd_train_eagle(a: argparse.Namespace) -> int:
                              **_given(lr=a.lr))
     job = EagleJob(data=_data_config(a, a.data_dir, a.prompts, hidden=True),
                    heldout=_data_config(a, heldout_dir, heldout_prompts, hidden=True), train=train,
-                   evaluation=_eval_config(a), headline=a.headline, threads=a.threads, progress=not a.quiet)
+                   evaluation=_eval_config(a), headline=a.headline, generate=not a.existing_data, threads=a.threads, progress=not a.quiet)
     report = run_train_eagle(job)
     print(report["summary"])
     if report["acceptance"]:
@@ -57,6 +57,8 @@ def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPa
     t.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="2: also train on the drafter's own features")
     t.add_argument("--cls-weight", type=float, default=0.2, help="weight of the token loss next to the feature loss")
     t.add_argument("--headline", action="store_true", help="write the held-out figures to the headline file")
+    t.add_argument("--existing-data", action="store_true",
+                   help="train on the shards already in --data-dir / the held-out folder (e.g. of a stopped generation)")
     t.set_defaults(func=_cmd_train_eagle)
 
     e = sub.add_parser("eval-eagle", help="held-out acceptance of an EAGLE drafter in the real loop (headline figures)")

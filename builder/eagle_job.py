@@ -30,6 +30,7 @@ class EagleJob:
     train: EagleTrainConfig
     evaluation: EvalConfig | None = EvalConfig()
     headline: bool = False
+    generate: bool = True  # False: train on the shards already there (a partial run's)
     threads: int = 1
     progress: bool = True
 
@@ -69,8 +70,9 @@ def run_train_eagle(job: EagleJob) -> dict[str, Any]:
     """Generate/resume training and held-out data, train the drafter, measure acceptance."""
     previous = _threads(job.threads)
     try:
-        generate_target_data(job.data, progress=job.progress)
-        generate_target_data(job.heldout, progress=job.progress)
+        if job.generate:
+            generate_target_data(job.data, progress=job.progress)
+            generate_target_data(job.heldout, progress=job.progress)
         trained = train_eagle(job.train, progress=job.progress)
         acceptance = None
         if job.evaluation is not None:
