@@ -120,6 +120,19 @@ class MedusaSpec:
 
 
 @dataclass(frozen=True)
+class EagleSpec:
+    """An EAGLE drafter on the target (``specbuild train-eagle``): TensorRT-LLM runs
+    ``num_eagle_layers`` EagleNets (one per draft-tree level), each one decoder layer plus a copy
+    of the target's embedding and LM head. ``source``: the drafter file; planning needs none."""
+
+    num_eagle_layers: int = 4
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int(self.num_eagle_layers, "eagle.num_eagle_layers")
+
+
+@dataclass(frozen=True)
 class GpuTarget:
     kind: str = "h100-80gb"
     count: int = 1
@@ -191,7 +204,7 @@ class TorchRuntimeSpec:
         object.__setattr__(self, "dtype", _enum(TorchDtype, self.dtype, "torch_runtime.dtype"))
 
 
-_SECTIONS: dict[str, type] = {"target": ModelSpec, "draft": ModelSpec, "medusa": MedusaSpec, "gpu": GpuTarget,
+_SECTIONS: dict[str, type] = {"target": ModelSpec, "draft": ModelSpec, "medusa": MedusaSpec, "eagle": EagleSpec, "gpu": GpuTarget,
                               "limits": Limits, "parallel": Parallelism, "calibration": CalibrationSpec,
                               "torch_runtime": TorchRuntimeSpec}
 
@@ -201,6 +214,7 @@ class BuildSpec:
     target: ModelSpec
     draft: ModelSpec | None = None
     medusa: MedusaSpec | None = None
+    eagle: EagleSpec | None = None
     gpu: GpuTarget = field(default_factory=GpuTarget)
     limits: Limits = field(default_factory=Limits)
     kv_cache_dtype: KVCacheDtype = KVCacheDtype.AUTO
@@ -216,6 +230,8 @@ class BuildSpec:
         _check(not (self.draft is not None and self.medusa is not None),
                "give a draft model or Medusa heads, not both: TensorRT-LLM builds the target engine for one "
                "speculative decoding mode (draft_tokens_external or medusa)")
+        _check(self.eagle is None or (self.draft is None and self.medusa is None),
+               "give an EAGLE drafter alone: TensorRT-LLM builds the target engine for one speculative decoding mode")
 
     # ---- (de)serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
