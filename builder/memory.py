@@ -13,16 +13,20 @@ All figures are bytes on the GPU, as a TensorRT-LLM engine holds them:
   values, plus float32 logits for max_batch x (max_draft + 1) positions x vocab/TP.
 * Medusa heads: num_heads x (num_layers x (hidden^2 + hidden) + hidden x vocab) at the
   target's precision, and their logits (max_batch x num_heads x vocab/TP float32).
+* EAGLE: ``num_eagle_layers`` EagleNets, each ``fc`` (2 hidden -> hidden) + one decoder layer of
+  the target's shapes + its own copy of the embedding and LM head, 16-bit (the drafter is not
+  quantized); one more KV-cache layer (the nets share it); float32 logits for max_batch x
+  max_draft positions x vocab/TP.
 * A fixed workspace per GPU (CUDA context, cuBLAS/TensorRT workspaces): ``workspace_gib``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from builder.architecture import ModelArchitecture
-from builder.spec import KVCacheDtype, Limits, MedusaSpec, Precision
+from builder.spec import EagleSpec, KVCacheDtype, Limits, MedusaSpec, Precision
 
 INT4_GROUP_SIZE = 128
 FLOAT_BYTES = 2  # fp16/bf16 for everything left unquantized
@@ -59,6 +63,22 @@ def medusa_weight_bytes(arch: ModelArchitecture, medusa: MedusaSpec, precision: 
     params = n * (layers * h * h + h * v)
     outs = n * (layers * h + v)
     return linear_weight_bytes(params, outs, precision) + FLOAT_BYTES * n * layers * h  # + biases
+
+
+def eagle_params(arch: ModelArchitecture, eagle: EagleSpec) -> int:
+    """Parameters of every EagleNet TensorRT-LLM builds (their embedding and LM-head copies included)."""
+    h, d = arch.hidden_size, arch.head_dim
+    attention = h * arch.num_heads * d * 2 + 2 * h * arch.num_kv_heads * d
+    layer = 2 * h * h + h + attention + 3 * h * arch.intermediate_size + h
+    return eagle.num_eagle_layers * (layer + 2 * h * arch.vocab_size)
+
+
+def eagle_footprint(arch: ModelArchitecture, eagle: EagleSpec, kv: KVCacheDtype, limits: Limits,
+                    tp: int, pp: int) -> Footprint:
+    one_layer = kv_bytes_per_gpu(replace(arch, num_layers=1), kv, limits, tp, 1)
+    logits = limits.max_batch_size * limits.max_draft_len * math.ceil(arch.vocab_size / tp) * LOGIT_BYTES
+    return Footprint(weights=math.ceil(FLOAT_BYTES * eagle_params(arch, eagle) / tp), kv_cache=one_layer,
+                     activations=logits)
 
 
 def tokens_per_sequence(limits: Limits) -> int:
