@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from builder.architecture import ModelArchitecture, is_config_only, load_architecture
 from builder.errors import DoesNotFitError, PlanError, PrecisionError
 from builder.gpus import GIB, GpuSpec, get_gpu
-from builder.memory import (INT4_GROUP_SIZE, Footprint, decode_step_ms, medusa_footprint, medusa_params,
+from builder.memory import (INT4_GROUP_SIZE, Footprint, decode_step_ms, eagle_footprint, eagle_params,
+                            medusa_footprint, medusa_params,
                             model_footprint)
 from builder.plan_types import Choice, ModelPlan, Plan
 from builder.spec import BuildSpec, KVCacheDtype, ModelSpec, Precision
@@ -173,6 +174,10 @@ def evaluate(spec: BuildSpec, models: ResolvedModels, gpu: GpuSpec, choice: Choi
         fp = medusa_footprint(models.target, spec.medusa, choice.target, limits, choice.tp, pp)
         plans.append(_model_plan("medusa", ModelSpec(spec.medusa.source or "(untrained heads)", spec.target.precision),
                                  models.target, fp, medusa_params(models.target, spec.medusa), choice.target, gpu))
+    if spec.eagle is not None:  # the EagleNets stay 16-bit whatever the target's precision
+        fp = eagle_footprint(models.target, spec.eagle, choice.kv, limits, choice.tp, pp)
+        plans.append(_model_plan("eagle", ModelSpec(spec.eagle.source or "(untrained drafter)", Precision.FP16),
+                                 models.target, fp, eagle_params(models.target, spec.eagle), Precision.FP16, gpu))
     return tuple(plans)
 
 
