@@ -131,3 +131,14 @@ def medusa_footprint(arch: ModelArchitecture, medusa: MedusaSpec, precision: Pre
 def decode_step_ms(weights_per_gpu: int, bandwidth_gbps: float) -> float:
     """Lower bound of one decode step when memory-bound: every weight byte is read once."""
     return weights_per_gpu / (bandwidth_gbps * 1e9) * 1e3
+
+
+def torch_runtime_bytes(arch: ModelArchitecture, dtype_bytes: int, slots: int, max_seq_len: int) -> tuple[int, int]:
+    """``(weights, kv_cache)`` bytes the torch runtime's slot engine holds for one model (CPU or
+    CUDA): every parameter at ``dtype_bytes`` and the static KV cache of ``slots`` x
+    ``max_seq_len`` positions (:mod:`triton_backend.engines.kv_cache`)."""
+    from triton_backend.engines.kv_cache import kv_cache_bytes
+
+    kv = kv_cache_bytes(arch.num_layers, arch.num_kv_heads, arch.head_dim, slots, max_seq_len, dtype_bytes)
+    return arch.total_params * dtype_bytes, kv
+

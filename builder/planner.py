@@ -19,7 +19,7 @@ from builder.errors import DoesNotFitError, PlanError, PrecisionError
 from builder.gpus import GIB, GpuSpec, get_gpu
 from builder.memory import (INT4_GROUP_SIZE, Footprint, decode_step_ms, eagle_footprint, eagle_params,
                             medusa_footprint, medusa_params,
-                            model_footprint)
+                            model_footprint, tokens_per_sequence, torch_runtime_bytes)
 from builder.plan_types import Choice, ModelPlan, Plan
 from builder.spec import BuildSpec, KVCacheDtype, ModelSpec, Precision
 
@@ -191,6 +191,23 @@ def per_gpu_total(spec: BuildSpec, plans: tuple[ModelPlan, ...]) -> int:
     return sum(p.footprint.total for p in plans) + int(spec.workspace_gib * GIB)
 
 
+def torch_runtime_note(spec: BuildSpec, models: ResolvedModels) -> str:
+    """Memory of the torch runtime (the embedded default): weights + the slot engine's static KV
+    cache, ``limits.max_batch_size`` slots x ``input + output + draft`` positions per model."""
+    dtype = spec.torch_runtime.dtype.value
+    if dtype == "auto":
+        dtype = "float32" if spec.torch_runtime.device == "cpu" else "16-bit"
+    width = 4 if dtype == "float32" else 2
+    slots, length = spec.limits.max_batch_size, tokens_per_sequence(spec.limits)
+    parts = []
+    for role, arch in (("target", models.target), ("draft", models.draft)):
+        if arch is not None:
+            weights, kv = torch_runtime_bytes(arch, width, slots, length)
+            parts.append(f"{role} {weights / GIB:.2f} GiB weights + {kv / GIB:.2f} GiB KV cache")
+    return (f"torch runtime ({spec.torch_runtime.device}, {dtype}): " + "; ".join(parts)
+            + f" ({slots} slots x {length} positions; runtime.max_batch_size / max_seq_len in the deployment)")
+
+
 def resolve_models(spec: BuildSpec) -> ResolvedModels:
     target = load_architecture(spec.target.source)
     draft = load_architecture(spec.draft.source) if spec.draft is not None else None
@@ -207,6 +224,7 @@ def plan_deployment(spec: BuildSpec, models: ResolvedModels | None = None) -> Pl
     if spec.medusa is not None and spec.medusa.num_heads > spec.limits.max_draft_len:
         notes.append(f"medusa: {spec.medusa.num_heads} heads propose up to max_draft_len = {spec.limits.max_draft_len} tokens")
     choices = _candidates(spec, models, gpu, notes)
+    notes.append(torch_runtime_note(spec, models))
     scored = [(c, evaluate(spec, models, gpu, c)) for c in choices]
     fitting = [(c, p) for c, p in scored if per_gpu_total(spec, p) <= gpu.memory_bytes]
     if not fitting:

@@ -36,18 +36,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--label", default="cpu", help="results file name suffix")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--pass-cost", action="store_true",
-                   help="instead: measure the target's pass cost over 1..16 tokens, prepacked linear layers vs not")
-    p.add_argument("--pass-sizes", type=_ints, default=None, help="token counts per pass for --pass-cost")
+                   help="instead: the target's batched pass cost, rows x tokens per row, slot engine vs the HF path")
+    p.add_argument("--pass-sizes", type=_ints, default=None, help="tokens per row for --pass-cost (default 1..8)")
+    p.add_argument("--pass-batch", type=_ints, default=None, help="rows per pass for --pass-cost (default 1,2,4,8,16)")
+    p.add_argument("--pass-context", type=int, default=200, help="cached tokens per row for --pass-cost")
+    p.add_argument("--no-headline", action="store_true", help="--pass-cost: do not write benchmarks/results/headline.json")
     p.set_defaults(func=_cmd_bench)
 
 
 def _cmd_pass_cost(args: argparse.Namespace) -> int:
-    from builder.bench.pass_cost import DEFAULT_SIZES, PassCostConfig, measure_pass_cost, pass_cost_markdown, write_pass_cost
+    from builder.bench.pass_cost import (DEFAULT_BATCH, DEFAULT_SIZES, PassCostConfig, measure_pass_cost,
+                                         pass_cost_markdown, write_pass_cost)
 
-    config = PassCostConfig(target=args.target, sizes=args.pass_sizes or DEFAULT_SIZES, repeats=args.repeats * 3,
-                            num_threads=args.threads)
+    config = PassCostConfig(target=args.target, sizes=args.pass_sizes or DEFAULT_SIZES, batch=args.pass_batch or DEFAULT_BATCH,
+                            context=args.pass_context, repeats=args.repeats * 3, num_threads=args.threads)
     result = measure_pass_cost(config)
-    paths = write_pass_cost(result, args.out, args.label)
+    paths = write_pass_cost(result, args.out, args.label, headline=not args.no_headline)
     print(pass_cost_markdown(result))
     for kind, path in paths.items():
         print(f"{kind}: {path}")

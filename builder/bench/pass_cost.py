@@ -1,10 +1,17 @@
-"""Where verification time goes: the cost of one target pass over n tokens, relative to a
-one-token decode step, with the runtime's prepacked linear layers and without them.
+"""Where target time goes: the cost of one batched pass by rows in the batch x tokens per row,
+the slot engine (compact Llama forward, static KV cache) against the Hugging Face path
+(:class:`~triton_backend.engines.hf_batched.HFBatchedEngine` over the previous default
+runtime), the same weights, in one process, interleaved.
 
-Speculation pays only when verifying k + 1 tokens costs little more than one step (the
-round's cost in :mod:`triton_backend.controller`). This measures that curve on the real
-weights, both variants side by side in one process, interleaved, on a warm cache of
-``context`` tokens (each pass is rolled back so every measurement sees the same context).
+Every row sits on its own slot over a warm cache of ``context`` tokens and writes ``tokens``
+new ones at position ``context``; the next measurement starts there again (rollback by start
+position), so every pass sees the same cache. Speculation pays only when verifying k + 1
+tokens costs little more than one step, and batching pays when B rows cost little more than
+one: this table is both curves.
+
+Headline figures (:mod:`builder.bench.headline`): ``engine_plain_decode_x_hf`` (one row x one
+token: HF pass time / ours, i.e. our single-stream plain tokens/s over HF's) and
+``engine_decode_throughput_8_over_1`` (ours: tokens/s of 8 decode rows in one pass over 1 row).
 """
 
 from __future__ import annotations
@@ -15,91 +22,125 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from triton_backend.config import RuntimeConfig
-from triton_backend.engines.torch_engine import TorchEngine
+from triton_backend.engines.batch import BatchRow
 from triton_backend.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 10, 12, 16)
+DEFAULT_BATCH = (1, 2, 4, 8, 16)
+DEFAULT_SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
+ENGINES = ("ours", "hf")
 
 
 @dataclass(frozen=True)
 class PassCostConfig:
     target: str
-    sizes: tuple[int, ...] = DEFAULT_SIZES
+    sizes: tuple[int, ...] = DEFAULT_SIZES  # tokens per row
+    batch: tuple[int, ...] = DEFAULT_BATCH  # rows per pass
     context: int = 200
     repeats: int = 9
     num_threads: int = 1
     packed_gemm_rows: int = RuntimeConfig().packed_gemm_rows
+    write_headline: bool = True
 
     def __post_init__(self) -> None:
-        if not self.sizes or min(self.sizes) < 1 or self.context < 1 or self.repeats < 1:
-            raise InvalidRequestError("sizes, context and repeats must be positive")
+        if not self.sizes or not self.batch or min(self.sizes) < 1 or min(self.batch) < 1:
+            raise InvalidRequestError("pass sizes and batch sizes must be positive")
+        if self.context < 1 or self.repeats < 1:
+            raise InvalidRequestError("context and repeats must be positive")
 
 
-def _pass_seconds(engine: TorchEngine, context: list[int], size: int) -> float:
-    session = engine.new_session()
-    session.logits(context, 1)
-    drafted = [(7 * i + 11) % engine.vocab_size for i in range(size)]
-    start = time.perf_counter()
-    session.logits(context + drafted, size)  # the context is cached: one pass over `size` new tokens
-    return time.perf_counter() - start
+def load_engines(config: PassCostConfig, max_rows: int) -> dict[str, Any]:
+    """Both engines over one set of weights (loaded once)."""
+    from triton_backend.engines.hf_batched import HFBatchedEngine
+    from triton_backend.engines.llama_engine import LlamaEngine
+    from triton_backend.engines.torch_engine import TorchEngine
+    from triton_backend.model_loading import load_model
+
+    runtime = RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=config.packed_gemm_rows,
+                            max_batch_size=max_rows, max_seq_len=config.context + max(config.sizes) + 1)
+    model = load_model(config.target, runtime)
+    ours = LlamaEngine(model, name="ours", runtime=runtime, eos_token_ids=[])
+    hf = HFBatchedEngine(TorchEngine(model, name="hf", runtime=runtime, eos_token_ids=[]), max_rows)
+    return {"ours": ours, "hf": hf}
+
+
+def _warm_slots(engine: Any, rows: int, context: list[int]) -> list[int]:
+    slots = [engine.allocate() for _ in range(rows)]
+    for slot in slots:
+        engine.forward([BatchRow(slot, 0, context)])
+    return slots
+
+
+def _pass_seconds(engine: Any, slots: list[int], start: int, tokens: list[int]) -> float:
+    rows = [BatchRow(slot, start, tokens, num_logits=len(tokens)) for slot in slots]
+    t0 = time.perf_counter()
+    engine.forward(rows)
+    return time.perf_counter() - t0
 
 
 def measure_pass_cost(config: PassCostConfig) -> dict:
-    """Median seconds per pass for each size and variant, and ratios to the one-token step."""
-    from triton_backend.model_loading import load_engine
-
-    variants = {
-        "packed": load_engine(config.target, RuntimeConfig(num_threads=config.num_threads,
-                                                           packed_gemm_rows=config.packed_gemm_rows))[0],
-        "unpacked": load_engine(config.target, RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=0))[0],
-    }
-    context = [(13 * i + 5) % min(e.vocab_size for e in variants.values()) for i in range(config.context)]
-    sizes = sorted(set(config.sizes) | {1})
-    times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in sizes}
-    for name, engine in variants.items():  # warm-up
-        _pass_seconds(engine, context, max(sizes))
-    with tqdm(total=config.repeats * len(sizes) * len(variants), desc="pass cost", unit="pass") as bar:
+    """Median seconds per pass for each (rows, tokens) and engine, and the derived ratios."""
+    batch, sizes = sorted(set(config.batch) | {1}), sorted(set(config.sizes) | {1})
+    engines = load_engines(config, max(batch))
+    vocab = min(e.vocab_size for e in engines.values())
+    context = [(13 * i + 5) % vocab for i in range(config.context)]
+    slots = {name: _warm_slots(e, max(batch), context) for name, e in engines.items()}
+    cells = [(b, n) for b in batch for n in sizes]
+    times: dict[tuple[str, int, int], list[float]] = {(e, b, n): [] for e in engines for b, n in cells}
+    for name, engine in engines.items():  # warm-up
+        _pass_seconds(engine, slots[name][:max(batch)], config.context, [7] * max(sizes))
+    with tqdm(total=config.repeats * len(cells) * len(engines), desc="pass cost", unit="pass") as bar:
         for _ in range(config.repeats):
-            for n in sizes:
-                for name, engine in variants.items():
-                    times[(name, n)].append(_pass_seconds(engine, context, n))
+            for b, n in cells:
+                drafted = [(7 * i + 11) % vocab for i in range(n)]
+                for name, engine in engines.items():
+                    times[(name, b, n)].append(_pass_seconds(engine, slots[name][:b], config.context, drafted))
                     bar.update(1)
+    med = {key: statistics.median(v) for key, v in times.items()}
     rows = []
-    for n in sizes:
-        row: dict = {"tokens": n}
-        for name in variants:
-            med = statistics.median(times[(name, n)])
-            row[f"{name}_ms"] = med * 1e3
-            row[f"{name}_x_step"] = med / statistics.median(times[(name, 1)])
-        row["packed_speedup"] = row["unpacked_ms"] / row["packed_ms"]
+    for b, n in cells:
+        row: dict = {"rows": b, "tokens": n}
+        for name in engines:
+            row[f"{name}_ms"] = med[(name, b, n)] * 1e3
+            row[f"{name}_x_step"] = med[(name, b, n)] / med[(name, 1, 1)]
+        row["speedup"] = med[("hf", b, n)] / med[("ours", b, n)]
         rows.append(row)
+    headline = {"engine_plain_decode_x_hf": med[("hf", 1, 1)] / med[("ours", 1, 1)]}
+    if 8 in batch:
+        headline["engine_decode_throughput_8_over_1"] = 8 * med[("ours", 1, 1)] / med[("ours", 8, 1)]
     return {"config": {"target": config.target, "context": config.context, "repeats": config.repeats,
                        "threads": config.num_threads, "packed_gemm_rows": config.packed_gemm_rows},
-            "rows": rows}
+            "rows": rows, "headline": headline}
 
 
 def pass_cost_markdown(result: dict) -> str:
     cfg = result["config"]
-    lines = [f"Target pass cost on a {cfg['context']}-token cached context ({cfg['target']}, float32, "
-             f"{cfg['threads']} thread(s), median of {cfg['repeats']}); x step = pass time / one-token step "
-             f"of the same variant.", "",
-             "| tokens per pass | packed ms | packed x step | unpacked ms | unpacked x step | packed speedup |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"Batched pass cost on a {cfg['context']}-token cached context per row ({cfg['target']}, float32, "
+             f"{cfg['threads']} thread(s), median of {cfg['repeats']}); x step = pass time / one row x one token "
+             "of the same engine; speedup = HF ms / ours ms.", "",
+             "| rows | tokens per row | ours ms | ours x step | HF ms | HF x step | speedup |",
+             "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['tokens']} | {r['packed_ms']:.1f} | {r['packed_x_step']:.2f} | {r['unpacked_ms']:.1f} | "
-                     f"{r['unpacked_x_step']:.2f} | {r['packed_speedup']:.2f} |")
+        lines.append(f"| {r['rows']} | {r['tokens']} | {r['ours_ms']:.1f} | {r['ours_x_step']:.2f} | {r['hf_ms']:.1f} | "
+                     f"{r['hf_x_step']:.2f} | {r['speedup']:.2f} |")
+    lines += ["", "Headline: " + ", ".join(f"{k} = {v:.2f}" for k, v in result["headline"].items())]
     return "\n".join(lines) + "\n"
 
 
-def write_pass_cost(result: dict, out_dir: Path, label: str) -> dict[str, Path]:
+def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: bool = True) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out_dir / f"pass-cost-{label}.md", "json": out_dir / f"pass-cost-{label}.json"}
     paths["markdown"].write_text(pass_cost_markdown(result))
     paths["json"].write_text(json.dumps(result, indent=2) + "\n")
+    if headline:
+        from builder.bench.headline import HEADLINE_PATH, update_headline
+
+        update_headline({k: round(v, 3) for k, v in result["headline"].items()})
+        paths["headline"] = HEADLINE_PATH
     return paths

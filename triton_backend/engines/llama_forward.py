@@ -290,10 +290,9 @@ def _decode_attention(fwd: LlamaForward, cache: SlotKVCache, layer: int, q: torc
     slots = torch.tensor([r.slot for r in rows], device=q.device)
     keys = cache.keys[layer].index_select(0, slots)[:, :, :longest]  # [B, kvh, L, d]
     values = cache.values[layer].index_select(0, slots)[:, :, :longest]
-    mask = torch.zeros(len(rows), 1, 1, longest, dtype=q.dtype, device=q.device)
-    mask.masked_fill_(torch.arange(longest, device=q.device)[None, :] >= lengths[:, None],
-                      torch.finfo(q.dtype).min)
-    o = _attend(fwd, q.view(len(rows), kvh, g, d), keys, values, mask.view(len(rows), 1, 1, longest))
+    beyond = torch.arange(longest, device=q.device)[None, :] >= lengths[:, None]  # [B, L]
+    mask = torch.zeros(beyond.shape, dtype=q.dtype, device=q.device).masked_fill_(beyond, torch.finfo(q.dtype).min)
+    o = _attend(fwd, q.view(len(rows), kvh, g, d), keys, values, mask[:, None, None, :])
     return o.reshape(len(rows), shape.num_heads, d)
 
 
