@@ -192,3 +192,23 @@ def test_reference_drafter_greedy_identical_to_plain(reference, reference_prompt
         assert spec.token_ids == plain.token_ids
         accepted += spec.stats.accepted_tokens
     assert accepted > 0
+
+
+def test_planner_counts_the_eagle_nets():
+    from builder.errors import BuildSpecError
+    from builder.planner import plan_deployment
+    from builder.spec import BuildSpec, EagleSpec, GpuTarget, MedusaSpec, ModelSpec
+
+    spec = BuildSpec(target=ModelSpec("llama-3-8b", "bf16"), eagle=EagleSpec(num_eagle_layers=4), gpu=GpuTarget("h100-80gb"))
+    plan = plan_deployment(spec)
+    nets = plan.model("eagle")
+    h, v, inter = 4096, 128256, 14336
+    layer = 2 * h * h + h + (2 * h * 32 * 128 + 2 * h * 8 * 128) + 3 * h * inter + h
+    assert nets.params == 4 * (layer + 2 * h * v)
+    assert nets.footprint.weights == 2 * nets.params  # 16-bit, one GPU
+    assert nets.footprint.kv_cache * 32 == plan.model("target").footprint.kv_cache  # one more layer of 32
+    lim = spec.limits
+    assert nets.footprint.activations == lim.max_batch_size * lim.max_draft_len * v * 4
+    with pytest.raises(BuildSpecError, match="EAGLE"):
+        BuildSpec(target=ModelSpec("llama-3-8b"), eagle=EagleSpec(), medusa=MedusaSpec())
+    assert BuildSpec.from_dict({"target": {"source": "llama-3-8b"}, "eagle": {"num_eagle_layers": 3}}).eagle == EagleSpec(3)
