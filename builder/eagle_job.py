@@ -99,3 +99,19 @@ def _write(path: Path, report: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     logger.info("report written to %s", path)
+
+
+def eagle_bench_headline(summary: dict[str, Any]) -> dict[str, float]:
+    """``eagle_chat_x_plain`` (and the row it came from) from a ``specbuild bench --eagle`` run:
+    the best EAGLE row's median chat throughput over plain decoding's, outputs identical."""
+    rows = [e for e in summary["rows"] if e.get("method") == "eagle" and e["workload"] == "chat"
+            and e.get("speedup_vs_plain") is not None and e.get("identical_to_plain")]
+    if not rows:
+        logger.warning("no EAGLE chat row with output identical to plain: headline not written")
+        return {}
+    best = max(rows, key=lambda e: e["speedup_vs_plain"])
+    figures = {"eagle_chat_x_plain": float(best["speedup_vs_plain"]), "eagle_chat_draft_tokens": int(best["k"])}
+    from builder.bench.headline import update_headline
+
+    update_headline(figures)
+    return figures

@@ -19,6 +19,8 @@ class BenchConfig:
     draft: str | None = None  # a draft model directory sharing the target's tokenizer
     medusa: str | None = None  # Medusa heads directory (when the runtime has Medusa)
     medusa_tree_size: int | None = 7  # the first nodes of the file's tree (7 + 1 rows fit one packed GEMM); None: all
+    eagle: str | None = None  # an EAGLE drafter file or folder (adds eagle rows)
+    eagle_k: tuple[int, ...] = (3,)
     prompts_file: Path = DEFAULT_PROMPTS
     workloads: tuple[str, ...] = ("chat", "code", "copy")
     prompts_per_workload: int = 5

@@ -46,6 +46,10 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     medusa = getattr(SpeculationMode, "MEDUSA", None)
     if medusa is not None and medusa in decoder.drafters:
         rows.append(OursRow("medusa", decoder, SpeculationConfig(mode=medusa), {"kind": "ours", "method": "medusa"}))
+    if SpeculationMode.EAGLE in decoder.drafters:
+        for k in config.eagle_k:
+            rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(mode=SpeculationMode.EAGLE, num_draft_tokens=k),
+                                {"kind": "ours", "method": "eagle", "k": k}))
     if config.peer:
         # the peer runs stock transformers: its own copy of the same weights (load_model never
         # prepacks; only our TorchEngine does)
@@ -86,6 +90,8 @@ def _deployment(config: BenchConfig) -> DeploymentConfig:
 
     fields = {"target": absolute(config.target), "draft": absolute(config.draft),
               "runtime": RuntimeConfig(num_threads=config.num_threads)}
+    if config.eagle is not None:
+        fields["eagle"] = absolute(config.eagle)
     if config.medusa is not None:
         fields["medusa"] = absolute(config.medusa)
         if config.medusa_tree_size is not None:  # the file's tree cut to its first nodes (sorted by depth)
