@@ -201,14 +201,16 @@ class SlotSession:
         return len(self._cached)
 
     def _shared_prefix(self, tokens: Sequence[int]) -> int:
-        """How many leading ``tokens`` the cache holds. Fast path: the caller's list extends
-        (or equals) the cache, checked on the last ``CHECK_TAIL`` cached tokens."""
+        """How many leading ``tokens`` the cache holds, in O(``CHECK_TAIL``) where the loop's
+        guarantee holds: its lists share the cache's prefix up to the last few positions
+        (rejected drafts), so only the last ``CHECK_TAIL`` shared positions are compared. A
+        list that already differs at the start of that window is compared from the beginning."""
         cached = self._cached
         m = min(len(cached), len(tokens))
         tail = max(0, m - CHECK_TAIL)
-        if m == len(cached) and list(tokens[tail:m]) == cached[tail:m]:
+        if list(tokens[tail:m]) == cached[tail:m]:
             return m
-        i = 0
+        i = tail if tail == 0 or tokens[tail] == cached[tail] else 0
         while i < m and tokens[i] == cached[i]:
             i += 1
         return i
