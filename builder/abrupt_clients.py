@@ -61,6 +61,7 @@ class AbruptResult:
     recovery_s: list[float] = field(default_factory=list)  # crash -> ready again, per abort
     final_checks_ok: int = 0
     final_checks: int = 0
+    final_check_errors: list[str] = field(default_factory=list)
     killed_sessions: int = 0
     duration_s: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
@@ -111,17 +112,17 @@ def run_session(url: str, config: AbruptConfig, seed: int) -> None:  # pragma: n
         import tritonclient.grpc as grpcclient
 
         rng = random.Random(seed)
-        error = threading.Event()
+        failed = threading.Event()
         client = grpcclient.InferenceServerClient(url)
         headers = {"triton_grpc_error": "true"} if rng.random() < config.grpc_error_mode_fraction else None
-        client.start_stream(callback=lambda result, err: err is not None and error.set(), headers=headers)
+        client.start_stream(callback=lambda result, error: error is not None and failed.set(), headers=headers)
         for i in range(rng.randint(config.min_requests, config.max_requests)):
-            if error.is_set():
+            if failed.is_set():
                 break  # the client stops on its first error
             client.async_stream_infer(config.model, _inputs(rng, config), request_id=f"{seed}-{i}")
             if rng.random() < 0.3:
                 time.sleep(rng.random() * 0.05)
-        error.wait(rng.random() * config.max_life_s)
+        failed.wait(rng.random() * config.max_life_s)
     except BaseException:  # a stream closed under us is part of the pattern
         pass
     os._exit(0)
@@ -167,13 +168,18 @@ def _final_checks(endpoints: Endpoints, config: AbruptConfig, result: AbruptResu
 
     result.final_checks = config.final_checks
     for i in range(config.final_checks):
-        request = GenerateRequest(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=4, stream=i % 2 == 0)
+        request = GenerateRequest(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=4, stream=i % 2 == 0, chat=True)
+        began = time.monotonic()
         try:
             answer = generate(ClientConfig(endpoints.grpc_url, ClientProtocol.GRPC, model_name=config.model), request)
         except Exception as exc:  # reported, and the run fails
-            logger.error("final check %d failed: %s", i, exc)
+            result.final_check_errors.append(f"{request}: {type(exc).__name__}: {exc}")
             continue
-        result.final_checks_ok += answer.stats.get("num_output_tokens", 0) > 0
+        if answer.stats.get("finish_reason") and answer.stats.get("num_output_tokens", 0) > 0:
+            result.final_checks_ok += 1
+        else:
+            result.final_check_errors.append(f"{request}: no tokens in {answer.stats}")
+        logger.info("final check %d answered in %.1fs", i, time.monotonic() - began)
 
 
 def run_abrupt_clients(server: ServerConfig, config: AbruptConfig, policy: RestartPolicy | None = None) -> AbruptResult:

@@ -7,7 +7,10 @@ requests are still answering; their next response or final flag then reaches a f
 call and the server dies (SIGSEGV, or ``proto_buffer_writer.h:65 ASSERTION FAILED``). The
 backend cannot see which requests share a stream, so an error response is held back
 until every other request of this instance has sent its last response (errors never
-overlap anyone's answer), and requests arriving meanwhile wait before they start.
+overlap anyone's answer), and requests arriving meanwhile wait before they start. Both
+halves are needed: holding errors only for the requests that arrived before them still
+let Triton 2.51 crash within ~20 sessions (a stream's later requests answer after the
+error closed it).
 
 Per request (:class:`FencedSender`): responses leave one at a time, the final flag exactly
 once, nothing after it, and nothing but the final flag once the request is cancelled.
@@ -38,14 +41,18 @@ class ResponseFence:
         self.errors_held = 0  # how many error responses had to wait (for the log / tests)
 
     def admit(self) -> None:
-        """A new request: wait (bounded) while error responses are held back."""
+        """A new request: wait (bounded) while error responses are held back. When the bound
+        passes (a request that never ends?), the held errors go out anyway."""
         with self._cond:
             deadline = time.monotonic() + self._admit_wait_s
             while self._held and time.monotonic() < deadline:
                 self._cond.wait(timeout=max(0.0, deadline - time.monotonic()))
-            if self._held:
-                logger.warning("admitted a request while %d error responses are still held back", len(self._held))
-            self._active += 1
+            overdue, self._held = self._held, []
+            self._active += 1 - len(overdue)
+            self._cond.notify_all()
+        if overdue:
+            logger.warning("%d error responses held back for %.0fs: sending them now", len(overdue), self._admit_wait_s)
+            self._send_all(overdue)
 
     def finish(self, last: Callable[[], None], error: bool) -> None:
         """Send a request's last response (``error``: an error response) and count it done."""
@@ -67,7 +74,11 @@ class ResponseFence:
             held, self._held = self._held, []
             self._active -= len(held)
             self._cond.notify_all()
-        for send in held:  # every other request is done: nothing of theirs can follow
+        self._send_all(held)  # every other request is done: nothing of theirs can follow
+
+    @staticmethod
+    def _send_all(held: list[Callable[[], None]]) -> None:
+        for send in held:
             try:
                 send()
             except Exception:  # the client is gone; the others must still go out
@@ -88,7 +99,7 @@ class FencedSender:
         self._fence = fence
         self._send = send
         self._send_final = send_final
-        self._cancelled = cancelled
+        self._cancelled_probe = cancelled
         self._lock = threading.Lock()
         self._done = False
         fence.admit()
@@ -96,6 +107,13 @@ class FencedSender:
     @property
     def done(self) -> bool:
         return self._done
+
+    def _cancelled(self) -> bool:
+        try:
+            return bool(self._cancelled_probe())
+        except Exception:  # the probe itself failed: answer as if not cancelled
+            logger.exception("could not ask whether a request is cancelled")
+            return False
 
     def respond(self, response: Any, final: bool) -> None:
         with self._lock:
