@@ -1,12 +1,16 @@
-"""N-gram lookup and the speculation controller (draft length, fallback window)."""
+"""N-gram lookup (incremental index) and the speculation controller: fixed k, the threshold
+rule's window, the gain rule on scripted acceptance sequences, the per-match n-gram decision."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from triton_backend.config import SpeculationConfig
-from triton_backend.controller import SpeculationController, expected_tokens_per_round
-from triton_backend.drafters.ngram import find_ngram_continuation
+from triton_backend.config import FallbackRule, SpeculationConfig, SpeculationMode
+from triton_backend.controller import SpeculationController, controller_for, expected_tokens_per_round
+from triton_backend.drafters.ngram import NgramDrafter, NgramIndex, find_ngram_continuation
+from triton_backend.speculation_policy import DrafterKind
 
 
 def test_ngram_prefers_longest_and_most_recent_match():
@@ -31,8 +35,10 @@ def test_expected_tokens_formula():
 
 
 def test_fixed_draft_length():
-    c = SpeculationController(SpeculationConfig(num_draft_tokens=5), draft_cost=0.1)
+    c = SpeculationController(SpeculationConfig(num_draft_tokens=5, fallback=False), draft_cost=0.1)
     assert c.next_draft_length() == 5
+    threshold = SpeculationController(SpeculationConfig(num_draft_tokens=5, fallback_rule="threshold"), draft_cost=0.1)
+    assert threshold.next_draft_length() == 5 and threshold.config.fallback_rule is FallbackRule.THRESHOLD
 
 
 def test_adaptive_draft_length_follows_acceptance():
@@ -47,8 +53,9 @@ def test_adaptive_draft_length_follows_acceptance():
     assert high == 8 and low == cfg.min_draft_tokens
 
 
-def test_fallback_triggers_within_window_and_is_sticky():
+def test_threshold_rule_triggers_within_window_and_is_sticky():
     cfg = SpeculationConfig(num_draft_tokens=4, fallback_window=40, fallback_min_drafted=20, fallback_threshold=0.5)
+    assert cfg.fallback_rule is FallbackRule.THRESHOLD  # setting a threshold selects the rule
     c = SpeculationController(cfg, draft_cost=0.1)
     triggered_at = None
     for round_ in range(20):
@@ -60,14 +67,24 @@ def test_fallback_triggers_within_window_and_is_sticky():
     assert c.record(4, 4) is False  # no second trigger
 
 
+def test_threshold_rule_defaults_to_the_seed_articles_window():
+    cfg = SpeculationConfig(num_draft_tokens=4, fallback_rule="threshold")
+    assert (cfg.fallback_window, cfg.fallback_min_drafted) == (200, 50)
+    c = SpeculationController(cfg, draft_cost=0.0)
+    assert not any(c.record(4, 2) for _ in range(100))  # exactly 0.5: keeps speculating
+    low = SpeculationController(cfg, draft_cost=0.0)
+    fired = [low.record(4, 1) for _ in range(20)]
+    assert fired.index(True) == 12  # 52 drafted tokens >= 50, acceptance 0.25 < 0.5
+
+
 def test_no_fallback_when_acceptance_is_good_or_disabled():
-    good = SpeculationController(SpeculationConfig(fallback_min_drafted=8, fallback_window=16), 0.1)
+    good = SpeculationController(SpeculationConfig(fallback_min_drafted=8, fallback_window=16, fallback_rule="threshold"), 0.1)
     for _ in range(50):
         assert not good.record(4, 3)
     off = SpeculationController(SpeculationConfig(fallback=False, fallback_min_drafted=8, fallback_window=16), 0.1)
     for _ in range(50):
         assert not off.record(4, 0)
-    assert not off.fallen_back
+    assert not off.fallen_back and off.next_draft_length() == 4
 
 
 def test_empty_rounds_do_not_count():
@@ -76,50 +93,87 @@ def test_empty_rounds_do_not_count():
     assert c.window_acceptance() is None
 
 
-def _run_rounds(controller: SpeculationController, rounds: list[tuple[int, int]]) -> bool:
-    return any(controller.record(d, a) for d, a in rounds)
-
-
-def test_break_even_fallback_keeps_a_free_drafter_that_pays_and_drops_a_costly_one():
-    cfg = SpeculationConfig(num_draft_tokens=8, fallback_window=64, fallback_min_drafted=32)
-    # a copy-like pattern: every third round copies 8 tokens, the others miss -> 13/3 tokens per 3 rounds
-    bursty = [(8, 8), (8, 0), (8, 0)] * 10
-    free = SpeculationController(cfg, draft_cost=0.0)
-    assert not _run_rounds(free, bursty)
-    assert free.window_gain() > 1.0
-    costly = SpeculationController(cfg, draft_cost=0.3)  # the same outcomes from a draft costing 0.3 steps a token
-    assert _run_rounds(costly, bursty) and costly.fallen_back
-    assert costly.window_gain() < 1.0
-
-
-def test_break_even_fallback_for_a_free_drafter_that_never_matches():
-    cfg = SpeculationConfig(num_draft_tokens=4, fallback_window=40, fallback_min_drafted=20)
-    c = SpeculationController(cfg, draft_cost=0.0)
-    assert _run_rounds(c, [(4, 0)] * 20) and c.fallen_back  # 1 token per 1.24 steps
-
-
-def test_explicit_threshold_overrides_break_even():
-    cfg = SpeculationConfig(num_draft_tokens=8, fallback_window=64, fallback_min_drafted=32, fallback_threshold=0.5)
-    c = SpeculationController(cfg, draft_cost=0.0)
-    assert _run_rounds(c, [(8, 8), (8, 0), (8, 0)] * 10)  # pays, but acceptance 1/3 < 0.5
-
-
-def test_adaptive_controller_drops_a_draft_that_cannot_pay_within_a_few_rounds():
-    cfg = SpeculationConfig(num_draft_tokens=4, adaptive=True)
+def test_gain_rule_drops_a_costly_draft_within_a_few_rounds_and_keeps_a_free_one_that_pays():
+    cfg = SpeculationConfig(num_draft_tokens=4)
     costly = SpeculationController(cfg, draft_cost=0.3)
     rounds = 0
-    while costly.next_draft_length() > 0:
-        costly.record(costly.next_draft_length(), 0)
+    while (k := costly.next_draft_length()) > 0:
+        costly.record(k, 0)
         rounds += 1
-        assert rounds < 10
+        assert rounds <= 3
     assert costly.fallen_back and rounds >= 1
-    free = SpeculationController(cfg, draft_cost=0.0)  # n-gram: 0.3 acceptance still pays
+    free = SpeculationController(cfg, draft_cost=0.0, kind=DrafterKind.DRAFT)  # free drafts: 0.5 acceptance pays
     for _ in range(30):
         k = free.next_draft_length()
         assert k > 0
-        free.record(k, round(0.3 * k))
+        free.record(k, k // 2)
     assert not free.fallen_back
-    never = SpeculationController(SpeculationConfig(num_draft_tokens=4, adaptive=True, fallback=False), draft_cost=0.3)
-    for _ in range(30):
-        never.record(never.next_draft_length(), 0)
-    assert never.next_draft_length() >= 1 and not never.fallen_back
+
+
+def test_gain_rule_is_never_a_permanent_fallback():
+    c = SpeculationController(SpeculationConfig(num_draft_tokens=4, probe_interval=4), draft_cost=0.1)
+    for _ in range(5):
+        c.record(c.next_draft_length() or 4, 0)
+    ks = []
+    for _ in range(60):
+        ks.append(c.next_draft_length())
+        c.record(ks[-1], 0)  # the probes fail
+    assert ks.count(0) > 50 and any(ks)  # paused, with probes (backing off)
+    resumed = []
+    for _ in range(150):  # the probes pay: speculation resumes and stays on
+        k = c.next_draft_length()
+        c.record(k, k)
+        resumed.append(k)
+    assert all(k > 0 for k in resumed[-10:])
+
+
+def test_ngram_index_is_incremental_and_agrees_with_a_full_scan():
+    rng = random.Random(0)
+    for trial in range(30):
+        tokens = [rng.randrange(6) for _ in range(rng.randrange(2, 80))]
+        index = NgramIndex(1, 3)
+        for end in range(1, len(tokens) + 1):  # grows like a committed sequence
+            index.update(tokens[:end])
+            found = index.lookup(4)
+            expected = _full_scan(tokens[:end], 4, 1, 3)
+            assert (found.continuation if found else []) == expected, (trial, end)
+            if found:  # the reported length is the real match length
+                m = found.length
+                e = _match_end(tokens[:end], 1, 3)
+                assert tokens[e - m:e] == tokens[end - m:end]
+                assert m == 64 or e - m == 0 or tokens[e - m - 1] != tokens[end - m - 1]
+
+
+def _full_scan(tokens, k, min_n, max_n):
+    """The slow reference: the most recent earlier match of the longest suffix n-gram."""
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n:]
+        for end in range(length - 1, n - 1, -1):
+            if tokens[end - n:end] == suffix:
+                return tokens[end:end + k]
+    return []
+
+
+def _match_end(tokens, min_n, max_n):
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        for end in range(length - 1, n - 1, -1):
+            if tokens[end - n:end] == tokens[length - n:]:
+                return end
+    raise AssertionError("no match")
+
+
+def test_ngram_session_under_the_gain_rule_drafts_long_matches_only():
+    drafter = NgramDrafter(1, 3)
+    session = drafter.new_session()
+    controller = controller_for(SpeculationConfig(mode="ngram", num_draft_tokens=8), SpeculationMode.NGRAM, drafter, session)
+    assert session.policy is not None and controller.match_policy is session.policy
+    copy = list(range(100, 130))
+    tokens = [1, 2] + copy + [3, 4] + copy[:12]  # the output is copying the prompt: a 12-token match
+    k = controller.next_draft_length()
+    assert session.propose(tokens, k, None, None).tokens == copy[12:12 + 7]  # 8 tokens fill one packed GEMM
+    short = [5, 6, 7, 8, 9, 5]  # a one-token match: not worth a verify
+    assert session.propose(short, k, None, None).tokens == []
+    plain_session = drafter.new_session()  # no policy (fallback off): the whole continuation
+    assert plain_session.propose(short, 3, None, None).tokens == [6, 7, 8]

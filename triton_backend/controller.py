@@ -1,26 +1,35 @@
-"""The speculation controller: how many tokens to draft next, and when to stop speculating.
+"""The speculation controller: how many tokens to draft next, and when not to speculate.
 
-- Draft length: fixed ``k``, or adaptive: from an exponential moving average of the
-  per-token acceptance rate ``a``, pick the ``k`` that maximises expected tokens per
-  round ``E(a, k) = (1 - a^(k+1)) / (1 - a)`` over the round's cost
-  ``1 + k * draft_cost + k * verify_cost`` (in target decoding steps); when even the best
-  ``k`` is below break-even, fall back at once (a poor draft is dropped within a few rounds).
-- Fallback: a sliding window of the last ``fallback_window`` drafted tokens' outcomes;
-  once ``fallback_min_drafted`` are in it and speculation no longer pays, the request
-  continues as plain decoding. "Pays" is, by default, break-even under the same cost model:
-  the window's rounds committed at least as many tokens as plain decoding would have in
-  the same time (tokens per round / round cost >= 1), so a free drafter (n-gram lookup)
-  keeps speculating at acceptance rates that would sink an expensive draft model. An
-  explicit ``fallback_threshold`` replaces that with a fixed acceptance rate. The decision
-  is logged and reported in the generation statistics.
+Rules (``SpeculationConfig.fallback_rule``):
+
+- ``gain`` (the default): a per-round decision from expected gain
+  (:mod:`triton_backend.speculation_policy`). Every round the controller drafts the length
+  whose expected committed tokens per unit of pass cost (the measured pass-cost table plus
+  the drafter's own cost) beat a plain step, from an acceptance estimate that starts at the
+  drafter type's prior and is updated after every round; 0 (a plain step) when no length
+  pays. A paused request probes again later, and n-gram lookup decides per match: how long
+  the match is and how matches of that length fared in this request (a long match is a free
+  signal to speculate again). A Medusa round that cannot pay is not run.
+- ``threshold`` (the seed articles' rule): draft ``num_draft_tokens`` (or an adaptive length
+  from an EMA of the acceptance); over a sliding window of the last ``fallback_window``
+  drafted tokens, once ``fallback_min_drafted`` are in it, fall back to plain decoding for
+  good when the window's acceptance is below ``fallback_threshold`` (0.5 when unset).
+- ``fallback=False``: always draft (fixed ``k``, or the adaptive length, never 0).
+
+A batch scheduler calls :func:`~triton_backend.speculation_policy.plan_round` with every
+active request's :meth:`SpeculationController.row_option` once per round.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import Callable
 
-from triton_backend.config import SpeculationConfig
+from triton_backend.config import FallbackRule, SpeculationConfig, SpeculationMode
+from triton_backend.drafters.base import Drafter, DrafterSession
+from triton_backend.speculation_policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+                                               RowOption, current_cost_model)
 
 logger = logging.getLogger(__name__)
 
@@ -32,78 +41,134 @@ def expected_tokens_per_round(acceptance: float, k: int) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+def gain_settings(config: SpeculationConfig) -> GainSettings:
+    return GainSettings(margin=config.gain_margin, prior=config.prior_acceptance, prior_strength=config.prior_strength,
+                        decay=config.acceptance_decay, probe_interval=config.probe_interval)
+
+
 class SpeculationController:
+    """One request's draft-length decisions. ``kind``: the drafter type (its prior, and n-gram
+    lookup's per-match decision); ``verify_tokens(k)``: tokens a round drafting ``k`` carries
+    into the target pass (a Medusa tree's nodes + 1; default ``k + 1``)."""
+
     def __init__(self, config: SpeculationConfig, draft_cost: float, *, ema_decay: float = 0.8,
-                 initial_acceptance: float = 0.7) -> None:
+                 initial_acceptance: float = 0.7, kind: DrafterKind | None = None,
+                 cost_model: PassCostModel | None = None,
+                 verify_tokens: Callable[[int], int] | None = None) -> None:
         self.config = config
         self.draft_cost = max(0.0, float(draft_cost))
+        self.kind = kind or (DrafterKind.NGRAM if self.draft_cost == 0.0 else DrafterKind.DRAFT)
+        self._cost_model = cost_model
         self._ema_decay = ema_decay
         self.acceptance_ema = initial_acceptance
         self._window: deque[bool] = deque(maxlen=config.fallback_window)
-        self._rounds: deque[tuple[int, int]] = deque()  # (drafted, accepted) of the rounds in the window
-        self.fallen_back = False
+        self.fallen_back = False  # threshold rule: for good; gain rule: the last decision was a plain step
+        self.gain_rule = config.fallback and config.fallback_rule is FallbackRule.GAIN and config.num_draft_tokens > 0
+        self.policy: GainPolicy | None = None
+        self.match_policy: MatchLengthPolicy | None = None  # set when an n-gram session decides per match
+        if self.gain_rule:
+            self.policy = GainPolicy(self.kind, config.num_draft_tokens, self.draft_cost, gain_settings(config),
+                                     cost_model, verify_tokens)
 
+    def attach_match_policy(self) -> MatchLengthPolicy | None:
+        """Under the gain rule, the per-match policy an n-gram session applies to each lookup
+        (the controller then lets every round look up; the session drafts what pays)."""
+        if self.gain_rule and self.kind is DrafterKind.NGRAM and self.match_policy is None:
+            self.match_policy = MatchLengthPolicy(self.config.num_draft_tokens, gain_settings(self.config), self._cost_model)
+        return self.match_policy
+
+    @property
+    def cost_model(self) -> PassCostModel:
+        return self._cost_model or current_cost_model()
+
+    # -- the gain rule ----------------------------------------------------------------------
+    def row_option(self) -> RowOption:
+        """This request's row for a batch plan (:func:`~triton_backend.speculation_policy.plan_round`)."""
+        if self.policy is not None and self.match_policy is None:
+            return self.policy.current_option()
+        k = self.next_draft_length() if not self.gain_rule else self.config.num_draft_tokens
+        return RowOption(tuple([self.acceptance_ema] * k), self.draft_cost)
+
+    def _gain_draft_length(self) -> int:
+        if self.match_policy is not None:  # lookup is free: the n-gram session decides per match
+            return self.config.num_draft_tokens
+        assert self.policy is not None
+        k = self.policy.next_draft_length()
+        if k == 0 and not self.fallen_back:
+            logger.debug("speculation paused: no draft length pays at acceptance %s", self.policy.estimate.conditional()[:3])
+        self.fallen_back = k == 0
+        return k
+
+    # -- the threshold rule and fixed k -----------------------------------------------------
     def round_cost(self, k: int) -> float:
-        """A round drafting ``k`` tokens, in target decoding steps."""
+        """A round drafting ``k`` tokens, in target decoding steps (the threshold rule's adaptive k)."""
         return 1.0 + k * (self.draft_cost + self.config.verify_cost_per_token)
 
-    def next_draft_length(self) -> int:
-        """0 means: decode this step plainly."""
+    def _adaptive_length(self) -> int:
         cfg = self.config
-        if self.fallen_back or cfg.num_draft_tokens == 0:
-            return 0
-        if not cfg.adaptive:
-            return cfg.num_draft_tokens
         best_k, best_rate = cfg.min_draft_tokens, -1.0
         for k in range(cfg.min_draft_tokens, cfg.num_draft_tokens + 1):
             rate = expected_tokens_per_round(self.acceptance_ema, k) / self.round_cost(k)
             if rate > best_rate + 1e-9:
                 best_k, best_rate = k, rate
-        if cfg.fallback and cfg.fallback_threshold is None and best_rate < 1.0:
-            # no draft length pays at the running acceptance: plain decoding is faster (break-even)
-            self.fallen_back = True
-            logger.info("speculation fallback: at running acceptance %.3f the best draft length (%d) commits "
-                        "%.2fx the tokens of plain decoding per unit of time; continuing with plain decoding",
-                        self.acceptance_ema, best_k, best_rate)
-            return 0
         return best_k
+
+    def next_draft_length(self) -> int:
+        """0 means: decode this step plainly."""
+        cfg = self.config
+        if cfg.num_draft_tokens == 0:
+            return 0
+        if self.gain_rule:
+            return self._gain_draft_length()
+        if self.fallen_back:
+            return 0
+        return self._adaptive_length() if cfg.adaptive else cfg.num_draft_tokens
 
     def window_acceptance(self) -> float | None:
         return sum(self._window) / len(self._window) if self._window else None
 
-    def window_gain(self) -> float | None:
-        """Tokens committed per unit of cost over the window's rounds (1.0: break-even with plain)."""
-        if not self._rounds:
-            return None
-        tokens = sum(accepted + 1 for _, accepted in self._rounds)
-        return tokens / sum(self.round_cost(drafted) for drafted, _ in self._rounds)
-
     def record(self, num_drafted: int, num_accepted: int) -> bool:
-        """Record one verification round; returns True when this round triggered fallback."""
+        """Record one verification round; returns True when this round triggered a fallback for good."""
         if num_drafted <= 0:
             return False
-        outcomes = [i < num_accepted for i in range(num_drafted)]
-        self._window.extend(outcomes)
-        self._rounds.append((num_drafted, num_accepted))
-        while sum(d for d, _ in self._rounds) > self.config.fallback_window and len(self._rounds) > 1:
-            self._rounds.popleft()
-        rate = num_accepted / num_drafted
-        self.acceptance_ema = self._ema_decay * self.acceptance_ema + (1 - self._ema_decay) * rate
+        self._window.extend(i < num_accepted for i in range(num_drafted))
+        self.acceptance_ema = self._ema_decay * self.acceptance_ema + (1 - self._ema_decay) * num_accepted / num_drafted
+        if self.match_policy is not None:
+            self.match_policy.record(num_drafted, num_accepted)
+        elif self.policy is not None:
+            self.policy.record(num_drafted, num_accepted)
         cfg = self.config
-        if not cfg.fallback or self.fallen_back or len(self._window) < cfg.fallback_min_drafted:
+        if self.gain_rule or not cfg.fallback or self.fallen_back or len(self._window) < cfg.fallback_min_drafted:
             return False
+        threshold = 0.5 if cfg.fallback_threshold is None else cfg.fallback_threshold
         window_rate = self.window_acceptance()
-        if cfg.fallback_threshold is not None:
-            if window_rate is None or window_rate >= cfg.fallback_threshold:
-                return False
-            reason = f"acceptance {window_rate:.3f} is below {cfg.fallback_threshold:.3f}"
-        else:
-            gain = self.window_gain()
-            if gain is None or gain >= 1.0:
-                return False
-            reason = (f"acceptance {window_rate:.3f} commits {gain:.2f}x the tokens of plain decoding per unit "
-                      f"of time (break-even 1.0)")
+        if window_rate is None or window_rate >= threshold:
+            return False
         self.fallen_back = True
-        logger.info("speculation fallback: over the last %d drafted tokens, %s; continuing with plain decoding",
-                    len(self._window), reason)
+        logger.info("speculation fallback: over the last %d drafted tokens, acceptance %.3f is below %.3f; "
+                    "continuing with plain decoding", len(self._window), window_rate, threshold)
         return True
+
+
+def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None,
+                   session: DrafterSession | None = None, cost_model: PassCostModel | None = None) -> SpeculationController:
+    """The controller for one request of ``mode``: the drafter type's prior, a Medusa round's
+    cost counting its tree's nodes, n-gram lookup's per-match decision hooked into ``session``."""
+    from triton_backend.drafters.medusa import MedusaDrafter
+    from triton_backend.drafters.ngram import NgramSession
+
+    if drafter is None:
+        return SpeculationController(config, 0.0, cost_model=cost_model)
+    if isinstance(drafter, MedusaDrafter):
+        depths = list(drafter.depths)
+        per_depth = drafter.relative_cost / max(1, max(depths, default=1))
+        return SpeculationController(config, per_depth, kind=DrafterKind.MEDUSA, cost_model=cost_model,
+                                     verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k))
+    kind = DrafterKind.NGRAM if mode is SpeculationMode.NGRAM else DrafterKind.DRAFT
+    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model)
+    if isinstance(session, NgramSession):
+        session.policy = controller.attach_match_policy()
+    return controller
+
+
+__all__ = ["SpeculationController", "controller_for", "expected_tokens_per_round", "gain_settings"]

@@ -1,0 +1,188 @@
+"""The gain rule: pass-cost model, acceptance estimates, the per-round and per-batch plans,
+and the controller on scripted acceptance sequences."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from triton_backend.config import SpeculationConfig
+from triton_backend.controller import SpeculationController
+from triton_backend.speculation_policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+                                               RowOption, current_cost_model, install_cost_model, plan_round,
+                                               prefix_probabilities)
+
+# a cost table where extra tokens get dearer as the batch grows (a GPU-like roofline: one row
+# is memory-bound, many rows are compute-bound)
+LOADED = PassCostModel({1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2},
+                        8: {1: 1.6, 2: 2.6, 4: 4.6, 8: 8.6}}, "test")
+FLAT = PassCostModel({1: {1: 1.0, 16: 1.1}}, "test")
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    model = PassCostModel.default()
+    assert model.pass_cost([1]) == 1.0
+    assert model.pass_cost([4]) == pytest.approx(1.33)
+    assert 1.33 < model.pass_cost([6]) < 1.35  # between measured points
+    assert model.pass_cost([32]) == pytest.approx(2.1 * 2)  # past the table: proportional to the tokens
+    assert model.pass_cost([1] * 32) == pytest.approx(3.41 * 2)  # past the rows: proportional to the rows
+    four, eight = model.pass_cost([1] * 4), model.pass_cost([1] * 8)
+    assert four < model.pass_cost([1] * 6) < eight
+    assert model.pass_cost([]) == 0.0
+
+
+def test_cost_model_from_measurements_normalises_to_the_step():
+    model = PassCostModel.from_measurements({(1, 1): 0.02, (1, 4): 0.03, (2, 1): 0.025})
+    assert model.pass_cost([1]) == 1.0 and model.pass_cost([4]) == pytest.approx(1.5)
+    assert model.pass_cost([1, 1]) == pytest.approx(1.25)
+    assert PassCostModel.from_json(json.loads(json.dumps(model.to_json()))) == model
+    with pytest.raises(ValueError, match="1-row 1-token"):
+        PassCostModel.from_measurements({(2, 1): 0.1})
+
+
+def _option(p: float, k: int, draft_cost: float = 0.0) -> RowOption:
+    return RowOption(tuple(prefix_probabilities([p] * k)), draft_cost)
+
+
+def test_plan_picks_the_length_that_pays_and_plain_when_none_does():
+    assert plan_round([_option(0.9, 8)], FLAT)[0] == 8  # long drafts are nearly free on a flat table
+    assert plan_round([_option(0.0, 8)], FLAT)[0] == 0  # zero expected gain: never draft
+    default = PassCostModel.default()
+    assert plan_round([_option(0.05, 8)], default)[0] == 0  # below break-even
+    assert plan_round([_option(0.9, 12)], default)[0] == 7  # 8 tokens fill one packed GEMM; 9 cost a second
+    assert plan_round([_option(0.5, 4, draft_cost=0.5)], default)[0] == 0  # a costly draft at 0.5 cannot pay
+
+
+def test_plan_with_one_row_is_the_single_request_decision():
+    settings = GainSettings(prior=0.55)
+    for draft_cost in (0.0, 0.1, 0.3):
+        policy = GainPolicy(DrafterKind.DRAFT, 6, draft_cost, settings, PassCostModel.default())
+        assert policy.next_draft_length() == plan_round([policy.current_option()], PassCostModel.default())[0]
+
+
+def test_a_larger_batch_lowers_the_draft_length():
+    row = _option(0.7, 8)
+    alone = plan_round([row], LOADED)[0]
+    batched = plan_round([row] * 8, LOADED)
+    assert alone >= 4 and all(k < alone for k in batched)
+    # a row that accepts everything still drafts in the batch; a hopeless one does not
+    mixed = plan_round([_option(0.98, 8)] + [_option(0.02, 8)] * 7, LOADED)
+    assert mixed[0] > 0 and mixed[1:] == [0] * 7
+
+
+def test_gain_policy_stops_within_a_few_rounds_and_never_at_zero_gain():
+    policy = GainPolicy(DrafterKind.DRAFT, 4, 0.1, GainSettings(probe_interval=1000), PassCostModel.default())
+    rounds = 0
+    while (k := policy.next_draft_length()) > 0:  # a cold request speculates from the prior at once
+        policy.record(k, 0)
+        rounds += 1
+        assert rounds <= 3
+    assert rounds >= 1 and policy.paused
+    hopeless = GainPolicy(DrafterKind.DRAFT, 4, 0.0, GainSettings(prior=0.0, probe_interval=1), PassCostModel.default())
+    assert all(hopeless.next_draft_length() == 0 for _ in range(200))  # probes too: the prior says it cannot pay
+
+
+def test_gain_policy_probes_and_resumes_when_acceptance_returns():
+    policy = GainPolicy(DrafterKind.DRAFT, 4, 0.1, GainSettings(probe_interval=8), PassCostModel.default())
+    trace = []
+    accept_all = False
+    for step in range(300):
+        if step == 120:
+            accept_all = True  # the text turns predictable (a copy segment)
+        k = policy.next_draft_length()
+        trace.append(k)
+        if k:
+            policy.record(k, k if accept_all else 0)
+    before, after = trace[20:120], trace[140:]
+    assert 0 < sum(1 for k in before if k) <= 12  # paused, with sparse probes (backing off)
+    assert min(after) >= 3  # resumed and stays on
+    resumed_at = next(i for i in range(120, 300) if trace[i] >= 3)
+    assert resumed_at - 120 <= 70  # picked up within a probe interval or two
+
+
+def test_match_length_policy_follows_the_match_and_its_history():
+    policy = MatchLengthPolicy(8, GainSettings(probe_interval=1000), PassCostModel.default())
+    assert policy.draft_length(1, 8) == 0  # a one-token match is a poor bet before any evidence
+    assert policy.draft_length(12, 8) > 0  # a long match pays from the prior
+    assert policy.draft_length(12, 2) <= 2  # never more than the continuation
+    rounds = 0
+    while (k := policy.draft_length(12, 8)) > 0:  # long matches stop paying in this request
+        policy.record(k, 0)
+        rounds += 1
+        assert rounds <= 8
+    assert policy.draft_length(20, 8) > 0  # a longer match (another bucket) is judged on its own
+    short = MatchLengthPolicy(8, GainSettings(), PassCostModel.default(), priors={1: 0.3, 4: 0.3})
+    assert short.bucket(1) == 1 and short.bucket(3) == 1 and short.bucket(9) == 4
+
+
+def test_controller_under_the_gain_rule_pauses_and_records_no_permanent_fallback():
+    install_cost_model(None)
+    assert current_cost_model() == PassCostModel.default()
+    c = SpeculationController(SpeculationConfig(num_draft_tokens=4), draft_cost=0.2)
+    assert c.next_draft_length() > 0
+    triggered = [c.record(c.next_draft_length() or 1, 0) for _ in range(3)]
+    assert not any(triggered) and c.next_draft_length() == 0 and c.fallen_back
+    fixed = SpeculationController(SpeculationConfig(num_draft_tokens=4, fallback=False), draft_cost=0.9)
+    assert fixed.next_draft_length() == 4  # fallback off: always draft
+
+
+def test_installed_cost_model_changes_the_decision():
+    c_default = SpeculationController(SpeculationConfig(num_draft_tokens=8, prior_acceptance=0.6), draft_cost=0.05)
+    install_cost_model(PassCostModel({1: {1: 1.0, 2: 2.0, 8: 8.0}}, "linear"))  # verifying is as dear as decoding
+    try:
+        assert c_default.next_draft_length() == 0
+    finally:
+        install_cost_model(None)
+    assert c_default.next_draft_length() > 0
+
+
+class ScriptedEngine:
+    """A stand-in for a batched engine (the contract of engines/batch.py): a pass sleeps in
+    proportion to a scripted cost, so measurement must recover that cost table."""
+
+    name = "scripted"
+    vocab_size = 100
+    hidden_size = 8
+    max_context = 256
+    num_slots = 4
+    eos_token_ids = frozenset()
+
+    def __init__(self, step_s: float = 0.02) -> None:
+        self.step_s = step_s
+        self.free = list(range(self.num_slots))
+        self.passes = 0
+
+    def allocate(self) -> int:
+        from triton_backend.engines.batch import SlotsExhaustedError
+
+        if not self.free:
+            raise SlotsExhaustedError("no slot")
+        return self.free.pop(0)
+
+    def release(self, slot: int) -> None:
+        if slot not in self.free:
+            self.free.append(slot)
+
+    def forward(self, rows):
+        self.passes += 1
+        tokens = sum(len(r.tokens) for r in rows)
+        time.sleep(self.step_s * (1.0 + 0.1 * (tokens - 1) + 0.3 * (len(rows) - 1)))
+        return [None] * len(rows)
+
+
+def test_measure_recovers_the_cost_curve_and_caches_it(tmp_path):
+    engine = ScriptedEngine()
+    model = PassCostModel.measure(engine, settings="test", cache_dir=tmp_path, budget_s=1.0)
+    assert sorted(engine.free) == [0, 1, 2, 3]  # scratch slots given back
+    assert model.pass_cost([4]) == pytest.approx(1.3, rel=0.3)
+    assert model.pass_cost([1, 1]) == pytest.approx(1.4, rel=0.3)
+    assert model.source == "measured:scripted"
+    cached = list((tmp_path / "pass_cost").glob("*.json"))
+    assert len(cached) == 1
+    passes = engine.passes
+    again = PassCostModel.measure(engine, settings="test", cache_dir=tmp_path)
+    assert engine.passes == passes and again.table == model.table  # read from the cache, no passes
+    PassCostModel.measure(engine, settings="other runtime", cache_dir=tmp_path, budget_s=0.05)
+    assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 2  # keyed by runtime settings

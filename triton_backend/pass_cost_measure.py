@@ -1,0 +1,99 @@
+"""A short measurement of a batched engine's pass costs at load, cached per machine.
+
+Through the batched engine contract (:mod:`triton_backend.engines.batch`): scratch slots
+are allocated, given a short context, then passes of ``rows x tokens`` new tokens are timed
+on top of it (each pass starts at the same position: rollback by start position), cheapest
+cells first, until the time budget is spent. The result is cached as JSON under
+``$SPECBUILD_CACHE_DIR/pass_cost/`` keyed by model, runtime settings and CPU model, so only
+the first load on a machine pays for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from triton_backend.engines.batch import BatchRow, SlotsExhaustedError
+from triton_backend.reference_model import cache_dir as default_cache_dir
+
+if TYPE_CHECKING:
+    from triton_backend.speculation_policy import PassCostModel
+
+logger = logging.getLogger(__name__)
+
+GRID_ROWS = (1, 2, 4, 8)
+GRID_TOKENS = (1, 2, 4, 8, 9, 16)
+CONTEXT = 48
+REPEATS = 3
+
+
+def _cache_path(cache_dir: Path | None, engine: Any, settings: str) -> Path:
+    from triton_backend.speculation_policy import machine_key
+
+    root = cache_dir if cache_dir is not None else default_cache_dir()
+    return root / "pass_cost" / f"{machine_key(str(engine.name), settings)}.json"
+
+
+def _allocate(engine: Any, want: int) -> list[int]:
+    slots: list[int] = []
+    try:
+        while len(slots) < want:
+            slots.append(engine.allocate())
+    except SlotsExhaustedError:
+        pass
+    return slots
+
+
+def _time_pass(engine: Any, slots: list[int], tokens: int) -> float:
+    rows = [BatchRow(slot=s, start=CONTEXT, tokens=[(11 * (i + j) + 7) % engine.vocab_size for j in range(tokens)],
+                     num_logits=tokens) for i, s in enumerate(slots)]
+    start = time.perf_counter()
+    engine.forward(rows)
+    return time.perf_counter() - start
+
+
+def measure_seconds(engine: Any, budget_s: float = 3.0) -> dict[tuple[int, int], float]:
+    """Median seconds per pass for ``(rows, tokens_per_row)`` cells, cheapest first, within the budget."""
+    slots = _allocate(engine, min(max(GRID_ROWS), int(engine.num_slots)))
+    if not slots:
+        raise SlotsExhaustedError("no free slot to measure pass costs on")
+    try:
+        context = [(13 * i + 5) % engine.vocab_size for i in range(CONTEXT)]
+        engine.forward([BatchRow(slot=s, start=0, tokens=context) for s in slots])
+        _time_pass(engine, slots[:1], 1)  # warm-up
+        cells = sorted(((r, t) for r in GRID_ROWS if r <= len(slots) for t in GRID_TOKENS), key=lambda c: (c[0] * c[1], c))
+        seconds: dict[tuple[int, int], float] = {}
+        deadline = time.perf_counter() + budget_s
+        for rows, tokens in cells:
+            if seconds and time.perf_counter() > deadline:
+                break
+            seconds[(rows, tokens)] = statistics.median(_time_pass(engine, slots[:rows], tokens) for _ in range(REPEATS))
+        return seconds
+    finally:
+        for slot in slots:
+            engine.release(slot)
+
+
+def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings: str = "", cache_dir: Path | None = None,
+                            budget_s: float = 3.0) -> "PassCostModel":
+    path = _cache_path(cache_dir, engine, settings)
+    if path.is_file():
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring the unreadable pass-cost cache %s: %s", path, exc)
+    started = time.perf_counter()
+    model = cls.from_measurements(measure_seconds(engine, budget_s), source=f"measured:{engine.name}")
+    logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(model.to_json(), indent=1) + "\n")
+    tmp.replace(path)
+    return model
+
+
+__all__ = ["measure_pass_cost_model", "measure_seconds"]
