@@ -76,7 +76,7 @@ def test_draft_equal_to_target_accepts_everything(reference, reference_prompts, 
         SpeculationMode.DRAFT: DraftModelDrafter(target, target=target, target_tokenizer=tokenizer, draft_tokenizer=tokenizer)})
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     for prompt, plain in list(zip(reference_prompts, plain_outputs))[:2]:
-        result = same.generate(prompt, params, SpeculationConfig(mode="draft", num_draft_tokens=4))
+        result = same.generate(prompt, params, SpeculationConfig(mode="draft", num_draft_tokens=4, fallback=False))
         assert result.token_ids == plain[:24]
         assert result.stats.acceptance_rate == 1.0 and result.stats.target_passes == 5
 
@@ -85,7 +85,8 @@ def test_poor_draft_falls_back_and_stays_exact(reference, reference_prompts, pla
     target, tokenizer = reference
     poor = SpeculativeDecoder(target, tokenizer, drafters={
         SpeculationMode.DRAFT: DraftModelDrafter(_draft_engine(target, POOR_DRAFT_LAYERS), target=target)})
-    spec = SpeculationConfig(mode="draft", num_draft_tokens=4, fallback_window=200, fallback_min_drafted=40)
+    spec = SpeculationConfig(mode="draft", num_draft_tokens=4, fallback_window=200, fallback_min_drafted=40,
+                             fallback_rule="threshold")
     result = poor.generate(reference_prompts[0], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), spec)
     assert result.token_ids == plain_outputs[0]
     stats = result.stats

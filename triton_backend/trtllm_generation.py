@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance
-from triton_backend.controller import SpeculationController
+from triton_backend.controller import controller_for
 from triton_backend.drafters.ngram import NgramDrafter, find_ngram_continuation
 from triton_backend.engines.trtllm_engine import EngineOutput, TrtllmEngineError
 from triton_backend.engines.trtllm_requests import (
@@ -146,7 +146,7 @@ class _TrtllmRun:
         self.tokens = list(prompt_ids)
         self.generated: list[int] = []
         self.stats = GenerationStats(method=mode.value, prompt_tokens=len(prompt_ids))
-        self.controller = SpeculationController(spec, self.drafter.relative_cost if self.drafter is not None else 0.0)
+        self.controller = controller_for(spec, mode, self.drafter)
         self.stopper = StopChecker(params, self.info.eos_token_ids, decoder.tokenizer)
         self.detok = IncrementalDetokenizer(decoder.tokenizer, params.stop)
         self.emitted_tokens = 0
