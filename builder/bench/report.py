@@ -10,6 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from builder.bench.config import BenchRun, Sample
+from builder.bench.headline import update_headline
+from builder.bench.rows import is_speculative_row
 from triton_backend.controller import expected_tokens_per_round
 
 logger = logging.getLogger(__name__)
@@ -110,6 +112,28 @@ def summarize(run: BenchRun) -> dict:
             "rows": table}
 
 
+def headline_figures(summary: dict) -> dict[str, float]:
+    """The speculation headline: the worst of our speculative rows against plain over every
+    workload, the best on copy and over all workloads, and the best on copy against Hugging
+    Face prompt lookup (the ratio of both rows' x-plain figures). Only what this run measured."""
+    rows = [e for e in summary["rows"] if e.get("speedup_vs_plain") is not None]
+    ours = [e for e in rows if is_speculative_row(e)]
+    figures: dict[str, float] = {}
+    per_workload = [e["speedup_vs_plain"] for e in ours if e["workload"] != "all"]
+    if per_workload:
+        figures["worst_speculative_row_x_plain"] = min(per_workload)
+    best_all = [e["speedup_vs_plain"] for e in ours if e["workload"] == "all"]
+    if best_all:
+        figures["best_all_x_plain"] = max(best_all)
+    best_copy = [e["speedup_vs_plain"] for e in ours if e["workload"] == "copy"]
+    if best_copy:
+        figures["best_copy_x_plain"] = max(best_copy)
+        peer = [e["speedup_vs_plain"] for e in rows if e["workload"] == "copy" and e["row"] == "hf prompt-lookup"]
+        if peer and peer[0] > 0:
+            figures["copy_x_hf_prompt_lookup"] = max(best_copy) / peer[0]
+    return figures
+
+
 def _fmt(value, spec: str = ".2f") -> str:
     if value is None:
         return "-"
@@ -190,6 +214,10 @@ def write_report(summary: dict, out_dir: Path, label: str) -> dict[str, Path]:
     paths = {"json": out_dir / f"bench-{label}.json", "markdown": out_dir / f"bench-{label}.md"}
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
     paths["markdown"].write_text(to_markdown(summary))
+    figures = headline_figures(summary)
+    if figures:  # benchmarks/results/headline.json for the default output folder
+        update_headline(figures, out_dir / "headline.json")
+        paths["headline"] = out_dir / "headline.json"
     png = plot(summary, out_dir / f"bench-{label}.png")
     if png is not None:
         paths["plot"] = png

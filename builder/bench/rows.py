@@ -111,6 +111,12 @@ class TritonRow:
                          num_tokens=int(result.stats.get("num_output_tokens", 0)))
 
 
+def is_speculative_row(info: dict) -> bool:
+    """One of our in-process speculative rows (not plain, not the peer, not the Triton or
+    unpacked comparison rows): the rows the headline's speculation figures are taken over."""
+    return info.get("kind") == "ours" and info.get("method") not in (None, "off") and info.get("packed", True)
+
+
 def run_sample(row: Row, prompt: BenchPrompt, repeat: int, max_tokens: int, ignore_eos: bool, tokenizer: Any) -> Sample:
     r = row.run(prompt, max_tokens, ignore_eos)
     text = r.text if r.text is not None else tokenizer.decode(r.tokens, skip_special_tokens=True)

@@ -1,0 +1,32 @@
+"""The bench's speculation headline figures, from a summary table."""
+
+from __future__ import annotations
+
+from builder.bench.report import headline_figures
+
+
+def _entry(workload: str, row: str, x_plain: float, **info: object) -> dict:
+    return {"workload": workload, "row": row, "speedup_vs_plain": x_plain, **info}
+
+
+def _summary() -> dict:
+    ours = dict(kind="ours", method="ngram")
+    rows = []
+    for w, plain_like in (("chat", (0.99, 1.01)), ("code", (1.05, 0.98)), ("copy", (1.9, 2.1)), ("all", (1.2, 1.3))):
+        rows += [_entry(w, "plain", 1.0, kind="ours", method="off"),
+                 _entry(w, "ngram k=4", plain_like[0], **ours), _entry(w, "ngram k=8", plain_like[1], **ours),
+                 _entry(w, "ngram k=4 unpacked", 0.5, packed=False, **ours),  # a comparison row: not counted
+                 _entry(w, "ngram k=4 via triton", 0.4, kind="triton", method="ngram"),
+                 _entry(w, "hf prompt-lookup", 1.4 if w == "copy" else 0.9, kind="peer", method="ngram")]
+    return {"environment": {}, "config": {}, "rows": rows}
+
+
+def test_headline_figures_take_our_speculative_rows_only():
+    figures = headline_figures(_summary())
+    assert figures == {"worst_speculative_row_x_plain": 0.98, "best_all_x_plain": 1.3, "best_copy_x_plain": 2.1,
+                       "copy_x_hf_prompt_lookup": 2.1 / 1.4}
+
+
+def test_headline_figures_leave_out_what_was_not_measured():
+    rows = [e for e in _summary()["rows"] if e["workload"] == "chat" and e["row"] != "hf prompt-lookup"]
+    assert headline_figures({"rows": rows}) == {"worst_speculative_row_x_plain": 0.99}
