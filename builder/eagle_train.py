@@ -160,28 +160,25 @@ class _Trainer:
     def loss(self, feats: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         total = feats.new_zeros(())
         valid = (labels != IGNORE)[..., None].float()
-        for step, pred in enumerate(self.outputs(feats, tokens, self.cfg.unroll)):
-            lab = labels if step == 0 else torch.cat((labels[:, 1:], torch.full_like(labels[:, :1], IGNORE)), 1)
-            target = feats[:, 1:] if step == 0 else torch.cat((feats[:, 2:], feats[:, -1:]), 1)
-            mask = valid if step == 0 else (lab != IGNORE)[..., None].float()
-            reg = (F.smooth_l1_loss(pred, target, reduction="none") * mask).sum() / (mask.sum() * pred.shape[-1]).clamp(min=1)
-            keep = lab != IGNORE  # the LM head only where a label is learned (most of the cost)
-            cls = F.cross_entropy(pred[keep] @ self.head.t(), lab[keep]) if bool(keep.any()) else total * 0
+        keep = labels != IGNORE  # the LM head only where a label is learned (most of the cost)
+        for pred in self.outputs(feats, tokens, self.cfg.unroll):  # every step predicts the same next feature/token
+            reg = (F.smooth_l1_loss(pred, feats[:, 1:], reduction="none") * valid).sum() / (valid.sum() * pred.shape[-1]).clamp(min=1)
+            cls = F.cross_entropy(pred[keep] @ self.head.t(), labels[keep]) if bool(keep.any()) else total * 0
             total = total + reg + self.cfg.cls_weight * cls
         return total
 
     @torch.no_grad()
     def accuracy(self, seqs: list[_Seq], batch: int = 8) -> tuple[float, float]:
-        """Held-out top-1 at draft positions 1 and 2 (position 2 reads the drafter's own feature;
-        its context too, which makes it a slight underestimate)."""
+        """Held-out top-1 at draft positions 1 and 2, each given the tokens before it right (position 2
+        reads the drafter's own feature of the position before; its context does too, which makes
+        it an underestimate: in the loop, earlier positions hold the target's features)."""
         hits, total = [0, 0], [0, 0]
         for s in range(0, len(seqs), batch):
             feats, tokens, labels = _batch(seqs[s:s + batch], self.table)
+            ok = labels != IGNORE
             for step, pred in enumerate(self.outputs(feats, tokens, 2)):
-                lab = labels if step == 0 else torch.cat((labels[:, 1:], torch.full_like(labels[:, :1], IGNORE)), 1)
-                top = (pred @ self.head.t()).argmax(-1)
-                ok = lab != IGNORE
-                hits[step] += int((top[ok] == lab[ok]).sum())
+                top = (pred[ok] @ self.head.t()).argmax(-1)
+                hits[step] += int((top == labels[ok]).sum())
                 total[step] += int(ok.sum())
         return hits[0] / max(1, total[0]), hits[1] / max(1, total[1])
 
