@@ -4,7 +4,7 @@ Keys and values live in two tensors ``[layers, slots, kv_heads, max_seq_len, hea
 A sequence owns a slot; a pass writes its new tokens' keys/values at their positions and
 attends to ``[0, start + n)`` of its slot. Rollback is the caller starting its next row
 earlier (nothing here moves); the one compaction, after a tree pass, is
-:meth:`SlotKVCache.move_positions`. ``torch.zeros`` on CPU maps pages lazily, so the memory a
+:meth:`SlotKVCache.move_positions`. On CPU the tensors are mapped lazily, so the memory a
 cache really holds grows with the positions written, up to :meth:`SlotKVCache.nbytes`.
 """
 
@@ -33,8 +33,11 @@ class SlotKVCache:
         if num_slots < 1 or max_seq_len < 1:
             raise ValueError(f"a KV cache needs >= 1 slot and position, got {num_slots} x {max_seq_len}")
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        # CPU: torch.empty of this size is a fresh anonymous mapping (zero pages, committed only
+        # when written), so memory grows with use; every value read is finite (zero or written).
+        make = torch.empty if torch.device(device).type == "cpu" else torch.zeros
+        self.keys = make(shape, dtype=dtype, device=device)
+        self.values = make(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first

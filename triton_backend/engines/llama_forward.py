@@ -110,7 +110,7 @@ class RowLinear:
         self.min_rows = 1 if not invariant else INVARIANT_ROWS
         self.pack_rows = pack_rows if (pack_rows and self.weight.device.type == "cpu"
                                        and self.weight.dtype == torch.float32 and packing_available()) else 0
-        self.packed = packed_weight(self.weight, self.pack_rows) if self.pack_rows else None
+        self.packed = packed_weight(weight, self.pack_rows) if self.pack_rows else None
 
     def packed_bytes(self) -> int:
         return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()

@@ -34,9 +34,20 @@ def packing_available() -> bool:
     return bool(torch.backends.mkl.is_available()) and mkl is not None and hasattr(mkl, "_mkl_reorder_linear_weight")
 
 
+_SHARED: dict[tuple[int, int, int], torch.Tensor] = {}  # (id, data_ptr, rows) of a live weight -> its packed copy
+
+
 def packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    """MKL's packed copy of a float32 CPU ``[out, in]`` weight for ``rows``-row GEMMs."""
-    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+    """MKL's packed copy of a float32 CPU ``[out, in]`` weight for ``rows``-row GEMMs, made once
+    per weight: engines over shared weights (a layer-skip draft, a second engine on the same
+    model) share it too (it costs several times the weight's own memory)."""
+    import weakref
+
+    key = (id(weight), weight.data_ptr(), rows)
+    if key not in _SHARED:
+        _SHARED[key] = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+        weakref.finalize(weight, _SHARED.pop, key, None)
+    return _SHARED[key]
 
 
 def packed_matmul(flat: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
