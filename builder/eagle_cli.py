@@ -45,6 +45,31 @@ def _cmd_eval_eagle(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_eagle(a: argparse.Namespace) -> int:
+    import shlex
+    import subprocess
+
+    from builder.compile import trtllm_build_available
+    from builder.eagle_export import eagle_engine_build, write_eagle_checkpoint
+
+    out = Path(a.out)
+    checkpoint = write_eagle_checkpoint(a.checkpoint, a.eagle, out / "checkpoint", max_draft_len=a.max_draft_len,
+                                        num_eagle_layers=a.num_eagle_layers, max_non_leaves_per_layer=a.max_non_leaves)
+    ranks = len(list(checkpoint.glob("rank*.safetensors")))
+    build = eagle_engine_build("checkpoint", "engine", max_draft_len=a.max_draft_len, max_batch_size=a.max_batch_size,
+                               max_input_len=a.max_input_len, max_seq_len=a.max_seq_len, ranks=ranks)
+    script = out / "build_engine.sh"
+    script.write_text("#!/usr/bin/env bash\n# Compile the EAGLE engine (written by `specbuild export-eagle`).\n"
+                      "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n" + build.shell() + "\n")
+    script.chmod(0o755)
+    print(f"EAGLE checkpoint: {checkpoint}\nengine command (also in {script}):\n{build.shell()}")
+    if trtllm_build_available() is None:
+        print("trtllm-build is not on PATH: the engine is NOT compiled; run the script where TensorRT-LLM is installed")
+        return 0
+    print("running:", " ".join(shlex.quote(x) for x in build.argv))
+    return subprocess.run(build.argv, cwd=out, check=False).returncode
+
+
 def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from builder.train_cli import _data_arguments
 
@@ -71,3 +96,15 @@ def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPa
     e.add_argument("--threads", type=int, default=1)
     e.add_argument("--no-headline", action="store_true", help="do not write the headline file")
     e.set_defaults(func=_cmd_eval_eagle)
+
+    x = sub.add_parser("export-eagle", help="a TensorRT-LLM EAGLE checkpoint (target + drafter) and its trtllm-build command")
+    x.add_argument("--checkpoint", required=True, help="the target's TensorRT-LLM checkpoint (e.g. <build>/checkpoints/target)")
+    x.add_argument("--eagle", required=True, help="the drafter file or folder (specbuild train-eagle)")
+    x.add_argument("--out", required=True, help="output folder: checkpoint/, build_engine.sh, engine/")
+    x.add_argument("--max-draft-len", type=int, default=4, help="draft tokens per step (tree nodes)")
+    x.add_argument("--num-eagle-layers", type=int, default=None, help="draft tree depth (default: max-draft-len)")
+    x.add_argument("--max-non-leaves", type=int, default=10, help="max non-leaf nodes per tree level")
+    x.add_argument("--max-batch-size", type=int, default=8)
+    x.add_argument("--max-input-len", type=int, default=2048)
+    x.add_argument("--max-seq-len", type=int, default=4096)
+    x.set_defaults(func=_cmd_export_eagle)

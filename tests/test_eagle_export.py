@@ -130,3 +130,20 @@ def test_trtllm_build_command():
     assert "--speculative_decoding_mode eagle" in build.shell()
     with pytest.raises(BuildSpecError):
         eagle_engine_build("a", "b", max_draft_len=0)
+
+
+def test_export_command_writes_checkpoint_and_script(target, drafter, tmp_path, capsys):
+    from builder.cli import main as cli_main
+    from builder.compile import trtllm_build_available
+
+    _, checkpoints = target
+    path, _ = drafter
+    if trtllm_build_available() is not None:
+        pytest.skip("trtllm-build is installed here: the command would compile")
+    out = tmp_path / "out"
+    assert cli_main(["export-eagle", "--checkpoint", str(checkpoints[1]), "--eagle", str(path), "--out", str(out),
+                     "--max-draft-len", "3"]) == 0
+    assert json.loads((out / "checkpoint" / "config.json").read_text())["max_draft_len"] == 3
+    script = (out / "build_engine.sh").read_text()
+    assert "--speculative_decoding_mode eagle" in script and "--max_draft_len 3" in script
+    assert "NOT compiled" in capsys.readouterr().out
