@@ -54,17 +54,43 @@ OUTPUTS: tuple[TensorSpec, ...] = (TEXT_OUTPUT, ACCEPTANCE_RATE, TOTAL_ACCEPTED,
                                    NUM_OUTPUT_TOKENS, METHOD, FINISH_REASON)
 
 
+BATCH_POLICIES = ("load_aware", "per_request")  # triton_backend.batch_plan.BatchPolicy
+
+
 def _positive(value: int, name: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
+class TrtllmModelNames:
+    """The tensorrtllm_backend model names the repository serves in front of ``model_name``
+    (:mod:`triton_backend.trtllm_interface`): ``ensemble`` (text, decoupled: streaming,
+    generate, generate_stream), ``tensorrt_llm_bls`` (text, non-decoupled: infer),
+    ``tensorrt_llm`` (token level, decoupled), ``preprocessing`` / ``postprocessing``
+    (the tokenizer). ``None`` leaves that model out."""
+
+    ensemble: str | None = "ensemble"
+    bls: str | None = "tensorrt_llm_bls"
+    tokens: str | None = "tensorrt_llm"
+    preprocessing: str | None = "preprocessing"
+    postprocessing: str | None = "postprocessing"
+
+    def names(self) -> list[str]:
+        return [n for n in (self.ensemble, self.bls, self.tokens, self.preprocessing, self.postprocessing) if n]
+
+
+@dataclass(frozen=True)
 class ServingConfig:
     """How the model is served; rendered into config.pbtxt and read back by the model.
 
-    ``max_concurrency``: requests one instance runs at once (a thread pool; each request
-    has its own KV sessions). ``unary_model_name``: a non-decoupled entry point that
+    ``max_batch_size``: requests one instance batches at once (the scheduler's KV slots;
+    :mod:`triton_backend.scheduler`); ``max_queue_size``: requests waiting for a slot (a full
+    queue is refused at once); ``batch_policy``: ``load_aware`` (draft lengths per round from
+    the measured pass cost and the batch) or ``per_request`` (each request's controller);
+    ``prefill_chunk_tokens``: prompt tokens one round may prefill. ``max_concurrency``:
+    requests run at once by runtimes that batch on their own (TensorRT-LLM's Executor), one
+    thread each. ``unary_model_name``: a non-decoupled entry point that
     forwards to the decoupled model, for clients of Triton's ``infer`` API (HTTP ``infer``
     and gRPC ``ModelInfer`` do not accept decoupled models); ``None`` renders none.
     """
@@ -77,11 +103,21 @@ class ServingConfig:
     unary_instance_count: int = 4
     default_max_tokens: int = 64
     deployment_file: str = "deployment.json"
+    trtllm_models: TrtllmModelNames | None = TrtllmModelNames()  # None: none of them
+    max_queue_size: int = 64
+    batch_policy: str = "load_aware"
+    prefill_chunk_tokens: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "instance_count", "max_concurrency", "unary_instance_count", "default_max_tokens"):
+        for name in ("max_batch_size", "instance_count", "max_concurrency", "unary_instance_count", "default_max_tokens",
+                     "max_queue_size", "prefill_chunk_tokens"):
             _positive(getattr(self, name), name)
-        for name in (self.model_name, self.unary_model_name or "x"):
+        if self.batch_policy not in BATCH_POLICIES:
+            raise InvalidRequestError(f"batch_policy must be one of {BATCH_POLICIES}, got {self.batch_policy!r}")
+        names = [self.model_name, self.unary_model_name or "x"] + (self.trtllm_models.names() if self.trtllm_models else [])
+        if len(set(names)) != len(names):
+            raise InvalidRequestError(f"model names must differ, got {names}")
+        for name in names:
             if not name.replace("_", "").replace("-", "").isalnum():
                 raise InvalidRequestError(f"model names must be letters, digits, '_' or '-', got {name!r}")
         if self.unary_model_name == self.model_name:
@@ -92,7 +128,11 @@ class ServingConfig:
     def parameters(self) -> dict[str, str]:
         """What the decoupled model's config.pbtxt carries (and :meth:`from_parameters` reads)."""
         return {"deployment_file": self.deployment_file, "max_concurrency": str(self.max_concurrency),
-                "default_max_tokens": str(self.default_max_tokens)}
+                "default_max_tokens": str(self.default_max_tokens), **self._batch_parameters()}
+
+    def _batch_parameters(self) -> dict[str, str]:
+        return {"max_batch_size": str(self.max_batch_size), "max_queue_size": str(self.max_queue_size),
+                "batch_policy": self.batch_policy, "prefill_chunk_tokens": str(self.prefill_chunk_tokens)}
 
     @classmethod
     def from_parameters(cls, model_name: str, params: Mapping[str, str]) -> "ServingConfig":
@@ -100,12 +140,14 @@ class ServingConfig:
         if missing:
             raise InvalidRequestError(f"config.pbtxt of {model_name!r} lacks parameters {missing}")
         try:
+            batch = {name: (params[name] if name == "batch_policy" else int(params[name]))
+                     for name in cls()._batch_parameters() if name in params}  # older repositories lack them
             return cls(model_name=model_name, deployment_file=params["deployment_file"],
                        max_concurrency=int(params["max_concurrency"]),
-                       default_max_tokens=int(params["default_max_tokens"]))
+                       default_max_tokens=int(params["default_max_tokens"]), **batch)
         except ValueError as exc:
             raise InvalidRequestError(f"bad parameter in config.pbtxt of {model_name!r}: {exc}") from None
 
 
 
-__all__ = ["INPUTS", "OUTPUTS", "ServingConfig"]
+__all__ = ["INPUTS", "OUTPUTS", "ServingConfig", "TrtllmModelNames"]

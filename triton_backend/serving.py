@@ -22,11 +22,18 @@ from triton_backend.deployment import DeploymentConfig
 from triton_backend.errors import InvalidRequestError, SpecbuildError
 from triton_backend.generation import GenerationChunk, SpeculativeDecoder
 from triton_backend.interface import (
-    ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, FALLBACK, FINISH_REASON, MAX_TOKENS, METHOD, NUM_DRAFT_TOKENS,
-    NUM_OUTPUT_TOKENS, RANDOM_SEED, SPECULATION, STOP_WORDS, STREAM, TARGET_PASSES, TEMPERATURE, TEXT_INPUT,
-    TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_ACCEPTED, TOTAL_DRAFT, ServingConfig,
+    ACCEPTANCE_RATE, CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, FALLBACK, FINISH_REASON, METHOD, NUM_DRAFT_TOKENS,
+    NUM_OUTPUT_TOKENS, SPECULATION, STOP_WORDS, TARGET_PASSES, TEMPERATURE,
+    TEXT_OUTPUT, TOTAL_ACCEPTED, TOTAL_DRAFT, ServingConfig,
 )
+from triton_backend.trtllm_inputs import (
+    check_single_sequence, read_max_tokens, read_pad_id, read_prompt, read_seed, read_stream, read_top_k_p,
+    read_word_list, refuse_unimplemented_sampling, refuse_unsupported,
+)
+from triton_backend.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.reference_model import REFERENCE_MODELS
+from triton_backend.responses import ResponseBuilder
+from triton_backend.scheduler import BatchScheduler, RoundObserver, SchedulerConfig, batchable
 from triton_backend.stats import GenerationStats
 from triton_backend.triton_io import TritonType as T
 from triton_backend.triton_io import read_scalar, read_strings, scalar_tensor, string_tensor
@@ -35,42 +42,60 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServingRequest:
-    prompt: str
+    """One parsed request. ``prompt`` is text, or token ids for the token-level interface
+    (``token_level``: ``input_ids`` in, ``output_ids`` out); both go to
+    :meth:`SpeculativeDecoder.encode` as they are."""
+
+    prompt: str | tuple[int, ...]
     sampling: SamplingParams
     speculation: SpeculationConfig
     stream: bool = False
     chat: bool = False
-    include_prompt: bool = False  # exclude_input_in_output = false: the text starts with the prompt as sent
+    include_prompt: bool = False  # exclude_input_in_output = false: the output starts with the prompt as sent
+    token_level: bool = False
+    return_perf_metrics: bool = False
+    arrival_ns: int = 0  # time.time_ns() when parsed (perf metrics)
 
 
 def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConfig,
                   default_max_tokens: int = 64) -> ServingRequest:
-    """Typed request from input arrays; raises InvalidRequestError with a short message."""
-    prompt = read_scalar(arrays, TEXT_INPUT)
-    if not prompt:
-        raise InvalidRequestError("text_input is empty")
-    if read_strings(arrays, BAD_WORDS):
-        raise InvalidRequestError("bad_words is not supported by this model; send it empty or leave it out")
+    """Typed request from input arrays (our tensors, or tensorrtllm_backend's text or token
+    level ones); raises InvalidRequestError with a short message naming the input."""
+    arrival = time.time_ns()
+    refuse_unsupported(arrays)
+    check_single_sequence(arrays)
+    refuse_unimplemented_sampling(arrays)
+    prompt = read_prompt(arrays)
+    token_level = not isinstance(prompt, str)
+    read_pad_id(arrays)
     end_id = read_scalar(arrays, END_ID)
-    max_tokens = read_scalar(arrays, MAX_TOKENS)
+    top_k, top_p = read_top_k_p(arrays)
+    stop_ids = read_word_list(arrays, STOP_WORDS_LIST)
     sampling = SamplingParams(
-        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        max_tokens=read_max_tokens(arrays, default_max_tokens),
         temperature=_or(read_scalar(arrays, TEMPERATURE), 0.0),
-        top_k=_or(read_scalar(arrays, TOP_K), 0),
-        top_p=_or(read_scalar(arrays, TOP_P), 1.0),
-        seed=read_scalar(arrays, RANDOM_SEED),
+        top_k=_or(top_k, 0),
+        top_p=_or(top_p, 1.0),
+        seed=read_seed(arrays),
         stop=tuple(read_strings(arrays, STOP_WORDS)),
-        stop_token_ids=((end_id,),) if end_id is not None else (),
+        stop_token_ids=stop_ids + (((end_id,),) if end_id is not None else ()),
         ignore_eos=bool(read_scalar(arrays, IGNORE_EOS)),
     )
     spec = speculation.with_overrides(mode=read_scalar(arrays, SPECULATION),
                                       num_draft_tokens=read_scalar(arrays, NUM_DRAFT_TOKENS))
     if spec.min_draft_tokens > max(1, spec.num_draft_tokens):
         spec = spec.with_overrides(min_draft_tokens=max(1, spec.num_draft_tokens))
+    stream = read_stream(arrays)
+    chat = bool(read_scalar(arrays, CHAT))
+    if token_level and chat:
+        raise InvalidRequestError("apply_chat_template needs text_input, not input_ids")
     exclude_input = read_scalar(arrays, EXCLUDE_INPUT)
-    return ServingRequest(prompt, sampling, spec, stream=bool(read_scalar(arrays, STREAM)),
-                          chat=bool(read_scalar(arrays, CHAT)),
-                          include_prompt=exclude_input is not None and not bool(exclude_input))
+    # text level: absent = new text only; token level (as tensorrt_llm): absent = prompt ids first, unless streaming
+    include_prompt = (not stream and not exclude_input) if token_level else (
+        exclude_input is not None and not exclude_input)
+    return ServingRequest(prompt, sampling, spec, stream=stream, chat=chat, include_prompt=include_prompt,
+                          token_level=token_level, return_perf_metrics=bool(read_scalar(arrays, RETURN_PERF_METRICS)),
+                          arrival_ns=arrival)
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -147,8 +172,63 @@ class NullObserver:
 INTERNAL_ERROR_MESSAGE = "internal error while generating; see the server log"
 
 
+class _Responder:
+    """One request's client side: turns generation chunks into responses on its sink (the
+    batch scheduler's :class:`~triton_backend.scheduler.RequestHandle`)."""
+
+    def __init__(self, request: ServingRequest, sink: ResponseSink, observer: RequestObserver, started: float) -> None:
+        self.request, self.sink, self.observer, self.started = request, sink, observer, started
+        self.responses = ResponseBuilder(request)  # text or token level, streamed or whole
+        self.done = False
+
+    def on_chunk(self, chunk: GenerationChunk) -> None:
+        if chunk.finished:
+            self.done = True
+            outputs = self.responses.final(chunk)
+            # counted before the last response leaves: a client that reads the metrics
+            # after its answer sees its request in them
+            self.observer.succeeded(chunk.stats or GenerationStats(), time.perf_counter() - self.started)
+            try:
+                self.sink.send(outputs, final=True)
+            except Exception:  # counted already; the client is gone
+                logger.exception("could not send the final response")
+        else:
+            outputs = self.responses.partial(chunk)
+            if outputs is not None:
+                self.sink.send(outputs, final=False)
+
+    def on_error(self, exc: BaseException) -> None:
+        self.done = True
+        if isinstance(exc, SpecbuildError):
+            _fail(self.observer, self.sink, exc, exc.code)
+        else:  # the client gets a short message; the traceback is in the server log
+            _fail(self.observer, self.sink, INTERNAL_ERROR_MESSAGE, "internal")
+
+    def cancelled(self) -> bool:
+        return self.sink.cancelled()
+
+    def on_cancelled(self) -> None:
+        self.done = True
+        self.observer.failed("cancelled")
+        try:
+            self.sink.close()
+        except Exception:  # the client is gone
+            logger.exception("could not close a cancelled request")
+
+
+def _fail(observer: RequestObserver, sink: ResponseSink, error: BaseException | str, outcome: str) -> None:
+    observer.failed(outcome)
+    try:
+        sink.fail(error)
+    except Exception:  # the client is gone: nothing left to tell it
+        logger.exception("could not send the error response")
+
+
 class SpecdecService:
-    """Runs requests on a thread pool over one shared decoder; each run has its own KV sessions."""
+    """Serves requests over one decoder. Torch runtimes: every request joins the batch
+    scheduler (continuous batching, one ragged target pass per round). Runtimes that batch
+    in flight themselves (TensorRT-LLM's Executor): each request runs its own loop on a
+    thread pool of ``max_concurrency`` threads, handed to the Executor concurrently."""
 
     def __init__(self, decoder: SpeculativeDecoder, config: ServingConfig, speculation: SpeculationConfig,
                  observer: RequestObserver | None = None) -> None:
@@ -156,63 +236,49 @@ class SpecdecService:
         self.config = config
         self.speculation = speculation
         self.observer: RequestObserver = observer or NullObserver()
-        self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="specdec")
+        self.scheduler: BatchScheduler | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if batchable(decoder.target):
+            rounds = observer if isinstance(observer, RoundObserver) else None
+            self.scheduler = BatchScheduler(decoder, SchedulerConfig(
+                max_batch_size=config.max_batch_size, max_queue_size=config.max_queue_size,
+                prefill_chunk_tokens=config.prefill_chunk_tokens, policy=config.batch_policy), rounds)
+        else:
+            self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="specdec")
 
     def submit(self, arrays: Mapping[str, np.ndarray], sink: ResponseSink) -> None:
-        """Parse now (a bad request is answered at once), generate on the pool."""
+        """Parse and encode now (a bad request, or a full queue, is answered at once); generate
+        in the batch (or on the pool)."""
         self.observer.started()
+        started = time.perf_counter()
         try:
             request = parse_request(arrays, self.speculation, self.config.default_max_tokens)
+            responder = _Responder(request, sink, self.observer, started)
+            if self.scheduler is None:
+                self._pool.submit(self.run, request, responder)
+                return
+            prompt_ids = self.decoder.encode(self._prompt(request))
+            self.scheduler.submit(prompt_ids, request.sampling, request.speculation, responder)
         except SpecbuildError as exc:
-            self._fail(sink, exc, exc.code)
-            return
-        self._pool.submit(self.run, request, sink)
+            _fail(self.observer, sink, exc, exc.code)
 
-    def run(self, request: ServingRequest, sink: ResponseSink) -> None:
+    def run(self, request: ServingRequest, responder: _Responder) -> None:
+        """One request's own loop (runtimes that batch on their own)."""
         try:
-            self._generate(request, sink, time.perf_counter())
-        except SpecbuildError as exc:
-            self._fail(sink, exc, exc.code)
-        except Exception:  # the client gets a short message; the traceback goes to the server log
-            logger.exception("request failed")
-            self._fail(sink, INTERNAL_ERROR_MESSAGE, "internal")
-
-    def _fail(self, sink: ResponseSink, error: BaseException | str, outcome: str) -> None:
-        self.observer.failed(outcome)
-        try:
-            sink.fail(error)
-        except Exception:  # the client is gone: nothing left to tell it
-            logger.exception("could not send the error response")
-
-    def _generate(self, request: ServingRequest, sink: ResponseSink, started: float) -> None:
-        prompt = self._prompt(request)
-        pieces: list[str] = [request.prompt] if request.include_prompt else []
-        with contextlib.closing(self.decoder.stream(prompt, request.sampling, request.speculation)) as chunks:
-            for chunk in chunks:
-                if sink.cancelled():
-                    self.observer.failed("cancelled")
-                    try:
-                        sink.close()
-                    except Exception:  # the client is gone
-                        logger.exception("could not close a cancelled request")
-                    return
-                if chunk.finished:
-                    text = "".join(pieces) + chunk.text  # streaming: the prompt when nothing was sent yet
-                    # counted before the last response leaves: a client that reads the metrics
-                    # after its answer sees its request in them
-                    self.observer.succeeded(chunk.stats or GenerationStats(), time.perf_counter() - started)
-                    try:
-                        sink.send(final_outputs(text, chunk), final=True)
-                    except Exception:  # counted already; the client is gone
-                        logger.exception("could not send the final response")
-                    return
-                if request.stream:
-                    if chunk.text:
-                        sink.send(text_outputs("".join(pieces) + chunk.text), final=False)
-                        pieces.clear()
-                else:
-                    pieces.append(chunk.text)
-        raise RuntimeError("generation ended without a final chunk")
+            with contextlib.closing(self.decoder.stream(self._prompt(request), request.sampling,
+                                                        request.speculation)) as chunks:
+                for chunk in chunks:
+                    if responder.cancelled():
+                        responder.on_cancelled()
+                        return
+                    responder.on_chunk(chunk)
+                    if chunk.finished:
+                        return
+            raise RuntimeError("generation ended without a final chunk")
+        except Exception as exc:
+            if not isinstance(exc, SpecbuildError):
+                logger.exception("request failed")
+            responder.on_error(exc)
 
     def _prompt(self, request: ServingRequest) -> str:
         if not request.chat:
@@ -224,7 +290,10 @@ class SpecdecService:
                                              add_generation_prompt=True, tokenize=False)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 __all__ = [

@@ -28,19 +28,22 @@ class TritonType(str, enum.Enum):
     STRING = "TYPE_STRING"
     BOOL = "TYPE_BOOL"
     INT32 = "TYPE_INT32"
+    INT64 = "TYPE_INT64"
+    UINT8 = "TYPE_UINT8"
     UINT64 = "TYPE_UINT64"
+    FP16 = "TYPE_FP16"
     FP32 = "TYPE_FP32"
 
     @property
     def numpy(self) -> Any:
-        return {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32,
-                "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32}[self.value]
+        return {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64,
+                "TYPE_UINT8": np.uint8, "TYPE_UINT64": np.uint64, "TYPE_FP16": np.float16,
+                "TYPE_FP32": np.float32}[self.value]
 
     @property
     def wire(self) -> str:
         """The datatype name on the KServe v2 wire (what clients put in InferInput)."""
-        return {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32",
-                "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32"}[self.value]
+        return "BYTES" if self is TritonType.STRING else self.value[len("TYPE_"):]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,21 @@ def read_strings(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> list[str
     return [v for v in values if v]
 
 
+def read_ids(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> list[int] | None:
+    """The integers of a ``[1, n]`` (or ``[1, ...]``) integer input, flattened; ``None`` if absent."""
+    item = _batch_of_one(arrays, spec)
+    if item is None:
+        return None
+    if item.dtype.kind not in "iu":
+        raise InvalidRequestError(f"input '{spec.name}' must hold integers")
+    return [int(v) for v in item.reshape(-1)]
+
+
+def read_matrix(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> np.ndarray | None:
+    """The request's own item of a batched input (``arr[0]``, any rank); ``None`` if absent."""
+    return _batch_of_one(arrays, spec)
+
+
 def decode_utf8(value: Any, name: str) -> str:
     if isinstance(value, str):
         return value
@@ -117,6 +135,11 @@ def string_tensor(*values: str) -> np.ndarray:
 def scalar_tensor(value: Any, dtype: TritonType) -> np.ndarray:
     """A ``[1, 1]`` array of ``dtype``."""
     return np.array([[value]], dtype=dtype.numpy)
+
+
+def array_tensor(values: Any, dtype: TritonType) -> np.ndarray:
+    """``values`` (any nesting) as one batch item: ``[1, *shape]`` of ``dtype``."""
+    return np.asarray(values, dtype=dtype.numpy)[np.newaxis, ...]
 
 
 # -- Triton side (inside the Python backend stub only) --------------------------------------
@@ -156,7 +179,7 @@ def error_response(exc: BaseException | str) -> Any:
     if isinstance(exc, InvalidRequestError):
         code = pb_utils.TritonError.INVALID_ARG
     elif isinstance(exc, SpecbuildError):
-        code = pb_utils.TritonError.UNAVAILABLE if exc.code == "model_load" else pb_utils.TritonError.INTERNAL
+        code = pb_utils.TritonError.UNAVAILABLE if exc.code in ("model_load", "overloaded") else pb_utils.TritonError.INTERNAL
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
@@ -193,6 +216,6 @@ class TritonResponseSink:
 
 __all__ = [
     "TensorSpec", "TritonResponseSink", "TritonType", "decode_utf8", "error_response", "inference_response",
-    "model_parameters",
+    "model_parameters", "array_tensor", "read_ids", "read_matrix",
     "read_scalar", "read_strings", "request_arrays", "scalar_tensor", "string_tensor",
 ]
