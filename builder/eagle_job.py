@@ -88,11 +88,16 @@ def run_train_eagle(job: EagleJob) -> dict[str, Any]:
 
 
 def run_eval_eagle(job: EagleEvalJob) -> AcceptanceReport:
+    """Measure, and write ``acceptance.json`` next to the drafter."""
+    from triton_backend.eagle_model import eagle_file
+
     previous = _threads(job.threads)
     try:
-        return evaluate_eagle(job.target, job.eagle, job.evaluation, headline=job.headline)
+        report = evaluate_eagle(job.target, job.eagle, job.evaluation, headline=job.headline)
     finally:
         torch.set_num_threads(previous)
+    _write(eagle_file(job.eagle).parent / "acceptance.json", {"evaluation": asdict(job.evaluation), **report.to_dict()})
+    return report
 
 
 def _write(path: Path, report: dict[str, Any]) -> None:
