@@ -7,6 +7,9 @@
     out_dir/specdec/1/deployment.json     the DeploymentConfig it serves
     out_dir/specdec_unary/config.pbtxt    non-decoupled entry point for Triton's infer API
     out_dir/specdec_unary/1/model.py      shim: TritonPythonModel = triton_backend.triton_unary.UnaryModel
+    out_dir/ensemble, tensorrt_llm_bls,   tensorrtllm_backend's names (r25.05 tensors) in front of specdec:
+      tensorrt_llm, preprocessing,        forwarders (triton_backend.triton_forward) and the tokenizer
+      postprocessing                      models (triton_backend.trtllm_tokenizer_models)
 
 config.pbtxt is rendered from the typed :class:`~triton_backend.interface.ServingConfig` and
 the tensor specs in :mod:`triton_backend.interface`; every placeholder must be filled
@@ -18,12 +21,17 @@ from __future__ import annotations
 import logging
 import re
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from triton_backend.errors import SpecbuildError
 from triton_backend.interface import INPUTS, OUTPUTS, ServingConfig
 from triton_backend.triton_io import TensorSpec
+from triton_backend.trtllm_interface import (
+    BLS_SERVED_INPUTS, ENSEMBLE_SERVED_INPUTS, POST_INPUTS, POST_OUTPUTS, PRE_INPUTS, PRE_OUTPUTS, SERVED_INPUTS,
+    SERVED_OUTPUTS, TEXT_SERVED_OUTPUTS, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS,
+)
 
 if TYPE_CHECKING:  # rendering needs no torch: only the config's JSON
     from triton_backend.deployment import DeploymentConfig
@@ -101,25 +109,69 @@ def _parameters(params: Mapping[str, str]) -> str:
     return "\n".join(blocks)
 
 
-def render_config_pbtxt(serving: ServingConfig, *, unary: bool = False) -> str:
-    """config.pbtxt of the decoupled model, or of the unary entry point when ``unary``."""
-    if unary and serving.unary_model_name is None:
-        raise RenderError("this ServingConfig has no unary model")
-    params = {"target_model": serving.model_name} if unary else serving.parameters()
+def _config(name: str, *, decoupled: bool, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+            count: int, params: Mapping[str, str], max_batch_size: int) -> str:
     return render_template(CONFIG_TEMPLATE, {
-        "name": serving.unary_model_name if unary else serving.model_name,
-        "max_batch_size": serving.max_batch_size,
-        "decoupled": "false" if unary else "true",
-        "inputs": _tensors(INPUTS, True),
-        "outputs": _tensors(OUTPUTS, False),
-        "instance_count": serving.unary_instance_count if unary else serving.instance_count,
+        "name": name, "max_batch_size": max_batch_size, "decoupled": "true" if decoupled else "false",
+        "inputs": _tensors(inputs, True), "outputs": _tensors(outputs, False), "instance_count": count,
         "parameters": _parameters(params),
     })
+
+
+def render_config_pbtxt(serving: ServingConfig, *, unary: bool = False) -> str:
+    """config.pbtxt of the decoupled (serving) model, or of the unary entry point when ``unary``."""
+    if unary and serving.unary_model_name is None:
+        raise RenderError("this ServingConfig has no unary model")
+    if unary:
+        return _config(serving.unary_model_name, decoupled=False, inputs=INPUTS, outputs=OUTPUTS,
+                       count=serving.unary_instance_count, params={"target_model": serving.model_name},
+                       max_batch_size=serving.max_batch_size)
+    return _config(serving.model_name, decoupled=True, inputs=SERVED_INPUTS, outputs=SERVED_OUTPUTS,
+                   count=serving.instance_count, params=serving.parameters(), max_batch_size=serving.max_batch_size)
+
+
+@dataclass(frozen=True)
+class FrontModel:
+    """A model of tensorrtllm_backend's layout, rendered in front of the serving model."""
+
+    name: str
+    decoupled: bool
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    module: str
+    adapter: str
+
+
+def front_models(serving: ServingConfig) -> list[FrontModel]:
+    """The tensorrtllm_backend-named models this ServingConfig renders (names configurable)."""
+    names = serving.trtllm_models
+    if names is None:
+        return []
+    forward, tok = ("triton_backend.triton_forward", "ForwardModel"), "triton_backend.trtllm_tokenizer_models"
+    specs = [(names.ensemble, True, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
+             (names.bls, False, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
+             (names.tokens, True, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward),
+             (names.preprocessing, False, PRE_INPUTS, PRE_OUTPUTS, tok, "PreprocessingModel"),
+             (names.postprocessing, False, POST_INPUTS, POST_OUTPUTS, tok, "PostprocessingModel")]
+    return [FrontModel(*spec) for spec in specs if spec[0]]
+
+
+def render_front_config(serving: ServingConfig, model: FrontModel) -> str:
+    return _config(model.name, decoupled=model.decoupled, inputs=model.inputs, outputs=model.outputs,
+                   count=serving.unary_instance_count if model.module.endswith("triton_forward") and not model.decoupled else 1,
+                   params={"target_model": serving.model_name}, max_batch_size=serving.max_batch_size)
 
 
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def _write_model(out_dir: Path, name: str, config: str, module: str, adapter: str) -> Path:
+    _write(out_dir / name / "config.pbtxt", config)
+    _write(out_dir / name / VERSION / "model.py",
+           render_template(MODEL_SHIM, {"name": name, "module": module, "adapter": adapter}))
+    return out_dir / name
 
 
 def render_model_repository(deployment: "DeploymentConfig", out_dir: Path,
@@ -129,17 +181,16 @@ def render_model_repository(deployment: "DeploymentConfig", out_dir: Path,
     commands (``specbuild build``) call it."""
     serving = serving or ServingConfig()
     out_dir = Path(out_dir)
-    model_dir = out_dir / serving.model_name
-    _write(model_dir / "config.pbtxt", render_config_pbtxt(serving))
-    _write(model_dir / VERSION / "model.py", render_template(MODEL_SHIM, {
-        "name": serving.model_name, "module": "triton_backend.triton_model", "adapter": "SpecdecModel"}))
+    model_dir = _write_model(out_dir, serving.model_name, render_config_pbtxt(serving),
+                             "triton_backend.triton_model", "SpecdecModel")
     _write(model_dir / VERSION / serving.deployment_file, deployment.to_json() + "\n")
     if serving.unary_model_name is not None:
-        unary_dir = out_dir / serving.unary_model_name
-        _write(unary_dir / "config.pbtxt", render_config_pbtxt(serving, unary=True))
-        _write(unary_dir / VERSION / "model.py", render_template(MODEL_SHIM, {
-            "name": serving.unary_model_name, "module": "triton_backend.triton_unary", "adapter": "UnaryModel"}))
-    logger.info("rendered model repository %s (model %s)", out_dir, serving.model_name)
+        _write_model(out_dir, serving.unary_model_name, render_config_pbtxt(serving, unary=True),
+                     "triton_backend.triton_unary", "UnaryModel")
+    for model in front_models(serving):
+        _write_model(out_dir, model.name, render_front_config(serving, model), model.module, model.adapter)
+    logger.info("rendered model repository %s (model %s; %s)", out_dir, serving.model_name,
+                ", ".join(m.name for m in front_models(serving)) or "no tensorrtllm_backend names")
     return out_dir
 
 
@@ -148,4 +199,4 @@ def is_model_repository(path: Path) -> bool:
     return path.is_dir() and any(p.is_file() for p in path.glob("*/config.pbtxt"))
 
 
-__all__ = ["RenderError", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]
+__all__ = ["FrontModel", "RenderError", "front_models", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]

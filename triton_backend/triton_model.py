@@ -17,8 +17,9 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
-from triton_backend.interface import INPUTS, ServingConfig
+from triton_backend.interface import ServingConfig
 from triton_backend.triton_io import TritonResponseSink, model_parameters, request_arrays
+from triton_backend.trtllm_interface import SERVED_INPUTS
 
 logger = logging.getLogger("triton_backend.triton_model")
 
@@ -45,12 +46,16 @@ class SpecdecModel:
         deployment = load_deployment(Path(args["model_repository"]) / args["model_version"] / config.deployment_file)
         logger.info("%s: serving %s", args["model_instance_name"], " ".join(deployment.to_json().split()))
         decoder = build_decoder(deployment)
-        self.metrics = TritonMetrics(pb_utils, args["model_name"])
+        from triton_backend.trtllm_metrics import Observers, TrtllmMetrics
+
+        # specdec_* and, beside them, TensorRT-LLM's nv_trt_llm_* names
+        self.metrics = Observers(TritonMetrics(pb_utils, args["model_name"]),
+                                 TrtllmMetrics(pb_utils, args["model_name"], config.max_batch_size))
         self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            self.service.submit(request_arrays(request, INPUTS), TritonResponseSink(request))
+            self.service.submit(request_arrays(request, SERVED_INPUTS), TritonResponseSink(request))
         return None
 
     def finalize(self) -> None:

@@ -1,0 +1,28 @@
+"""NVIDIA's perf_analyzer (tritonclient 2.51.0's binary) drives the served models for real:
+gRPC streaming against the decoupled ``ensemble`` and plain gRPC infer against
+``tensorrt_llm_bls``. Skipped with a reason where perf_analyzer is not installed
+(``scripts/get_perf_analyzer.sh``)."""
+
+from __future__ import annotations
+
+import pytest
+from triton_fixtures import triton  # noqa: F401 (fixture)
+
+from builder.perf_analyzer import PerfAnalyzerRun, find_perf_analyzer, run_perf_analyzer
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(find_perf_analyzer() is None,
+                                 reason="perf_analyzer not installed: run scripts/get_perf_analyzer.sh")]
+
+PROMPTS = ("The capital of France is", "Write a haiku about the sea.")
+
+
+@pytest.mark.parametrize("model,streaming", [("ensemble", True), ("tensorrt_llm_bls", False)])
+def test_perf_analyzer_drives_the_served_model(triton, model: str, streaming: bool) -> None:
+    before = triton.metrics().get(f'nv_inference_request_success{{model="specdec",version="1"}}', 0.0)
+    rows = run_perf_analyzer(PerfAnalyzerRun(triton.endpoints.grpc_url, model, PROMPTS, max_tokens=4,
+                                             streaming=streaming, requests_per_window=4, max_trials=2))
+    assert len(rows) == 1 and rows[0].concurrency == 1
+    assert rows[0].requests_per_s > 0 and 0 < rows[0].p50_latency_ms <= rows[0].p99_latency_ms
+    served = triton.metrics()[f'nv_inference_request_success{{model="specdec",version="1"}}'] - before
+    assert served >= 4  # the requests reached the serving model
