@@ -41,7 +41,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--speculation", default="auto", help="auto, draft, medusa, ngram or off")
+    p.add_argument("--eagle", default=None, help="EAGLE drafter file or folder (`specbuild train-eagle`)")
+    p.add_argument("--speculation", default="auto", help="auto, draft, medusa, eagle, ngram or off")
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to the running acceptance")
     p.add_argument("--no-fallback", action="store_true", help="never fall back to plain decoding")
@@ -62,6 +63,7 @@ class LocalRunConfig:
                                         adaptive=a.adaptive, fallback=not a.no_fallback,
                                         tree_acceptance=a.tree_acceptance)
         deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,
+                                      eagle=a.eagle,
                                       runtime=RuntimeConfig(device=a.device, num_threads=a.threads),
                                       speculation=speculation)
         sampling = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,

@@ -138,7 +138,7 @@ def load_deployment(path: Path) -> DeploymentConfig:
 
     trtllm = config.trtllm.with_paths(resolve) if config.trtllm is not None else None  # engine folders too
     return replace(config, target=resolve(config.target) or config.target, draft=resolve(config.draft),
-                   medusa=resolve(config.medusa), trtllm=trtllm)
+                   medusa=resolve(config.medusa), eagle=resolve(config.eagle), trtllm=trtllm)
 
 
 class ResponseSink(Protocol):
