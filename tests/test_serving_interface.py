@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from builder.model_repository import RenderError, render_config_pbtxt, render_model_repository, render_template
+from builder.model_repository import front_models, render_front_config, RenderError, render_config_pbtxt, render_model_repository, render_template
 from builder.triton_client import GenerateRequest
 from triton_backend.config import SpeculationConfig, SpeculationMode
 from triton_backend.deployment import DeploymentConfig
@@ -33,11 +33,16 @@ def test_config_pbtxt_parses_as_triton_model_config() -> None:
     assert config.name == "specdec" and config.backend == "python"
     assert config.model_transaction_policy.decoupled is True
     assert config.instance_group[0].count == 2
-    assert [i.name for i in config.input] == [s.name for s in INPUTS]
-    assert [o.name for o in config.output] == [s.name for s in OUTPUTS]
+    # the serving model takes ours and every tensor the tensorrtllm_backend front models forward
+    assert [i.name for i in config.input][:len(INPUTS)] == [s.name for s in INPUTS]
+    assert [o.name for o in config.output][:len(OUTPUTS)] == [s.name for s in OUTPUTS]
     by_name = {i.name: i for i in config.input}
     assert model_config_pb2.DataType.Name(by_name["text_input"].data_type) == "TYPE_STRING"
-    assert not by_name["text_input"].optional and by_name["max_tokens"].optional
+    assert by_name["text_input"].optional and by_name["max_tokens"].optional  # text_input or input_ids
+    assert {"input_ids", "seed", "beam_width"} <= set(by_name)
+    for model in front_models(serving):  # the tensorrtllm_backend names parse too
+        front = _parse_pbtxt(render_front_config(serving, model))
+        assert front.name == model.name and front.parameters["target_model"].string_value == "specdec"
     assert model_config_pb2.DataType.Name(by_name["random_seed"].data_type) == "TYPE_UINT64"
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert ServingConfig.from_parameters("specdec", params) == ServingConfig(max_concurrency=3)
