@@ -242,7 +242,7 @@ def _infer(t: RunningTriton, model: str, arrays: dict[str, np.ndarray]) -> dict[
         tensor = httpclient.InferInput(name, arr.shape, httpclient.np_to_triton_dtype(arr.dtype))
         tensor.set_data_from_numpy(arr)
         tensors.append(tensor)
-    with httpclient.InferenceServerClient(t.endpoints.http_url) as client:
+    with httpclient.InferenceServerClient(t.endpoints.http_url.split("://", 1)[-1]) as client:
         result = client.infer(model, tensors)
     return {out["name"]: result.as_numpy(out["name"]) for out in result.get_response()["outputs"]}
 
