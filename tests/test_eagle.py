@@ -92,6 +92,21 @@ def test_greedy_identical_to_plain(k, candidates):
         assert spec.stats.target_passes < 40  # every round verified in one pass
 
 
+def test_fallback_rounds_keep_features_in_step():
+    """With the default gain rule a poor drafter is paused (plain rounds) and probed again: the
+    features of the plain rounds are kept for the next proposal, output stays exact."""
+    target = tiny_engine(0)
+    drafter = _random_drafter(target, seed=3)
+    drafter.relative_cost = 0.01  # as cheap as a real drafter on a real target (here it is as big as the target)
+    decoder = _decoder(target, drafter)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    plain = decoder.generate([4, 8, 15], params, SpeculationConfig(mode="off"))
+    spec = decoder.generate([4, 8, 15], params, SpeculationConfig(mode="eagle", num_draft_tokens=3, probe_interval=2,
+                                                                                   prior_acceptance=0.9))
+    assert spec.token_ids == plain.token_ids
+    assert 0 < spec.stats.speculative_rounds < spec.stats.target_passes  # some rounds drafted, some did not
+
+
 def test_constant_drafter_stats_add_up():
     """A drafter with zero weights guesses one constant feature: few accepts, but the loop
     stays exact in length and counts drafted positions consistently."""
