@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 from triton_backend.batch_plan import BatchPolicy, DraftPlanner
 from triton_backend.batch_round import (BatchSequence, PlannedRow, commit, describe, drafted_tokens, propose_per_row,
@@ -72,8 +72,14 @@ class RequestHandle(Protocol):
     def on_cancelled(self) -> None: ...
 
 
+@runtime_checkable
 class RoundObserver(Protocol):
     def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None: ...
+
+
+def batchable(engine: object) -> bool:
+    """Whether the scheduler can run ``engine``'s rows (the torch runtime's engines)."""
+    return isinstance(engine, (TorchEngine, BatchedEngine))
 
 
 def as_batched(engine: object, num_slots: int) -> BatchedEngine:
@@ -114,6 +120,7 @@ class BatchScheduler:
         self._handles: dict[int, RequestHandle] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._draining = True
         self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
         self._thread.start()
         logger.info("batch scheduler: %d slots on %r, queue %d, %s draft lengths", self.config.max_batch_size,
@@ -139,9 +146,11 @@ class BatchScheduler:
         with self._cond:
             return len(self._active), len(self._queue)
 
-    def shutdown(self) -> None:
+    def shutdown(self, drain: bool = True) -> None:
+        """Refuse new requests; finish the admitted and queued ones (``drain``) or fail them."""
         with self._cond:
             self._closed = True
+            self._draining = drain
             self._cond.notify()
         self._thread.join()
 
@@ -151,7 +160,7 @@ class BatchScheduler:
             with self._cond:
                 while not self._closed and not self._queue and not self._active:
                     self._cond.wait()
-                if self._closed:
+                if self._closed and not (self._draining and (self._queue or self._active)):
                     break
             try:
                 self._drop_cancelled()
@@ -251,8 +260,7 @@ class BatchScheduler:
         seq = row.seq
         try:
             block, drafted, accepted = verify_row(self.target, row, out)
-            seq.record_verification(drafted, accepted, row.draft_s, verify_s, controller=self.planner.controls(seq))
-            self.planner.record(seq, drafted, accepted)
+            seq.record_verification(drafted, accepted, row.draft_s, verify_s)
             chunk = commit(seq, block)
         except SpecbuildError as exc:
             self._finish(seq, error=exc)
@@ -268,7 +276,6 @@ class BatchScheduler:
         if seq in self._active:
             self._active.remove(seq)
         seq.release(self.target, self.draft_engine)
-        self.planner.forget(seq)
         handle = self._handles.pop(id(seq), None)
         if handle is None:
             return
@@ -297,4 +304,5 @@ class BatchScheduler:
             self._tell(job.handle.on_error, closed)
 
 
-__all__ = ["BatchScheduler", "QueueFullError", "RequestHandle", "RoundObserver", "SchedulerConfig", "as_batched"]
+__all__ = ["BatchScheduler", "QueueFullError", "RequestHandle", "RoundObserver", "SchedulerConfig", "as_batched",
+           "batchable"]

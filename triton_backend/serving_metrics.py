@@ -14,7 +14,8 @@ from typing import Any
 from triton_backend.stats import GenerationStats
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-OUTCOMES = ("success", "invalid_request", "context_length", "vocab_mismatch", "model_load", "internal", "cancelled")
+OUTCOMES = ("success", "invalid_request", "context_length", "vocab_mismatch", "model_load", "internal", "cancelled",
+            "overloaded")
 
 
 class TritonMetrics:
@@ -41,11 +42,21 @@ class TritonMetrics:
                               family.HISTOGRAM),
             "ttft": family("specdec_time_to_first_token_seconds", "Time to the first verified block",
                            family.HISTOGRAM),
+            # the batch scheduler's rounds (one ragged target pass each)
+            "batch_size": family("specdec_batch_size", "Rows in the latest batched target pass", family.GAUGE),
+            "queued": family("specdec_queued_requests", "Requests waiting for a batch slot", family.GAUGE),
+            "rounds": family("specdec_batch_rounds_total", "Batched target passes", family.COUNTER),
+            "round_rows": family("specdec_batch_rows_total", "Rows over all batched passes", family.COUNTER),
+            "round_speculating": family("specdec_batch_speculating_rows_total",
+                                        "Rows that carried drafted tokens, over all batched passes", family.COUNTER),
+            "round_drafted": family("specdec_batch_draft_tokens_total", "Drafted tokens verified in batched passes",
+                                    family.COUNTER),
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         for outcome in OUTCOMES:
             self._metric("requests", outcome=outcome)
-        for name in ("in_flight", "tokens", "passes", "fallbacks"):
+        for name in ("in_flight", "tokens", "passes", "fallbacks", "batch_size", "queued", "rounds", "round_rows",
+                     "round_speculating", "round_drafted"):
             self._metric(name)
 
     def _metric(self, family: str, **labels: str) -> Any:
@@ -78,6 +89,16 @@ class TritonMetrics:
                 self._metric("fallbacks").increment(1)
             self._metric("latency").observe(latency_s)
             self._metric("ttft").observe(stats.time_to_first_token_s)
+
+    def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
+        """One batched round (:class:`triton_backend.scheduler.RoundObserver`)."""
+        with self._lock:
+            self._metric("batch_size").set(batch_size)
+            self._metric("queued").set(queued)
+            self._metric("rounds").increment(1)
+            self._metric("round_rows").increment(batch_size)
+            self._metric("round_speculating").increment(speculating_rows)
+            self._metric("round_drafted").increment(draft_tokens)
 
     def failed(self, outcome: str) -> None:
         with self._lock:
