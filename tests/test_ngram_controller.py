@@ -164,7 +164,7 @@ def _match_end(tokens, min_n, max_n):
     raise AssertionError("no match")
 
 
-def test_ngram_session_under_the_gain_rule_drafts_long_matches_only():
+def test_ngram_session_under_the_gain_rule_sizes_the_draft_by_the_match():
     drafter = NgramDrafter(1, 3)
     session = drafter.new_session()
     controller = controller_for(SpeculationConfig(mode="ngram", num_draft_tokens=8), SpeculationMode.NGRAM, drafter, session)
@@ -173,7 +173,7 @@ def test_ngram_session_under_the_gain_rule_drafts_long_matches_only():
     tokens = [1, 2] + copy + [3, 4] + copy[:12]  # the output is copying the prompt: a 12-token match
     k = controller.next_draft_length()
     assert session.propose(tokens, k, None, None).tokens == copy[12:12 + 7]  # 8 tokens fill one packed GEMM
-    short = [5, 6, 7, 8, 9, 5]  # a one-token match: not worth a verify
-    assert session.propose(short, k, None, None).tokens == []
+    short = [5, 6, 7, 8, 9, 5]  # a one-token match: a short, cheap bet at most
+    assert len(session.propose(short, k, None, None).tokens) <= 3
     plain_session = drafter.new_session()  # no policy (fallback off): the whole continuation
     assert plain_session.propose(short, 3, None, None).tokens == [6, 7, 8]

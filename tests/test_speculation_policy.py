@@ -56,7 +56,7 @@ def test_plan_picks_the_length_that_pays_and_plain_when_none_does():
 
 
 def test_plan_with_one_row_is_the_single_request_decision():
-    settings = GainSettings(prior=0.55)
+    settings = GainSettings(prior=(0.55, 0.55))
     for draft_cost in (0.0, 0.1, 0.3):
         policy = GainPolicy(DrafterKind.DRAFT, 6, draft_cost, settings, PassCostModel.default())
         assert policy.next_draft_length() == plan_round([policy.current_option()], PassCostModel.default())[0]
@@ -80,7 +80,7 @@ def test_gain_policy_stops_within_a_few_rounds_and_never_at_zero_gain():
         rounds += 1
         assert rounds <= 3
     assert rounds >= 1 and policy.paused
-    hopeless = GainPolicy(DrafterKind.DRAFT, 4, 0.0, GainSettings(prior=0.0, probe_interval=1), PassCostModel.default())
+    hopeless = GainPolicy(DrafterKind.DRAFT, 4, 0.0, GainSettings(prior=(0.0, 0.0), probe_interval=1), PassCostModel.default())
     assert all(hopeless.next_draft_length() == 0 for _ in range(200))  # probes too: the prior says it cannot pay
 
 
@@ -103,17 +103,18 @@ def test_gain_policy_probes_and_resumes_when_acceptance_returns():
 
 
 def test_match_length_policy_follows_the_match_and_its_history():
+    picky = MatchLengthPolicy(8, GainSettings(), PassCostModel.default(), priors={1: (0.05, 0.3), 8: (0.9, 0.8)})
+    assert picky.draft_length(1, 8) == 0 and picky.draft_length(9, 8) == 7  # the match's bucket decides
     policy = MatchLengthPolicy(8, GainSettings(probe_interval=1000), PassCostModel.default())
-    assert policy.draft_length(1, 8) == 0  # a one-token match is a poor bet before any evidence
     assert policy.draft_length(12, 8) > 0  # a long match pays from the prior
     assert policy.draft_length(12, 2) <= 2  # never more than the continuation
     rounds = 0
     while (k := policy.draft_length(12, 8)) > 0:  # long matches stop paying in this request
         policy.record(k, 0)
         rounds += 1
-        assert rounds <= 8
+        assert rounds <= 10  # a strong prior (long matches copy well) takes a few more failures; each costs ~0.35 steps
     assert policy.draft_length(20, 8) > 0  # a longer match (another bucket) is judged on its own
-    short = MatchLengthPolicy(8, GainSettings(), PassCostModel.default(), priors={1: 0.3, 4: 0.3})
+    short = MatchLengthPolicy(8, GainSettings(), PassCostModel.default(), priors={1: (0.3, 0.3), 4: (0.3, 0.3)})
     assert short.bucket(1) == 1 and short.bucket(3) == 1 and short.bucket(9) == 4
 
 

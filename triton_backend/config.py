@@ -138,8 +138,8 @@ class SpeculationConfig:
     gain_margin: float = 0.03  # draft only when the expected rate beats plain decoding by this fraction
     prior_acceptance: float | None = None  # None: the drafter type's prior (speculation_policy)
     prior_strength: float = 2.0  # pseudo-observations behind the prior
-    acceptance_decay: float = 0.8  # evidence kept per recorded round
-    probe_interval: int = 16  # plain steps before a paused request probes again
+    acceptance_decay: float = 0.9  # evidence kept per recorded round
+    probe_interval: int = 8  # plain steps before a paused request probes again
     ngram_min: int = 1
     ngram_max: int = 3
     verify_cost_per_token: float = 0.06  # extra cost of verifying one more token, in target steps

@@ -213,8 +213,11 @@ class DrafterKind(str, enum.Enum):
     MEDUSA = "medusa"
 
 
-# per-position conditional acceptance a request starts from (before any round of its own)
-PRIOR_ACCEPTANCE = {DrafterKind.DRAFT: 0.6, DrafterKind.MEDUSA: 0.5, DrafterKind.NGRAM: 0.3}
+Prior = tuple[float, float]  # conditional acceptance of the first draft, and of each later one
+
+# what a request starts from (before any round of its own): (first position, later positions)
+PRIOR_ACCEPTANCE: dict[DrafterKind, Prior] = {DrafterKind.DRAFT: (0.6, 0.6), DrafterKind.MEDUSA: (0.5, 0.35),
+                                              DrafterKind.NGRAM: (0.3, 0.6)}
 
 
 class AcceptanceEstimate:
@@ -222,22 +225,31 @@ class AcceptanceEstimate:
     a Beta posterior per position whose evidence decays by ``decay`` each recorded round (the
     estimate follows the text), with ``strength`` pseudo-observations of its prior."""
 
-    def __init__(self, positions: int, prior: float, strength: float = 2.0, decay: float = 0.8) -> None:
-        self.prior, self.strength, self.decay = float(prior), float(strength), float(decay)
+    def __init__(self, positions: int, prior: Prior, strength: float = 2.0, decay: float = 0.9) -> None:
+        self.prior = (float(prior[0]), float(prior[1]))
+        self.strength, self.decay = float(strength), float(decay)
         self.accepted = [0.0] * positions
         self.rejected = [0.0] * positions
 
     def conditional(self) -> list[float]:
-        """Position 0 shrinks toward the prior, each later position toward the one before it
-        (a position never tried is as good as the last one that was)."""
-        out, mean = [], self.prior
-        for a, r in zip(self.accepted, self.rejected):
-            mean = (self.strength * mean + a) / (self.strength + a + r)
-            out.append(mean)
+        """Position 0 shrinks toward the first prior; later positions toward the later prior
+        scaled by how position 0 does against its prior (where first drafts fail in this
+        request, later ones are not trusted either)."""
+        s, (first, later) = self.strength, self.prior
+        out: list[float] = []
+        for i, (a, r) in enumerate(zip(self.accepted, self.rejected)):
+            prior = first if i == 0 else later * (min(1.0, out[0] / first) if first > 0 else 0.0)
+            out.append((s * prior + a) / (s + a + r))
         return out
 
     def prior_conditional(self) -> list[float]:
-        return [self.prior] * len(self.accepted)
+        first, later = self.prior
+        return [first] + [later] * (len(self.accepted) - 1)
+
+    def age(self, factor: float) -> None:
+        """Evidence fades while nothing is drafted (a paused request's estimate drifts back to its prior)."""
+        self.accepted = [a * factor for a in self.accepted]
+        self.rejected = [r * factor for r in self.rejected]
 
     def record(self, drafted: int, accepted: int) -> None:
         """A round drafted ``drafted`` positions; the first ``accepted`` were accepted."""
@@ -256,11 +268,12 @@ class GainSettings:
     """The gain rule's knobs (from :class:`~triton_backend.config.SpeculationConfig`)."""
 
     margin: float = 0.03
-    prior: float | None = None  # None: the drafter type's prior
+    prior: Prior | None = None  # None: the drafter type's prior
     prior_strength: float = 2.0
-    decay: float = 0.8
-    probe_interval: int = 16
+    decay: float = 0.9
+    probe_interval: int = 8
     max_probe_interval: int = 256
+    idle_decay: float = 0.97  # evidence kept per plain step while paused
 
 
 class GainPolicy:
@@ -301,6 +314,7 @@ class GainPolicy:
             self.paused = False
             return k
         self.paused = True
+        self.estimate.age(self.settings.idle_decay)
         self._plain_steps += 1
         if self._plain_steps >= self._interval:  # a probe, if the prior says drafting may pay
             probe = self._decide(self.estimate.prior_conditional()[:cut])
@@ -322,7 +336,8 @@ class GainPolicy:
 # n-gram matches by length: a bucket is the largest entry <= the match length; its prior is the
 # per-position conditional acceptance a request starts from (fit on held-out prompts, not the bench's)
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 10, 16)
-MATCH_PRIOR = {1: 0.1, 2: 0.2, 3: 0.35, 4: 0.45, 6: 0.55, 10: 0.65, 16: 0.75}
+MATCH_PRIOR: dict[int, Prior] = {1: (0.25, 0.5), 2: (0.42, 0.68), 3: (0.72, 0.68), 4: (0.68, 0.72), 6: (0.75, 0.75),
+                                 10: (0.85, 0.78), 16: (0.95, 0.85)}
 
 
 class MatchLengthPolicy:
@@ -331,7 +346,7 @@ class MatchLengthPolicy:
     this request; a long match is a free signal to speculate again after short ones failed."""
 
     def __init__(self, max_k: int, settings: GainSettings, cost_model: PassCostModel | None = None,
-                 priors: Mapping[int, float] | None = None) -> None:
+                 priors: Mapping[int, Prior] | None = None) -> None:
         if priors is None:  # an explicit prior in the settings overrides the per-length table
             priors = MATCH_PRIOR if settings.prior is None else {b: settings.prior for b in MATCH_PRIOR}
         priors = dict(priors)
