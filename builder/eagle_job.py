@@ -5,7 +5,6 @@ loop -> a JSON report next to the drafter (and, when asked, the headline figures
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 from builder.acceptance import AcceptanceReport, measure_acceptance
 from builder.eagle_train import EagleTrainConfig, train_eagle
 from builder.target_data import TargetDataConfig, generate_target_data
-from builder.training import EvalConfig
+from builder.training import EvalConfig, _with_threads, _write  # the training jobs' helpers, shared
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +59,9 @@ def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline:
     return report
 
 
-def _threads(n: int) -> int:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    return previous
-
-
 def run_train_eagle(job: EagleJob) -> dict[str, Any]:
     """Generate/resume training and held-out data, train the drafter, measure acceptance."""
-    previous = _threads(job.threads)
+    previous = _with_threads(job.threads)
     try:
         if job.generate:
             generate_target_data(job.data, progress=job.progress)
@@ -91,19 +84,13 @@ def run_eval_eagle(job: EagleEvalJob) -> AcceptanceReport:
     """Measure, and write ``acceptance.json`` next to the drafter."""
     from triton_backend.eagle_model import eagle_file
 
-    previous = _threads(job.threads)
+    previous = _with_threads(job.threads)
     try:
         report = evaluate_eagle(job.target, job.eagle, job.evaluation, headline=job.headline)
     finally:
         torch.set_num_threads(previous)
     _write(eagle_file(job.eagle).parent / "acceptance.json", {"evaluation": asdict(job.evaluation), **report.to_dict()})
     return report
-
-
-def _write(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    logger.info("report written to %s", path)
 
 
 def eagle_bench_headline(summary: dict[str, Any]) -> dict[str, float]:

@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_engine
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.eagle import EagleDrafter
-from triton_backend.eagle_model import EagleCheckpoint, EagleInfo, EagleKV, EagleNet, load_eagle, save_eagle
+from triton_backend.eagle_model import EagleCheckpoint, EagleInfo, EagleNet, load_eagle, save_eagle
 from triton_backend.errors import ModelLoadError
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.sampling import LogitsProcessor
