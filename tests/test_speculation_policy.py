@@ -187,3 +187,30 @@ def test_measure_recovers_the_cost_curve_and_caches_it(tmp_path):
     assert engine.passes == passes and again.table == model.table  # read from the cache, no passes
     PassCostModel.measure(engine, settings="other runtime", cache_dir=tmp_path, budget_s=0.05)
     assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 2  # keyed by runtime settings
+
+
+def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):
+    """The real path: a tiny random Llama on the slot engine (engines/llama_engine.py)."""
+    from conftest import tiny_engine
+    from triton_backend.engines.batch import BatchedEngine
+    from triton_backend.engines.llama_engine import LlamaEngine
+    from triton_backend.pass_cost_measure import install_measured_cost_model
+
+    engine = tiny_engine(0)
+    assert isinstance(engine, LlamaEngine) and isinstance(engine, BatchedEngine)
+    slot = engine.allocate()  # a slot held by a request: measurement works around it and leaves it alone
+    try:
+        model = PassCostModel.measure(engine, settings="tiny", cache_dir=tmp_path, budget_s=1.0)
+        assert model.source.startswith("measured:") and model.pass_cost([1]) == 1.0
+        assert all(cost > 0 for curve in model.table.values() for cost in curve.values())
+        assert model.pass_cost([1] * 8) > model.pass_cost([1])  # eight rows cost more than one
+        fresh = engine.allocate()
+        assert fresh != slot
+        engine.release(fresh)
+    finally:
+        engine.release(slot)
+    try:
+        installed = install_measured_cost_model(engine, "tiny", budget_s=0.5)
+        assert installed is not None and current_cost_model() is installed
+    finally:
+        install_cost_model(None)

@@ -117,6 +117,9 @@ def build_decoder(config: DeploymentConfig) -> SpeculativeDecoder:
 
         return build_trtllm_decoder(config)
     target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name)
+    from triton_backend.pass_cost_measure import install_measured_cost_model
+
+    install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
     drafters: dict[SpeculationMode, Drafter] = {}
     if config.draft is not None:
         draft_tokenizer = load_tokenizer(config.draft)

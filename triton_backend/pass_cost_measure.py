@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GRID_ROWS = (1, 2, 4, 8)
-GRID_TOKENS = (1, 2, 4, 8, 9, 16)
+# measured in this order until the budget is spent: one row's curve first (what a lone
+# request's decision needs), then batches of decode rows and of verify rows
+CELLS = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 9), (1, 3), (1, 6), (1, 16), (4, 1), (8, 1), (4, 4), (8, 4),
+         (2, 1), (2, 4), (16, 1), (16, 4))
 CONTEXT = 48
 REPEATS = 3
 
@@ -58,14 +60,14 @@ def _time_pass(engine: Any, slots: list[int], tokens: int) -> float:
 
 def measure_seconds(engine: Any, budget_s: float = 3.0) -> dict[tuple[int, int], float]:
     """Median seconds per pass for ``(rows, tokens_per_row)`` cells, cheapest first, within the budget."""
-    slots = _allocate(engine, min(max(GRID_ROWS), int(engine.num_slots)))
+    slots = _allocate(engine, min(max(r for r, _ in CELLS), int(engine.num_slots)))
     if not slots:
         raise SlotsExhaustedError("no free slot to measure pass costs on")
     try:
         context = [(13 * i + 5) % engine.vocab_size for i in range(CONTEXT)]
         engine.forward([BatchRow(slot=s, start=0, tokens=context) for s in slots])
         _time_pass(engine, slots[:1], 1)  # warm-up
-        cells = sorted(((r, t) for r in GRID_ROWS if r <= len(slots) for t in GRID_TOKENS), key=lambda c: (c[0] * c[1], c))
+        cells = [(r, t) for r, t in CELLS if r <= len(slots)]
         seconds: dict[tuple[int, int], float] = {}
         deadline = time.perf_counter() + budget_s
         for rows, tokens in cells:
@@ -78,6 +80,19 @@ def measure_seconds(engine: Any, budget_s: float = 3.0) -> dict[tuple[int, int],
             engine.release(slot)
 
 
+def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 3.0) -> "PassCostModel | None":
+    """At load: measure (or read the cached) pass costs of a batched engine and make them the
+    process's cost model; engines outside the batched contract keep the default table."""
+    from triton_backend.engines.batch import BatchedEngine
+    from triton_backend.speculation_policy import PassCostModel, install_cost_model
+
+    if not isinstance(engine, BatchedEngine):
+        return None
+    model = PassCostModel.measure(engine, settings=settings, budget_s=budget_s)
+    install_cost_model(model)
+    return model
+
+
 def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings: str = "", cache_dir: Path | None = None,
                             budget_s: float = 3.0) -> "PassCostModel":
     path = _cache_path(cache_dir, engine, settings)
@@ -87,7 +102,10 @@ def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings
         except (ValueError, KeyError, TypeError) as exc:
             logger.warning("ignoring the unreadable pass-cost cache %s: %s", path, exc)
     started = time.perf_counter()
-    model = cls.from_measurements(measure_seconds(engine, budget_s), source=f"measured:{engine.name}")
+    measured = cls.from_measurements(measure_seconds(engine, budget_s), source=f"measured:{engine.name}")
+    # row counts the budget left out keep the default table's curves
+    table = {rows: dict(curve) for rows, curve in cls.default().table.items() if rows not in measured.table}
+    model = cls({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
     logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -96,4 +114,4 @@ def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings
     return model
 
 
-__all__ = ["measure_pass_cost_model", "measure_seconds"]
+__all__ = ["install_measured_cost_model", "measure_pass_cost_model", "measure_seconds"]
