@@ -4,6 +4,7 @@ target, and greedy exactness on the real model with the committed reference draf
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,17 @@ def test_training_smoke_on_tiny_target(tmp_path):
     plain = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(mode="off"))
     spec = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(mode="eagle", num_draft_tokens=3, fallback=False))
     assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
+    from builder.cli import main as cli_main
+
+    common = ["--target", str(tiny), "--eval-prompts", str(prompts), "--eval-count", "2", "--eval-max-tokens", "8"]
+    assert cli_main(["train-eagle", *common, "--data-dir", str(tmp_path / "data"), "--heldout-data-dir",
+                     str(tmp_path / "held"), "--prompts", str(prompts), "--max-new-tokens", "12", "--shard-size", "4",
+                     "--epochs", "1", "--batch-size", "2", "--candidate-vocab", "64", "--out", str(tmp_path / "cli"),
+                     "--quiet"]) == 0
+    report = json.loads((tmp_path / "cli" / "training_report.json").read_text())
+    assert report["training"]["steps"] == 2 and report["acceptance"]["drafted_tokens"] > 0
+    assert cli_main(["eval-eagle", "--eagle", str(tmp_path / "cli"), "--no-headline", *common]) == 0
+    assert json.loads((tmp_path / "cli" / "acceptance.json").read_text())["prompts"] == 2
 
 
 @pytest.mark.slow
