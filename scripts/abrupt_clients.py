@@ -5,8 +5,9 @@ server under the specbuild supervisor; counts server aborts per 1,000 sessions.
 
     python scripts/abrupt_clients.py --sessions 2000 --out benchmarks/results/abrupt_clients.json
 
-Writes ``abrupt_client_aborts_per_1000`` to benchmarks/results/headline.json (unless
---no-headline). Exit status 0 when there was no abort and the server still answered.
+Writes ``abrupt_client_aborts_per_1000`` (``..._grpc_error_mode`` with --grpc-error-mode) to
+benchmarks/results/headline.json for runs of >= 1,000 sessions (unless --no-headline).
+Exit status 0 when there was no abort and the server still answered.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-requests", type=int, default=8, help="requests per session (stream), at most")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--max-concurrency", type=int, default=4, help="requests the model generates at once")
+    p.add_argument("--grpc-error-mode", action="store_true",
+                   help="every session sends the triton_grpc_error header (the stream closes on the first error)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="JSON results (default: print only)")
     p.add_argument("--no-headline", action="store_true", help="do not write headline.json")
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                                          ServingConfig(max_concurrency=a.max_concurrency, default_max_tokens=8))
     server = ServerConfig(repository, exit_timeout_s=5, log_file=work / "tritonserver.log")
     config = AbruptConfig(sessions=a.sessions, parallel=a.parallel, max_requests=a.max_requests,
-                          max_tokens=a.max_tokens, seed=a.seed)
+                          max_tokens=a.max_tokens, seed=a.seed, grpc_error_mode_fraction=1.0 if a.grpc_error_mode else 0.0)
     result = run_abrupt_clients(server, config)
     print(markdown(result))
     print(f"server log: {server.log_file}")
@@ -54,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         a.out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
         print(f"results: {a.out}")
     if not a.no_headline and result.sessions >= 1000:
-        update_headline({"abrupt_client_aborts_per_1000": round(result.aborts_per_1000, 2)})
+        key = "abrupt_client_aborts_per_1000" + ("_grpc_error_mode" if a.grpc_error_mode else "")
+        update_headline({key: round(result.aborts_per_1000, 2)})
     return 0 if result.passed else 1
 
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from triton_backend.errors import InvalidRequestError, SpecbuildError
-from triton_backend.response_fence import FencedSender, ResponseFence
+from triton_backend.response_fence import FencedSender
 
 
 class TritonType(str, enum.Enum):
@@ -183,21 +183,16 @@ def error_response(exc: BaseException | str) -> Any:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
-_FENCE = ResponseFence()  # one per process: a Python-backend stub runs one model instance
-
-
 class TritonResponseSink:
-    """Sends a decoupled request's responses through its response sender, fenced
+    """Sends a decoupled request's responses through its response sender
     (:mod:`triton_backend.response_fence`): one at a time, the final flag exactly once,
-    nothing but the final flag after a cancellation, error responses never overlapping
-    another request's answer (Triton 2.51's gRPC streams die otherwise)."""
+    nothing but the final flag after a cancellation."""
 
-    def __init__(self, request: Any, fence: ResponseFence | None = None) -> None:
+    def __init__(self, request: Any) -> None:
         self._request = request
         sender = request.get_response_sender()
         final_flag = _pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        self._out = FencedSender(fence or _FENCE,
-                                 lambda response, final: sender.send(response, flags=final_flag if final else 0),
+        self._out = FencedSender(lambda response, final: sender.send(response, flags=final_flag if final else 0),
                                  lambda: sender.send(flags=final_flag), self.cancelled)
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool) -> None:
