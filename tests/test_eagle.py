@@ -70,9 +70,9 @@ def test_batched_core_equals_rows_alone():
     pad_t = torch.zeros(3, width, dtype=torch.long)
     for i, (f, t) in enumerate(zip(feats, toks)):
         pad_f[i, :len(t)], pad_t[i, :len(t)] = f, t
-    kv = drafter.new_cache(3, 4)
+    kv = drafter.new_cache(5, 4)  # one cache row per engine slot; these rows live in slots 4, 0, 2
     batched, q = drafter.draft_chain(kv, torch.zeros(3, dtype=torch.long), pad_f, pad_t, torch.tensor(counts), 3,
-                                     greedy, [None] * 3)
+                                     greedy, [None] * 3, slots=torch.tensor([4, 0, 2]))
     assert q is None
     for i in range(3):
         assert torch.equal(batched[i], alone[i])

@@ -139,8 +139,8 @@ class _Attention(nn.Module):
         inv = 1.0 / (info.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV) -> torch.Tensor:  # x [B, T, H]
-        info = self.info
+    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV, slots: torch.Tensor) -> torch.Tensor:
+        info = self.info  # x [B, T, H]; row b lives in cache row slots[b]
         b, t, _ = x.shape
         offsets = torch.arange(t, device=x.device)
         positions = starts[:, None] + offsets  # [B, T]
@@ -152,10 +152,10 @@ class _Attention(nn.Module):
         v = self.v_proj(x).view(b, t, info.num_kv_heads, info.head_dim).transpose(1, 2)
         end = int(starts.max()) + t
         kv.reserve(end)
-        rows = torch.arange(b, device=x.device)[:, None]
+        rows = slots[:, None]
         kv.k[rows, :, positions] = k.transpose(1, 2).to(kv.k.dtype)  # write each row at its own positions
         kv.v[rows, :, positions] = v.transpose(1, 2).to(kv.v.dtype)
-        keys, values = kv.k[:, :, :end], kv.v[:, :, :end]
+        keys, values = kv.k[slots, :, :end], kv.v[slots, :, :end]
         group = info.num_heads // info.num_kv_heads
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
         visible = torch.arange(end, device=x.device)[None, None, :] <= positions[..., None]  # [B, T, end]
@@ -183,8 +183,8 @@ class _Layer(nn.Module):
         self.post_attention_layernorm = _RMSNorm(info.hidden_size, info.rms_norm_eps)
         self.mlp = _MLP(info)
 
-    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV) -> torch.Tensor:
-        x = x + self.self_attn(x, starts, kv)
+    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV, slots: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(x, starts, kv, slots)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -201,15 +201,18 @@ class EagleNet(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor,
-                kv: EagleKV) -> torch.Tensor:
+                kv: EagleKV, slots: torch.Tensor | None = None) -> torch.Tensor:
         """Predicted next features ``[B, T, H]`` for ``features`` ``[B, T, H]`` (the target's or
         the drafter's own at positions ``starts[b] + t``) and the embeddings ``[B, T, H]`` of the
-        tokens that follow them. Row ``b`` attends to its cached positions ``< starts[b]``."""
+        tokens that follow them. Row ``b`` uses cache row ``slots[b]`` (default ``b``) and attends
+        to its cached positions ``< starts[b]``."""
+        if slots is None:
+            slots = torch.arange(features.shape[0], device=features.device)
         if features.ndim != 3 or features.shape != embeds.shape:
             raise ValueError(f"features {tuple(features.shape)} and embeds {tuple(embeds.shape)} must be [B, T, H]")
         x = self.fc(torch.cat((embeds, features), dim=-1))
         for layer in self.layers:
-            x = layer(x, starts, kv)
+            x = layer(x, starts, kv, slots)
         return x
 
 

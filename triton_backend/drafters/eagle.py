@@ -67,8 +67,10 @@ class EagleDrafter:
     @torch.inference_mode()
     def draft_chain(self, kv: EagleKV, starts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor,
                     counts: torch.Tensor, k: int, processors: Sequence[LogitsProcessor],
-                    generators: Sequence[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``k`` draft tokens per row, batched.
+                    generators: Sequence[torch.Generator | None],
+                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``k`` draft tokens per row, batched. Row ``b`` lives in cache row ``slots[b]`` of ``kv``
+        (default ``b``; a scheduler keeps one :class:`EagleKV` with a row per engine slot).
 
         Row ``b`` has cached drafter positions ``< starts[b]`` and ``counts[b] >= 1`` new pairs
         (``features[b, :counts[b]]`` [T, H]: the target's features at ``starts[b] ..``;
@@ -80,7 +82,7 @@ class EagleDrafter:
         if features.ndim != 3 or tokens.shape != features.shape[:2] or not len(processors) == len(generators) == tokens.shape[0]:
             raise ValueError("features [B, T, H], tokens [B, T] and one processor and generator per row expected")
         rows = torch.arange(tokens.shape[0], device=self.device)
-        out = self.net(features.to(self.dtype), self.embed[tokens], starts, kv)  # [B, T, H]
+        out = self.net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
         feature = out[rows, counts - 1]  # [B, H]: the guess of the feature after each row's last pair
         position = starts + counts
         drafted, qs = [], []
@@ -91,7 +93,7 @@ class EagleDrafter:
             drafted.append(token)
             qs.append(q)
             if step + 1 < k:
-                feature = self.net(feature[:, None], self.embed[token][:, None], position, kv)[:, 0]
+                feature = self.net(feature[:, None], self.embed[token][:, None], position, kv, slots)[:, 0]
                 position = position + 1
         probs = torch.stack(qs, 1) if sampling else None
         return torch.stack(drafted, 1), probs
