@@ -43,7 +43,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pass-batch", type=_ints, default=None, help="rows per pass for --pass-cost (default 1,2,4,8,16)")
     p.add_argument("--pass-context", type=int, default=200, help="cached tokens per row for --pass-cost")
     p.add_argument("--no-headline", action="store_true", help="--pass-cost: do not write benchmarks/results/headline.json")
+    p.add_argument("--concurrency", type=_ints, default=None,
+                   help="instead: serving throughput/latency through Triton at these stream counts (e.g. 1,2,4,8,16)")
+    p.add_argument("--concurrency-modes", default="serial,off,always,load_aware",
+                   help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
+    p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
+    p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
     p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_concurrency(args: argparse.Namespace) -> int:
+    from builder.bench.concurrency import ConcurrencyConfig, run_concurrency_bench, to_markdown, write_concurrency_report
+
+    config = ConcurrencyConfig(
+        target=args.target, concurrency=args.concurrency, method=args.concurrency_method, draft=args.draft,
+        medusa=args.medusa, modes=tuple(m.strip() for m in args.concurrency_modes.split(",") if m.strip()),
+        num_draft_tokens=args.draft_k[0], prompts_file=args.prompts,
+        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens,
+        requests_per_stream=args.requests_per_stream, num_threads=args.threads, out_dir=args.out, label=args.label,
+        plot=not args.no_plot, headline=not args.no_headline)
+    summary = run_concurrency_bench(config)
+    paths = write_concurrency_report(summary, config)
+    print(to_markdown(summary))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
 
 
 def _cmd_pass_cost(args: argparse.Namespace) -> int:
@@ -63,6 +88,8 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.pass_cost:
         return _cmd_pass_cost(args)
+    if args.concurrency:
+        return _cmd_concurrency(args)
     from builder.bench.report import summarize, to_markdown, write_report
     from builder.bench.runner import run_bench
 
