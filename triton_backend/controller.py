@@ -29,7 +29,7 @@ from typing import Callable
 from triton_backend.config import FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.base import Drafter, DrafterSession
 from triton_backend.speculation_policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
-                                               RowOption, current_cost_model)
+                                               RowOption, current_cost_model, prefix_probabilities)
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ def expected_tokens_per_round(acceptance: float, k: int) -> float:
 
 
 def gain_settings(config: SpeculationConfig) -> GainSettings:
-    return GainSettings(margin=config.gain_margin, prior=config.prior_acceptance, prior_strength=config.prior_strength,
+    prior = None if config.prior_acceptance is None else (config.prior_acceptance, config.prior_acceptance)
+    return GainSettings(margin=config.gain_margin, prior=prior, prior_strength=config.prior_strength,
                         decay=config.acceptance_decay, probe_interval=config.probe_interval)
 
 
@@ -86,8 +87,10 @@ class SpeculationController:
         """This request's row for a batch plan (:func:`~triton_backend.speculation_policy.plan_round`)."""
         if self.policy is not None and self.match_policy is None:
             return self.policy.current_option()
+        # n-gram under the gain rule (the session sizes each draft by its match) and the other
+        # rules: the running acceptance at every position, up to the length the rule allows
         k = self.next_draft_length() if not self.gain_rule else self.config.num_draft_tokens
-        return RowOption(tuple([self.acceptance_ema] * k), self.draft_cost)
+        return RowOption(tuple(prefix_probabilities([self.acceptance_ema] * k)), self.draft_cost)
 
     def _gain_draft_length(self) -> int:
         if self.match_policy is not None:  # lookup is free: the n-gram session decides per match

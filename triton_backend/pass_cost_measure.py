@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,12 @@ CELLS = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 9), (1, 3), (1, 6), (1, 16), (4, 1)
          (2, 1), (2, 4), (16, 1), (16, 4))
 CONTEXT = 48
 REPEATS = 3
+WARMUP = 3
+STABLE = 0.25  # the 1-token step re-measured at the end must agree within this fraction
+
+
+class NoisyMeasurementError(RuntimeError):
+    """The machine was too busy (or too slow for the budget) to measure pass costs."""
 
 
 def _cache_path(cache_dir: Path | None, engine: Any, settings: str) -> Path:
@@ -59,28 +64,52 @@ def _time_pass(engine: Any, slots: list[int], tokens: int) -> float:
 
 
 def measure_seconds(engine: Any, budget_s: float = 3.0) -> dict[tuple[int, int], float]:
-    """Median seconds per pass for ``(rows, tokens_per_row)`` cells, cheapest first, within the budget."""
+    """Seconds per pass (the fastest of a few: robust to a busy machine's spikes) for
+    ``(rows, tokens_per_row)`` cells in :data:`CELLS` order,
+    within the budget (slots are filled with a context only when a cell needs them)."""
     slots = _allocate(engine, min(max(r for r, _ in CELLS), int(engine.num_slots)))
     if not slots:
         raise SlotsExhaustedError("no free slot to measure pass costs on")
     try:
         context = [(13 * i + 5) % engine.vocab_size for i in range(CONTEXT)]
-        engine.forward([BatchRow(slot=s, start=0, tokens=context) for s in slots])
-        _time_pass(engine, slots[:1], 1)  # warm-up
-        cells = [(r, t) for r, t in CELLS if r <= len(slots)]
-        seconds: dict[tuple[int, int], float] = {}
         deadline = time.perf_counter() + budget_s
-        for rows, tokens in cells:
+        ready = 0
+        seconds: dict[tuple[int, int], float] = {}
+        for rows, tokens in [(r, t) for r, t in CELLS if r <= len(slots)]:
             if seconds and time.perf_counter() > deadline:
                 break
-            seconds[(rows, tokens)] = statistics.median(_time_pass(engine, slots[:rows], tokens) for _ in range(REPEATS))
+            if rows > ready:
+                engine.forward([BatchRow(slot=s, start=0, tokens=context) for s in slots[ready:rows]])
+                if ready == 0:
+                    for _ in range(WARMUP):
+                        _time_pass(engine, slots[:1], 1)
+                ready = rows
+            seconds[(rows, tokens)] = min(_time_pass(engine, slots[:rows], tokens) for _ in range(REPEATS))
+        again = min(_time_pass(engine, slots[:1], 1) for _ in range(REPEATS))
+        if abs(again / seconds[(1, 1)] - 1) > STABLE:
+            raise NoisyMeasurementError(f"the 1-token step moved from {seconds[(1, 1)] * 1e3:.1f} ms to "
+                                        f"{again * 1e3:.1f} ms while measuring (a busy machine)")
+        seconds[(1, 1)] = min(again, seconds[(1, 1)])
         return seconds
     finally:
         for slot in slots:
             engine.release(slot)
 
 
-def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 3.0) -> "PassCostModel | None":
+def _check(seconds: dict[tuple[int, int], float]) -> None:
+    """Plausible and complete enough to decide from: the whole one-row curve, and no pass much
+    dearer than decoding its tokens one at a time."""
+    missing = [t for r, t in CELLS if r == 1 and (1, t) not in seconds]
+    if missing:
+        raise NoisyMeasurementError(f"the budget ran out before the one-row curve was measured (missing {missing})")
+    step = seconds[(1, 1)]
+    bad = [cell for cell, value in seconds.items() if not 0.8 <= value / step <= 1.25 * cell[0] * cell[1]]
+    if bad:
+        raise NoisyMeasurementError(f"implausible pass costs for {bad} (a busy machine)")
+
+
+def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 3.0,
+                                cache_dir: Path | None = None) -> "PassCostModel | None":
     """At load: measure (or read the cached) pass costs of a batched engine and make them the
     process's cost model; engines outside the batched contract keep the default table."""
     from triton_backend.engines.batch import BatchedEngine
@@ -88,7 +117,7 @@ def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 3.
 
     if not isinstance(engine, BatchedEngine):
         return None
-    model = PassCostModel.measure(engine, settings=settings, budget_s=budget_s)
+    model = PassCostModel.measure(engine, settings=settings, cache_dir=cache_dir, budget_s=budget_s)
     install_cost_model(model)
     return model
 
@@ -102,7 +131,13 @@ def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings
         except (ValueError, KeyError, TypeError) as exc:
             logger.warning("ignoring the unreadable pass-cost cache %s: %s", path, exc)
     started = time.perf_counter()
-    measured = cls.from_measurements(measure_seconds(engine, budget_s), source=f"measured:{engine.name}")
+    try:
+        seconds = measure_seconds(engine, budget_s)
+        _check(seconds)
+    except NoisyMeasurementError as exc:
+        logger.warning("pass costs of %s not measured (%s); deciding from the default table", engine.name, exc)
+        return cls.default()
+    measured = cls.from_measurements(seconds, source=f"measured:{engine.name}")
     # row counts the budget left out keep the default table's curves
     table = {rows: dict(curve) for rows, curve in cls.default().table.items() if rows not in measured.table}
     model = cls({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
@@ -114,4 +149,4 @@ def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings
     return model
 
 
-__all__ = ["install_measured_cost_model", "measure_pass_cost_model", "measure_seconds"]
+__all__ = ["NoisyMeasurementError", "install_measured_cost_model", "measure_pass_cost_model", "measure_seconds"]
