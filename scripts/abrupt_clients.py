@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder.abrupt_clients import AbruptConfig, markdown, run_abrupt_clients  # noqa: E402
-from builder.bench.headline import update_headline  # noqa: E402
+from builder.bench.headline import HEADLINE_PATH, update_headline  # noqa: E402
 from builder.model_repository import render_model_repository  # noqa: E402
 from builder.triton_server import ServerConfig  # noqa: E402
 from triton_backend.deployment import DeploymentConfig  # noqa: E402
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="JSON results (default: print only)")
     p.add_argument("--no-headline", action="store_true", help="do not write headline.json")
+    p.add_argument("--headline", type=Path, default=HEADLINE_PATH, help="the headline file to update")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work = Path(tempfile.mkdtemp(prefix="specbuild-abrupt-"))
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"results: {a.out}")
     if not a.no_headline and result.sessions >= 1000:
         key = "abrupt_client_aborts_per_1000" + ("_grpc_error_mode" if a.grpc_error_mode else "")
-        update_headline({key: round(result.aborts_per_1000, 2)})
+        update_headline({key: round(result.aborts_per_1000, 2)}, a.headline)
     return 0 if result.passed else 1
 
 
