@@ -1,7 +1,8 @@
 """The decoupled Triton Python-backend model: a thin adapter over :mod:`triton_backend.serving`.
 
 ``execute`` reads each request's tensors, hands them to the service (which answers a bad
-request at once and runs a good one on its thread pool) and returns; responses (one per
+request, or one that finds the queue full, at once and puts a good one into the batch
+scheduler's next round; :mod:`triton_backend.scheduler`) and returns; responses (one per
 verified block when streaming, else one) go out through the request's response sender.
 ``model_repo/<model>/1/model.py`` re-exports :class:`SpecdecModel` as ``TritonPythonModel``.
 The runtime (torch, transformers) is imported in ``initialize``, so Triton's config
