@@ -1,6 +1,6 @@
 """The batch scheduler on tiny random Llamas (HF-wrapped engine): every request's output
 identical to the same request alone through ``SpeculativeDecoder.stream`` (greedy and seeded
-sampling; n-gram, draft model, Medusa, plain; per-request and load-aware draft lengths),
+sampling; n-gram, draft model, Medusa, EAGLE, plain; per-request and load-aware draft lengths),
 join/leave mid-batch, chunked prefill, cancellation freeing the slot, a full queue refused
 at once."""
 
@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import tiny_engine
+from test_eagle import _random_drafter as _random_eagle
 from test_medusa_tree import random_heads
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
@@ -61,12 +62,13 @@ def decoder() -> SpeculativeDecoder:
         SpeculationMode.NGRAM: NgramDrafter(1, 3),
         SpeculationMode.DRAFT: DraftModelDrafter(tiny_engine(1, vocab=32), target=target),
         SpeculationMode.MEDUSA: MedusaDrafter(MedusaCheckpoint(random_heads(32, 32)), target),
+        SpeculationMode.EAGLE: _random_eagle(target),
     }
     return SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(num_draft_tokens=3))
 
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7], [9, 9, 8, 9, 9, 8], [2, 4, 6, 8, 10, 12, 2, 4], [3], [7, 1, 7, 1, 7]]
-MODES = ["ngram", "draft", "medusa", "off", "auto", "draft"]
+MODES = ["ngram", "draft", "medusa", "off", "auto", "eagle", "draft"]
 
 
 def _requests(n: int) -> list[tuple[list[int], SamplingParams, SpeculationConfig]]:

@@ -10,7 +10,7 @@ rejected drafts is only the next row starting earlier. Per row the steps are tho
 single-request loop (:class:`~triton_backend.generation._Run`, :func:`~triton_backend.tree_round.tree_round`)
 in the same order, so each sequence consumes its RNG exactly as it would alone:
 draft (n-gram per row; a draft model batched across rows, one pass per draft position;
-Medusa trees from the hidden state of the previous pass), then verification.
+Medusa trees and EAGLE chains from the hidden states of the previous pass), then verification.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class BatchSequence(RunState):
         self.mode = mode if drafter is not None else SpeculationMode.OFF
         self.drafter = drafter
         self.tree = self.mode is SpeculationMode.MEDUSA
+        self.eagle = self.mode is SpeculationMode.EAGLE  # chain rows that return hidden states (the drafter's features)
         self.started = started
         self.slot: int | None = None
         self.valid = 0  # leading committed tokens the target slot holds
@@ -69,6 +70,8 @@ class BatchSequence(RunState):
         return len(self.tokens) - self._start()
 
     def _start(self) -> int:
+        if self.eagle:  # re-fed from the first position whose feature the drafter lacks (its target row ends there)
+            return min(self.drafter_session.feature_end, len(self.tokens) - 1)
         return min(self.valid, len(self.tokens) - 1)
 
     def prefill_row(self, budget: int) -> BatchRow:
@@ -103,8 +106,9 @@ class PlannedRow:
     def target_row(self) -> BatchRow:
         seq, start = self.seq, self.seq._start()
         tokens = seq.tokens[start:] + self.proposal.tokens
-        if seq.tree:
-            parents = self.proposal.parents if self.proposal.parents is not None else []
+        if seq.tree or seq.eagle:  # EAGLE: the chain after the root as a one-branch tree, as eagle_round runs it
+            parents = self.proposal.parents if seq.tree else list(range(-1, len(tokens) - 2))
+            parents = parents if parents is not None else []
             return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
                             return_hidden=True, return_logits=False)
         return BatchRow(seq.slot, start, tokens, num_logits=len(self.proposal) + 1)
@@ -142,10 +146,11 @@ def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow
                 batch.append(BatchRow(seq.draft_slot, length + j - 1, drafted[id(r)][-1:]))
         for r, out in zip(active, engine.forward(batch)):
             seq = r.seq
+            history = seq.processor.rows(seq.tokens, [drafted[id(r)]])  # penalties as the target applies them
             if seq.processor.greedy:
-                token = int(out.logits[0].argmax().item())
+                token = int(seq.processor.argmax(out.logits[:1], history)[0].item())
             else:
-                q = seq.processor.probs(out.logits)[0]
+                q = seq.processor.probs(out.logits[:1], history)[0]
                 token = int(torch.multinomial(q, 1, generator=seq.rng).item())
                 probs[id(r)].append(q)
             drafted[id(r)].append(token)
@@ -174,6 +179,16 @@ def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> tuple[
         seq.drafter_session.observe(length + len(result.path) + 1, out.hidden[end])
         block = [proposal.tokens[i] for i in result.path] + [result.next_token]
         drafted = max(node_depths(parents), default=0)
+    elif seq.eagle:
+        start = seq._start()
+        known = length - 1 - start  # committed tokens after the root whose features the drafter lacks
+        result = seq.verify_chain(engine.head_logits(out.hidden[known:]), proposal)
+        kept = known + result.num_accepted
+        engine.keep_tree_path(seq.slot, start + 1, list(range(kept)))
+        seq.valid = start + 1 + kept
+        seq.drafter_session.observe(start, out.hidden[: kept + 1])
+        block = proposal.tokens[: result.num_accepted] + [result.next_token]
+        drafted = len(proposal)
     else:
         result = seq.verify_chain(out.logits, proposal)
         block = proposal.tokens[: result.num_accepted] + [result.next_token]

@@ -245,7 +245,8 @@ class BatchScheduler:
         planned: list[PlannedRow] = []
         for seq in active:
             pending = seq.pending()
-            if pending <= 1:
+            if pending <= 1 or seq.eagle:  # an EAGLE prompt feeds the drafter's features whole (no chunks)
+                budget -= pending if pending > 1 else 0
                 planned.append(PlannedRow(seq, 0))
             elif pending <= budget:
                 budget -= pending
