@@ -80,8 +80,18 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     ignore_eos: bool = False
+    # TensorRT-LLM's penalties (see triton_backend.sampling.LogitsProcessor): repetition over the
+    # prompt and output tokens (multiplicative), presence / frequency over the output tokens (additive)
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # the end tokens are masked until this many tokens are generated
+    bad_words: tuple[str, ...] = ()  # strings, tokenized with the model's tokenizer
+    bad_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never generated
+    return_log_probs: bool = False  # per output token: see GenerationChunk.log_probs
 
     def __post_init__(self) -> None:
+        self._check_penalties()
         _require(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         _require(
             isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
@@ -104,9 +114,35 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(tuple(seq) for seq in self.stop_token_ids))
 
+    def _check_penalties(self) -> None:
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                     f"{name} must be a finite number, got {value!r}")
+        _require(self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        _require(isinstance(self.bad_words, (list, tuple)) and all(isinstance(s, str) and s for s in self.bad_words),
+                 "bad_words must be a list of non-empty strings")
+        _require(
+            isinstance(self.bad_token_ids, (list, tuple))
+            and all(isinstance(seq, (list, tuple)) and len(seq) > 0 and all(_is_int(t) and t >= 0 for t in seq)
+                    for seq in self.bad_token_ids),
+            "bad word token sequences must be non-empty sequences of token ids >= 0",
+        )
+        _require(isinstance(self.return_log_probs, bool), "return_log_probs must be true or false")
+        object.__setattr__(self, "bad_words", tuple(self.bad_words))
+        object.__setattr__(self, "bad_token_ids", tuple(tuple(seq) for seq in self.bad_token_ids))
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def history_dependent(self) -> bool:
+        """Whether a token's distribution depends on the tokens before it beyond the model
+        (penalties, min_tokens, bad words): the sampler then needs each row's history."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.min_tokens > 0 or bool(self.bad_words) or bool(self.bad_token_ids))
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
 from triton_backend.drafters.base import EMPTY_PROPOSAL
 from triton_backend.errors import InvalidRequestError
-from triton_backend.verifier import verify_greedy, verify_rejection
 
 
 def eagle_round(run: Any) -> list[int]:
@@ -35,11 +32,7 @@ def eagle_round(run: Any) -> list[int]:
     chain = list(run.tokens[start + 1:]) + proposal.tokens
     hidden = session.tree_hidden(run.tokens[: start + 1], chain, list(range(-1, len(chain) - 1)))  # [1 + len(chain), H]
     logits = session.head_logits(hidden[known:])  # [k + 1, vocab]
-    drafts = torch.tensor(proposal.tokens, dtype=torch.long)
-    if run.processor.greedy:
-        result = verify_greedy(logits, drafts)
-    else:
-        result = verify_rejection(run.processor.probs(logits), drafts, proposal.probs, run.rng)
+    result = run.verify_chain(logits, proposal)  # penalties per row's history, log probs when asked
     accepted = result.num_accepted
     session.keep_tree_path(list(range(known + accepted)))
     drafter_session.observe(start, hidden[: known + accepted + 1])

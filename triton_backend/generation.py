@@ -40,6 +40,7 @@ class GenerationChunk:
     finished: bool = False
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
+    log_probs: list[float] | None = None  # return_log_probs: one per token of token_ids
 
 
 @dataclass
@@ -137,6 +138,7 @@ class CommitState(Protocol):
     stats: GenerationStats
     stopper: StopChecker
     detok: IncrementalDetokenizer
+    log_probs: list[float] | None  # return_log_probs: one per committed token (may run ahead of generated)
 
 
 def _commit(run: CommitState, block: list[int]) -> FinishReason | None:
@@ -153,14 +155,17 @@ def _commit(run: CommitState, block: list[int]) -> FinishReason | None:
     return reason
 
 
-def _new_token_ids(run: CommitState, finished: bool) -> list[int]:
-    """Tokens not yet streamed, holding back a possible start of a stop token sequence."""
+def _new_token_ids(run: CommitState, finished: bool) -> tuple[list[int], list[float] | None]:
+    """Tokens not yet streamed (and their log probabilities when asked for), holding back a
+    possible start of a stop token sequence."""
     end = len(run.generated)
     if not finished:
         end -= held_back(run.generated, run.params.stop_token_ids)
-    new = run.generated[run.emitted_tokens:end]
+    start = run.emitted_tokens
+    new = run.generated[start:end]
     run.emitted_tokens = max(run.emitted_tokens, end)
-    return new
+    log_probs = run.log_probs[start:max(start, end)] if run.log_probs is not None else None
+    return new, log_probs
 
 
 def commit_blocks(run: CommitState, blocks: Iterator[list[int]]) -> Iterator[GenerationChunk]:
@@ -184,12 +189,12 @@ def commit_block(run: CommitState, block: list[int], started: float) -> Generati
         run.stats.time_to_first_token_s = time.perf_counter() - started
     finished = reason is not None
     text = run.detok.update(run.generated, final=finished, text_cut=run.stopper.text_cut)
-    new = _new_token_ids(run, finished)
+    new, log_probs = _new_token_ids(run, finished)
     if finished:
         run.stats.generated_tokens = len(run.generated)
         run.stats.total_time_s = time.perf_counter() - started
-        return GenerationChunk(new, text, True, reason, run.stats)
-    return GenerationChunk(new, text) if new or text else None
+        return GenerationChunk(new, text, True, reason, run.stats, log_probs)
+    return GenerationChunk(new, text, log_probs=log_probs) if new or text else None
 
 
 class RunState:
@@ -205,7 +210,10 @@ class RunState:
         self.params = params
         self.tokens = list(prompt_ids)
         self.generated: list[int] = []
-        self.processor = LogitsProcessor.from_params(params)
+        self.processor = LogitsProcessor.from_params(
+            params, prompt_len=len(prompt_ids), end_ids=self._end_ids(params),
+            bad_words=_tokenize_words(decoder.tokenizer, params.bad_words))
+        self.log_probs: list[float] | None = [] if params.return_log_probs else None
         self.rng = make_generator(params.seed)
         # drafter_session=False: the caller drafts for this run itself (a batched draft model)
         self.drafter_session = drafter.new_session() if drafter is not None and drafter_session else None
@@ -220,6 +228,11 @@ class RunState:
         self.emitted_tokens = 0
         # generation also ends at the model's context
         self.limit = min(params.max_tokens, self.target.max_context - len(prompt_ids))
+
+    def _end_ids(self, params: SamplingParams) -> list[int]:
+        """What min_tokens holds back: EOS (unless ignored) and one-token stop sequences (end_id)."""
+        eos = [] if params.ignore_eos else list(self.target.eos_token_ids)
+        return eos + [seq[0] for seq in params.stop_token_ids if len(seq) == 1]
 
     def _draft_length(self) -> int:
         if not self.use_drafter:
@@ -236,9 +249,24 @@ class RunState:
     def verify_chain(self, logits: torch.Tensor, proposal: DraftProposal) -> VerifyResult:
         """Verify a chain proposal against the target's ``[len(proposal) + 1, vocab]`` logits."""
         drafts = torch.tensor(proposal.tokens, dtype=torch.long)
+        histories = self.processor.chain_rows(self.tokens, proposal.tokens)  # row j: committed + drafts[:j]
         if self.processor.greedy:
-            return verify_greedy(logits, drafts)
-        return verify_rejection(self.processor.probs(logits), drafts, proposal.probs, self.rng)
+            result = verify_greedy(self.processor.scores(logits, histories), drafts)
+        else:
+            result = verify_rejection(self.processor.probs(logits, histories), drafts, proposal.probs, self.rng)
+        if self.log_probs is not None:
+            m = result.num_accepted
+            block = proposal.tokens[:m] + [result.next_token]
+            self.note_log_probs(logits[: m + 1], None if histories is None else histories[: m + 1], block)
+        return result
+
+    def note_log_probs(self, logits: torch.Tensor, histories: Any, block: list[int]) -> None:
+        """Record the log probabilities of a verified block (``logits`` [len(block), vocab]:
+        the target's rows that chose it); committing cuts them to what is kept."""
+        if self.log_probs is None:
+            return
+        del self.log_probs[len(self.generated):]  # a stop inside the previous block cut it short
+        self.log_probs.extend(self.processor.log_probs(logits, histories, block))
 
     def record_verification(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float, *,
                             controller: bool = True) -> None:
@@ -249,6 +277,15 @@ class RunState:
         self.stats.record_round(num_drafted, num_accepted)
         if controller and self.controller.record(num_drafted, num_accepted):
             self.stats.record_fallback(len(self.generated) + num_accepted + 1)
+
+
+def _tokenize_words(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
+    """Bad words as token sequences (as the preprocessing model encodes word lists)."""
+    if not words:
+        return []
+    if tokenizer is None:
+        raise InvalidRequestError("bad_words needs a tokenizer; send bad_words_list token ids instead")
+    return [list(tokenizer.encode(w, add_special_tokens=False)) for w in words]
 
 
 class _Run(RunState):

@@ -20,31 +20,58 @@ from triton_backend.config import TreeAcceptance
 from triton_backend.drafters.medusa import EMPTY_TREE
 from triton_backend.errors import InvalidRequestError
 from triton_backend.sampling import LogitsProcessor
-from triton_backend.tree import node_depths
+from triton_backend.tree import node_depths, path_to
 from triton_backend.tree_verify import verify_tree_greedy, verify_tree_sampling, verify_tree_typical
 
 
 def _rows(session: Any, hidden: torch.Tensor, processor: LogitsProcessor) -> Callable[[int], torch.Tensor]:
-    """Row ``i``'s logits (greedy) or processed probabilities, computed when first asked for."""
+    """Row ``i``'s raw logits ``[vocab]``, computed when first asked for (``processor`` is
+    applied per row by :func:`verify_tree`, which knows each row's history)."""
     cache: dict[int, torch.Tensor] = {}
 
     def row(i: int) -> torch.Tensor:
         if i not in cache:
-            logits = session.head_logits(hidden[i:i + 1])  # [1, vocab]
-            cache[i] = logits[0] if processor.greedy else processor.probs(logits)[0]
+            cache[i] = session.head_logits(hidden[i:i + 1])[0]  # [vocab]
+        return cache[i]
+
+    return row
+
+
+def processed_rows(run: Any, logits: Callable[[int], torch.Tensor], tokens: list[int],
+                   parents: list[int]) -> Callable[[int], torch.Tensor]:
+    """Row ``i`` (0: after the committed tokens; ``i + 1``: after tree node ``i``) as the
+    verifier needs it: penalised logits (greedy) or probabilities, each row with the history
+    plain decoding would have there (committed tokens, then the node's ancestors and itself)."""
+    processor: LogitsProcessor = run.processor
+    cache: dict[int, torch.Tensor] = {}
+
+    def row(i: int) -> torch.Tensor:
+        if i not in cache:
+            history = processor.rows(run.tokens, [[tokens[j] for j in path_to(i - 1, parents)]])
+            one = logits(i)[None]
+            cache[i] = processor.scores(one, history)[0] if processor.greedy else processor.probs(one, history)[0]
         return cache[i]
 
     return row
 
 
 def verify_tree(run: Any, rows: Callable[[int], torch.Tensor], tokens: list[int], parents: list[int]) -> Any:
-    """The run's tree verification (greedy / exact sampling / typical) over lazily computed ``rows``."""
+    """The run's tree verification (greedy / exact sampling / typical) over lazily computed
+    raw logits ``rows`` (see :func:`_rows`); records log probabilities when asked for."""
     spec = run.controller.config
+    processed = processed_rows(run, rows, tokens, parents)
     if run.processor.greedy:
-        return verify_tree_greedy(rows, tokens, parents)
-    if spec.tree_acceptance is TreeAcceptance.TYPICAL:
-        return verify_tree_typical(rows, tokens, parents, run.rng, spec.typical_threshold, spec.typical_alpha)
-    return verify_tree_sampling(rows, tokens, parents, run.rng)
+        result = verify_tree_greedy(processed, tokens, parents)
+    elif spec.tree_acceptance is TreeAcceptance.TYPICAL:
+        result = verify_tree_typical(processed, tokens, parents, run.rng, spec.typical_threshold, spec.typical_alpha)
+    else:
+        result = verify_tree_sampling(processed, tokens, parents, run.rng)
+    if run.log_probs is not None:
+        row_ids = [0] + [node + 1 for node in result.path]
+        block = [tokens[node] for node in result.path] + [result.next_token]
+        histories = run.processor.rows(run.tokens, [[tokens[j] for j in path_to(i - 1, parents)] for i in row_ids])
+        run.note_log_probs(torch.stack([rows(i) for i in row_ids]), histories, block)
+    return result
 
 
 def tree_round(run: Any) -> list[int]:

@@ -150,6 +150,10 @@ class _TrtllmRun:
         self.stopper = StopChecker(params, self.info.eos_token_ids, decoder.tokenizer)
         self.detok = IncrementalDetokenizer(decoder.tokenizer, params.stop)
         self.emitted_tokens = 0
+        if params.history_dependent or params.return_log_probs:
+            raise InvalidRequestError("penalties, min_tokens, bad words and log probs are not wired to the "
+                                      "trtllm runtime yet; use the torch runtime or leave them out")
+        self.log_probs: list[float] | None = None
         self.limit = min(params.max_tokens, self.info.max_context - len(prompt_ids))
         self.ids = end_ids(params, self.info.eos_token_ids)
         self.base_seed = params.seed if params.seed is not None else secrets.randbits(64)

@@ -41,10 +41,11 @@ class _DraftModelSession:
         rows: list[torch.Tensor] = []
         for _ in range(k):
             logits = self._session.logits(seq, 1)  # [1, vocab]
+            history = processor.rows(tokens, [drafted])  # the target's history at this position
             if processor.greedy:
-                token = int(logits[0].argmax().item())
+                token = int(processor.argmax(logits, history)[0].item())
             else:
-                q = processor.probs(logits)[0]
+                q = processor.probs(logits, history)[0]
                 token = int(torch.multinomial(q, 1, generator=generator).item())
                 rows.append(q)
             drafted.append(token)
