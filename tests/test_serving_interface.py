@@ -135,7 +135,7 @@ def _arrays(**overrides: object) -> dict[str, np.ndarray]:
     ({"top_k": np.array([[-1]], dtype=np.int32)}, "top_k"),
     ({"speculation": np.array([[b"medusa9"]], dtype=object)}, "unknown speculation mode"),
     ({"num_draft_tokens": np.array([[999]], dtype=np.int32)}, "num_draft_tokens"),
-    ({"bad_words": np.array([[b"darn"]], dtype=object)}, "bad_words is not supported"),
+    ({"repetition_penalty": np.array([[0.0]], dtype=np.float32)}, "repetition_penalty must be > 0"),
 ])
 def test_bad_requests_get_short_typed_errors(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message) as info:

@@ -134,7 +134,8 @@ def test_every_refused_input_is_named_in_its_error(name: str) -> None:
 
 @pytest.mark.parametrize("name,value", [("beam_width", 2), ("num_return_sequences", 3),
                                         ("return_context_logits", True), ("use_draft_logits", False),
-                                        ("repetition_penalty", 1.2), ("min_tokens", 5), ("return_log_probs", True)])
+                                        ("repetition_penalty", 0.0), ("min_tokens", -1),
+                                        ("presence_penalty", float("nan"))])
 def test_unsupported_values_are_refused_by_name(name: str, value) -> None:
     dtype = {bool: np.bool_, int: np.int32, float: np.float32}[type(value)]
     with pytest.raises(InvalidRequestError, match=name):
@@ -159,6 +160,23 @@ def test_nvidia_defaults_are_accepted_and_both_spellings_agree() -> None:
                                    stop_words_list=np.array([[5, 6, 7], [2, 3, -1]], np.int32)), DEPLOYMENT.speculation)
     assert tokens.prompt == (1, 2, 3) and tokens.token_level and tokens.sampling.max_tokens == 4
     assert tokens.sampling.stop_token_ids == ((5, 6), (7,)) and tokens.include_prompt
+
+
+def test_penalties_min_tokens_bad_words_and_log_probs_are_read() -> None:
+    text = parse_request(_arrays(text_input=np.array([PROMPT.encode()], dtype=object),
+                                 repetition_penalty=np.array([1.3], np.float32),
+                                 presence_penalty=np.array([0.5], np.float32),
+                                 frequency_penalty=np.array([0.25], np.float32), min_tokens=np.array([4], np.int32),
+                                 bad_words=np.array([b"Paris", b""], dtype=object),
+                                 return_log_probs=np.array([True])), DEPLOYMENT.speculation)
+    s = text.sampling
+    assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.min_tokens) == (
+        pytest.approx(1.3), 0.5, 0.25, 4)
+    assert s.bad_words == ("Paris",) and s.return_log_probs
+    tokens = parse_request(_arrays(input_ids=np.array([1, 2, 3], np.int32), input_lengths=np.array([3], np.int32),
+                                   request_output_len=np.array([4], np.int32),
+                                   bad_words_list=np.array([[5, 6, 7], [2, 3, -1]], np.int32)), DEPLOYMENT.speculation)
+    assert tokens.sampling.bad_token_ids == ((5, 6), (7,)) and not tokens.sampling.return_log_probs
 
 
 # -- real server ------------------------------------------------------------------------------
@@ -282,3 +300,32 @@ def test_token_level_model_through_preprocessing_and_postprocessing(triton, loca
     post = _infer(triton, "postprocessing", {"TOKENS_BATCH": np.array([[want.token_ids]], np.int32),
                                              "SEQUENCE_LENGTH": np.array([[len(want.token_ids)]], np.int32)})
     assert post["OUTPUT"].shape == (1,) and post["OUTPUT"][0].decode() == local_decoder.tokenizer.decode(want.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_penalties_min_tokens_bad_words_and_log_probs_over_http(triton, local_decoder) -> None:
+    """The ensemble honours them as the in-process decoder does; log probs come per output
+    token with their sum; bad words never appear; min_tokens holds back the end token."""
+    from triton_backend.config import SamplingParams
+
+    settings = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.3, "min_tokens": 6}
+    plain = local_decoder.generate(PROMPT, SamplingParams(max_tokens=10), DEPLOYMENT.speculation)
+    banned = plain.text.split()[0]  # the plain answer's first word becomes a bad word
+    params = SamplingParams(max_tokens=10, bad_words=(banned, " " + banned), return_log_probs=True, **settings)
+    want = local_decoder.generate(PROMPT, params, DEPLOYMENT.speculation)
+    assert want.token_ids != plain.token_ids
+    body = {"text_input": PROMPT, "max_tokens": 10, "bad_words": [banned, " " + banned], "return_log_probs": True,
+            **settings}
+    got = _generate(triton, "ensemble", body)[0]
+    assert got["text_output"] == want.text and banned not in got["text_output"]
+    log_probs = np.asarray(got["output_log_probs"], np.float32).reshape(-1)
+    assert len(log_probs) == len(want.token_ids) and (log_probs <= 0).all()
+    assert float(np.asarray(got["cum_log_probs"]).reshape(-1)[0]) == pytest.approx(float(log_probs.sum()), abs=1e-3)
+    streamed = _generate(triton, "ensemble", {**body, "stream": True}, stream=True)
+    assert "".join(r["text_output"] for r in streamed) == want.text
+    streamed_lp = [x for r in streamed for x in np.asarray(r.get("output_log_probs", []), np.float32).reshape(-1)]
+    assert np.allclose(streamed_lp, log_probs, atol=1e-4)
+    ends = {"text_input": PROMPT, "max_tokens": 10, "end_id": int(plain.token_ids[0])}
+    count = lambda reply: int(np.asarray(reply["num_output_tokens"]).reshape(-1)[0])  # noqa: E731
+    assert count(_generate(triton, "ensemble", ends)[0]) == 0  # ends at once without min_tokens
+    assert count(_generate(triton, "ensemble", {**ends, "min_tokens": 3})[0]) >= 3

@@ -17,7 +17,7 @@ from triton_backend.stats import GenerationStats
 from triton_backend.triton_io import TritonType as T
 from triton_backend.triton_io import array_tensor, scalar_tensor, string_tensor
 from triton_backend.trtllm_interface import (
-    ARRIVAL_NS, BATCH_INDEX, FIRST_SCHEDULED_NS, FIRST_TOKEN_NS, KV_NEW_BLOCKS, KV_REUSED_BLOCKS, KV_TOTAL_BLOCKS,
+    ARRIVAL_NS, BATCH_INDEX, CUM_LOG_PROBS, OUTPUT_LOG_PROBS, FIRST_SCHEDULED_NS, FIRST_TOKEN_NS, KV_NEW_BLOCKS, KV_REUSED_BLOCKS, KV_TOTAL_BLOCKS,
     LAST_TOKEN_NS, OUTPUT_IDS, SEQUENCE_INDEX, SEQUENCE_LENGTH,
 )
 
@@ -33,6 +33,13 @@ def token_outputs(ids: list[int]) -> Outputs:
             SEQUENCE_LENGTH.name: array_tensor([len(ids)], T.INT32)}
 
 
+def log_prob_outputs(log_probs: list[float], cumulative: float) -> Outputs:
+    """``output_log_probs`` [1, beam=1, n] (the tokens of this response) and ``cum_log_probs``
+    [1, 1] (the sum over every output token so far)."""
+    return {OUTPUT_LOG_PROBS.name: np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs)),
+            CUM_LOG_PROBS.name: np.asarray([[cumulative]], dtype=np.float32)}
+
+
 def index_outputs() -> Outputs:
     """One prompt per request and one sequence: both indexes are 0."""
     return {BATCH_INDEX.name: scalar_tensor(0, T.INT32), SEQUENCE_INDEX.name: scalar_tensor(0, T.INT32)}
@@ -46,6 +53,8 @@ class ResponseBuilder:
         self.pieces: list[str] = [request.prompt] if request.include_prompt and not request.token_level else []
         self.ids: list[int] = list(request.prompt) if request.include_prompt and request.token_level else []
         self.first_token_ns: int | None = None
+        self.log_probs: list[float] = []  # not sent yet (return_log_probs)
+        self.cum_log_prob = 0.0
 
     def partial(self, chunk: GenerationChunk) -> Outputs | None:
         """What to send now for a chunk that is not the last (``None``: nothing yet)."""
@@ -55,10 +64,10 @@ class ResponseBuilder:
             self.ids.extend(chunk.token_ids)
             return None
         if self.request.token_level:
-            return {**token_outputs(list(chunk.token_ids)), **index_outputs()} if chunk.token_ids else None
+            return {**token_outputs(list(chunk.token_ids)), **index_outputs(), **self._log_probs()} if chunk.token_ids else None
         if not chunk.text:
             return None
-        out = {"text_output": string_tensor("".join(self.pieces) + chunk.text), **index_outputs()}
+        out = {"text_output": string_tensor("".join(self.pieces) + chunk.text), **index_outputs(), **self._log_probs()}
         self.pieces.clear()
         return out
 
@@ -73,6 +82,7 @@ class ResponseBuilder:
             del out["text_output"]
             out.update(token_outputs(self.ids + list(chunk.token_ids)))
         out.update(index_outputs())
+        out.update(self._log_probs())
         if self.request.return_perf_metrics:
             out.update(self._perf(chunk.stats or GenerationStats()))
         return out
@@ -80,6 +90,17 @@ class ResponseBuilder:
     def _saw(self, chunk: GenerationChunk) -> None:
         if chunk.token_ids and self.first_token_ns is None:
             self.first_token_ns = time.time_ns()
+        if chunk.log_probs:
+            self.log_probs.extend(chunk.log_probs)
+            self.cum_log_prob += float(sum(chunk.log_probs))
+
+    def _log_probs(self) -> Outputs:
+        """The log probabilities not sent yet, when the request asked for them."""
+        if not self.request.sampling.return_log_probs:
+            return {}
+        out = log_prob_outputs(self.log_probs, self.cum_log_prob)
+        self.log_probs = []
+        return out
 
     def _perf(self, stats: GenerationStats) -> Outputs:
         """TensorRT-LLM's per-request perf outputs with specbuild's values: no paged KV cache
@@ -92,4 +113,4 @@ class ResponseBuilder:
         return {spec.name: scalar_tensor(value, spec.dtype) for spec, value in values.items()}
 
 
-__all__ = ["ResponseBuilder", "index_outputs", "token_outputs"]
+__all__ = ["ResponseBuilder", "index_outputs", "log_prob_outputs", "token_outputs"]

@@ -28,7 +28,7 @@ from triton_backend.interface import (
 )
 from triton_backend.trtllm_inputs import (
     check_single_sequence, read_max_tokens, read_pad_id, read_prompt, read_seed, read_stream, read_top_k_p,
-    read_word_list, refuse_unimplemented_sampling, refuse_unsupported,
+    read_penalties, read_word_list, refuse_unsupported,
 )
 from triton_backend.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.reference_model import REFERENCE_MODELS
@@ -64,7 +64,6 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
     arrival = time.time_ns()
     refuse_unsupported(arrays)
     check_single_sequence(arrays)
-    refuse_unimplemented_sampling(arrays)
     prompt = read_prompt(arrays)
     token_level = not isinstance(prompt, str)
     read_pad_id(arrays)
@@ -80,6 +79,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         stop=tuple(read_strings(arrays, STOP_WORDS)),
         stop_token_ids=stop_ids + (((end_id,),) if end_id is not None else ()),
         ignore_eos=bool(read_scalar(arrays, IGNORE_EOS)),
+        **read_penalties(arrays),
     )
     spec = speculation.with_overrides(mode=read_scalar(arrays, SPECULATION),
                                       num_draft_tokens=read_scalar(arrays, NUM_DRAFT_TOKENS))

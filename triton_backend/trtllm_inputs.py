@@ -123,27 +123,32 @@ def read_word_list(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> tuple[
     return tuple(out)
 
 
-__all__ = ["check_single_sequence", "one_of", "read_max_tokens", "read_pad_id", "read_prompt", "read_seed",
-           "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported"]
+__all__ = ["check_single_sequence", "one_of", "read_max_tokens", "read_pad_id", "read_penalties", "read_prompt",
+           "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported"]
 
 
-def refuse_unimplemented_sampling(arrays: Mapping[str, np.ndarray]) -> None:
-    """Sampling inputs specbuild does not apply yet: accepted at their neutral value only."""
+def read_penalties(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Penalties, ``min_tokens``, bad words (text ``bad_words`` or token ``bad_words_list``) and
+    ``return_log_probs`` as :class:`~triton_backend.config.SamplingParams` fields (absent: left out)."""
+    from triton_backend.interface import BAD_WORDS
+    from triton_backend.triton_io import read_strings
     from triton_backend.trtllm_interface import (
         BAD_WORDS_LIST, FREQUENCY_PENALTY, MIN_TOKENS, PRESENCE_PENALTY, REPETITION_PENALTY, RETURN_LOG_PROBS,
     )
-    from triton_backend.interface import BAD_WORDS
-    from triton_backend.triton_io import read_strings
 
-    neutral = {REPETITION_PENALTY: 1.0, PRESENCE_PENALTY: 0.0, FREQUENCY_PENALTY: 0.0}
-    for spec, value in neutral.items():
-        got = read_scalar(arrays, spec)
-        if got is not None and got != value:
-            raise InvalidRequestError(f"{spec.name} is not supported yet; send {value} or leave it out")
-    min_tokens = read_scalar(arrays, MIN_TOKENS)
-    if min_tokens is not None and min_tokens > 1:
-        raise InvalidRequestError("min_tokens > 1 is not supported yet; leave it out")
+    fields = {"repetition_penalty": REPETITION_PENALTY, "presence_penalty": PRESENCE_PENALTY,
+              "frequency_penalty": FREQUENCY_PENALTY, "min_tokens": MIN_TOKENS}
+    out: dict[str, Any] = {}
+    for name, spec in fields.items():
+        value = read_scalar(arrays, spec)
+        if value is not None:
+            out[name] = value
+    words = tuple(w for w in read_strings(arrays, BAD_WORDS) if w)
+    if words:
+        out["bad_words"] = words
+    ids = read_word_list(arrays, BAD_WORDS_LIST)
+    if ids:
+        out["bad_token_ids"] = ids
     if read_scalar(arrays, RETURN_LOG_PROBS):
-        raise InvalidRequestError("return_log_probs = true is not supported yet")
-    if read_strings(arrays, BAD_WORDS) or read_word_list(arrays, BAD_WORDS_LIST):
-        raise InvalidRequestError("bad_words is not supported yet; send it empty or leave it out")
+        out["return_log_probs"] = True
+    return out
