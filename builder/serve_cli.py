@@ -61,7 +61,8 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     from builder.serve import RestartPolicy, ServeConfig, prepare_repository, serve_forever
 
     serving = ServingConfig(max_concurrency=a.max_concurrency, instance_count=a.instance_count,
-                            unary_instance_count=a.max_concurrency)
+                            unary_instance_count=a.max_concurrency, max_batch_size=a.max_batch_size,
+                            max_queue_size=a.max_queue_size, batch_policy=a.batch_policy)
     server = ServerConfig(model_repository=Path("."), host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
                           metrics_port=a.metrics_port, source=TritonSource(a.triton),
                           startup_timeout_s=a.startup_timeout, exit_timeout_s=a.exit_timeout, log_verbose=a.log_verbose,
@@ -93,7 +94,12 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=None, help="default: a free port")
     p.add_argument("--triton", choices=[s.value for s in TritonSource], default=TritonSource.AUTO.value,
                    help="tritonserver on PATH, the one nvidia-pytriton bundles, or auto (PATH first)")
-    p.add_argument("--max-concurrency", type=int, default=4, help="requests generated at once per instance")
+    p.add_argument("--max-concurrency", type=int, default=4,
+                   help="requests run at once per instance by a runtime that batches itself (TensorRT-LLM)")
+    p.add_argument("--max-batch-size", type=int, default=8, help="requests in one instance's in-flight batch (torch)")
+    p.add_argument("--max-queue-size", type=int, default=64, help="requests waiting for a batch slot; more are refused")
+    p.add_argument("--batch-policy", choices=("load_aware", "per_request"), default="load_aware",
+                   help="who picks draft lengths each round: the batch's pass-cost plan, or each request alone")
     p.add_argument("--instance-count", type=int, default=1, help="model instances (each loads the models)")
     p.add_argument("--repository-dir", type=Path, default=None, help="render the repository here (kept)")
     p.add_argument("--render-only", action="store_true", help="render the repository and exit")
