@@ -74,7 +74,6 @@ class Template:
     request: GenerateRequest
     expected_text: str | None  # None: an invalid request
     expected_tokens: int = 0
-    expected_passes: int = 0
     expected_error: str = ""
 
 
@@ -106,7 +105,7 @@ def expected_template(decoder: Any, request: GenerateRequest, serving: ServingCo
         prompt = decoder.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                        add_generation_prompt=True, tokenize=False)
     result = decoder.generate(prompt, parsed.sampling, parsed.speculation)
-    return Template(request, result.text, result.stats.generated_tokens, result.stats.target_passes)
+    return Template(request, result.text, result.stats.generated_tokens)
 
 
 # -- one request over one gRPC stream ------------------------------------------------------------
@@ -309,8 +308,10 @@ class _Run:
             method = str(answer.stats.get("speculation_method", ""))
             self.by_method[method] += int(answer.stats.get("total_draft_tokens", 0))
             self.accepted_by_method[method] += int(answer.stats.get("total_accepted_draft_tokens", 0))
-            got = (answer.text, tokens, answer.stats.get("target_passes"))
-            want = (template.expected_text, template.expected_tokens, template.expected_passes)
+            # text and length must be exact; the passes may not: under in-flight batching the
+            # load-aware plan sets draft lengths from the batch (the metric totals still must agree)
+            got = (answer.text, tokens)
+            want = (template.expected_text, template.expected_tokens)
             if got != want:
                 r.mismatches.append(f"{template.request.prompt[:40]!r}: got {got!r}, expected {want!r}"[:400])
 
