@@ -49,7 +49,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
     p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
     p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
+    p.add_argument("--perf-analyzer", action="store_true",
+                   help="rows from NVIDIA's perf_analyzer against a real Triton server (model --pa-model; "
+                        "levels --concurrency, default 1,2,4); needs scripts/get_perf_analyzer.sh")
+    p.add_argument("--pa-model", default="ensemble", help="--perf-analyzer: ensemble (streaming) or tensorrt_llm_bls")
     p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_perf_analyzer(args: argparse.Namespace) -> int:
+    from builder.bench.perf_analyzer_bench import (PerfAnalyzerBenchConfig, run_perf_analyzer_bench, to_markdown,
+                                                   write_perf_analyzer_report)
+
+    config = PerfAnalyzerBenchConfig(
+        target=args.target, model=args.pa_model, streaming=args.pa_model == "ensemble",
+        concurrency=args.concurrency or (1, 2, 4), prompts_file=args.prompts,
+        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, num_threads=args.threads,
+        out_dir=args.out, label=args.label)
+    rows = run_perf_analyzer_bench(config)
+    print(to_markdown(rows, config))
+    for kind, path in write_perf_analyzer_report(rows, config).items():
+        print(f"{kind}: {path}")
+    return 0
 
 
 def _cmd_concurrency(args: argparse.Namespace) -> int:
@@ -88,6 +109,8 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.pass_cost:
         return _cmd_pass_cost(args)
+    if args.perf_analyzer:
+        return _cmd_perf_analyzer(args)
     if args.concurrency:
         return _cmd_concurrency(args)
     from builder.bench.report import summarize, to_markdown, write_report
