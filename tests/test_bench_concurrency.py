@@ -1,0 +1,55 @@
+"""``specbuild bench --concurrency``: the figures from measured levels (speedup, identity with
+plain, headline ratios), the report files, config errors; and one tiny real run through
+Triton (one mode pair, two stream counts, a few tokens) that must produce every figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builder.bench.concurrency import ConcurrencyConfig, LevelResult, run_concurrency_bench, summarize, write_concurrency_report
+from triton_backend.errors import InvalidRequestError
+
+
+def _level(mode: str, c: int, tokens: int, wall: float, text: str = "same") -> LevelResult:
+    return LevelResult(mode, c, requests=c, tokens=tokens, wall_s=wall, latencies_s=[wall] * c, ttft_s=[0.1] * c,
+                       texts={0: text})
+
+
+def test_summary_figures_from_levels(tmp_path) -> None:
+    levels = [_level("off", 1, 100, 10.0), _level("off", 8, 400, 10.0), _level("always", 1, 150, 10.0),
+              _level("always", 8, 300, 10.0, text="different"), _level("load_aware", 1, 140, 10.0),
+              _level("load_aware", 8, 400, 10.0)]
+    config = ConcurrencyConfig(concurrency=(1, 8), modes=("off", "always", "load_aware"), out_dir=tmp_path,
+                               headline=False)
+    summary = summarize(levels, config)
+    rows = {(r["mode"], r["concurrency"]): r for r in summary["rows"]}
+    assert rows[("off", 8)]["tokens_per_s"] == pytest.approx(40.0)
+    assert rows[("always", 1)]["speedup_over_plain"] == pytest.approx(1.5)
+    assert rows[("always", 8)]["identical_to_plain"] is False and rows[("load_aware", 8)]["identical_to_plain"]
+    assert summary["headline"]["serving_throughput_8_over_1"] == pytest.approx(4.0)
+    # load-aware / best of (off, always): 140/150 at 1 stream, 400/400 at 8 -> the minimum
+    assert summary["headline"]["policy_worst_ratio_to_best"] == pytest.approx(140 / 150)
+    paths = write_concurrency_report(summary, config)
+    assert json.loads(paths["json"].read_text())["headline"] == summary["headline"]
+    assert "| load_aware | 8 |" in paths["markdown"].read_text()
+
+
+def test_config_errors() -> None:
+    with pytest.raises(InvalidRequestError, match="modes"):
+        ConcurrencyConfig(modes=("fast",))
+    with pytest.raises(InvalidRequestError, match="positive"):
+        ConcurrencyConfig(concurrency=(0, 2))
+
+
+@pytest.mark.slow
+def test_tiny_run_through_triton(tmp_path) -> None:
+    config = ConcurrencyConfig(concurrency=(1, 2), modes=("off", "load_aware"), max_tokens=4, requests_per_stream=1,
+                               workloads=("copy",), prompts_per_workload=2, out_dir=tmp_path, plot=False,
+                               headline=False)
+    summary = run_concurrency_bench(config)
+    assert len(summary["rows"]) == 4
+    for row in summary["rows"]:
+        assert row["errors"] == 0 and row["tokens"] == 4 * row["concurrency"] and row["tokens_per_s"] > 0
+        assert row["identical_to_plain"] is True
