@@ -7,15 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_engine
+from conftest import tiny_llama
+from triton_backend.config import RuntimeConfig
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
 from triton_backend.engines.hf_batched import HFBatchedEngine
+from triton_backend.engines.torch_engine import TorchEngine
 from triton_backend.errors import ContextLengthError
+
+
+def hf_engine(seed: int) -> TorchEngine:
+    """The Hugging Face-wrapped torch engine (what the batched wrapper must reproduce exactly)."""
+    return TorchEngine(tiny_llama(seed, vocab=32), name=f"hf{seed}", runtime=RuntimeConfig(), eos_token_ids=[])
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    engine = tiny_engine(3, vocab=32)
+    engine = hf_engine(3)
     return engine, HFBatchedEngine(engine, num_slots=3)
 
 

@@ -104,6 +104,27 @@ def test_batched_outputs_identical_to_each_request_alone(decoder, policy) -> Non
         scheduler.shutdown()
 
 
+def test_hf_wrapped_target_batches_exactly() -> None:
+    """A target the slot engine does not run (the HF-wrapped engine): same outputs batched."""
+    from test_hf_batched import hf_engine
+
+    target = hf_engine(0)
+    drafters = {SpeculationMode.NGRAM: NgramDrafter(1, 3),
+                SpeculationMode.MEDUSA: MedusaDrafter(MedusaCheckpoint(random_heads(32, 32)), target)}
+    hf = SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(num_draft_tokens=3))
+    requests = [r for r in _requests(8) if r[2].mode.value in ("ngram", "medusa", "off")]
+    expected = _alone(hf, requests)
+    scheduler = BatchScheduler(hf, SchedulerConfig(max_batch_size=4))
+    try:
+        assert type(scheduler.target).__name__ == "HFBatchedEngine"
+        clients = [Collector() for _ in requests]
+        for (prompt, params, spec), client in zip(requests, clients):
+            scheduler.submit(prompt, params, spec, client)
+        assert [c.tokens() for c in clients] == expected
+    finally:
+        scheduler.shutdown()
+
+
 def test_chunked_prefill_matches_alone(decoder) -> None:
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
