@@ -167,6 +167,9 @@ class BatchScheduler:
                 self._admit()
                 if self._active:
                     self._round()
+                else:  # queued but no slot free (held outside the batch): wait a moment, do not spin
+                    with self._cond:
+                        self._cond.wait(0.01)
             except Exception as exc:  # a failed pass fails the requests in it, never the scheduler
                 logger.exception("batch round failed")
                 for seq in list(self._active):
