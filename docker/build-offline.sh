@@ -146,9 +146,22 @@ download_into() {  # $1: cache folder, $2: the image's Python, $3: requirements 
     say "pip download for CPython $2 manylinux x86_64 into $1"
     pip_download -d "$1" --find-links "$1" "${flags[@]}" -r "$3" || { rm -f "$3"; die "pip download failed"; }
     rm -f "$3"
-    rm -rf "$4"
-    mkdir -p "$4"
-    cp -l "$1"/*.whl "$4"/ 2>/dev/null || cp "$1"/*.whl "$4"/
+    mirror "$1" "$4" '*.whl'
+}
+
+mirror() {  # $1 -> $2, files matching $3: hard links where possible; unchanged files stay untouched
+    # (Docker's build cache keys a COPY on the files and their times: an unchanged folder stays cached)
+    local src="$1" dest="$2" pattern="$3" file name
+    mkdir -p "$dest"
+    for file in "$dest"/$pattern; do
+        [ -e "$file" ] || continue
+        name="$(basename "$file")"
+        [ "$file" -ef "$src/$name" ] || cmp -s "$file" "$src/$name" || rm -f "$file"
+    done
+    for file in "$src"/$pattern; do
+        name="$(basename "$file")"
+        [ -e "$dest/$name" ] || cp -pl "$file" "$dest/$name" 2>/dev/null || cp -p "$file" "$dest/$name"
+    done
 }
 
 ensure_gpu_wheelhouse() {
@@ -163,9 +176,8 @@ ensure_gpu_wheelhouse() {
 ensure_model_cache() {
     local src="$MODEL_CACHE/models/$MODEL_NAME" dest="$OFFLINE/cache/models/$MODEL_NAME"
     [ -f "$src/.specbuild-complete" ] || die "no converted reference model in $src: run \`specbuild fetch-model\` first"
-    rm -rf "$OFFLINE/cache"
-    mkdir -p "$dest"
-    cp -l "$src"/* "$src"/.specbuild-complete "$dest"/ 2>/dev/null || cp "$src"/* "$src"/.specbuild-complete "$dest"/
+    mirror "$src" "$dest" '*'
+    mirror "$src" "$dest" '.specbuild-complete'
 }
 
 mkdir -p "$CACHE"
