@@ -65,12 +65,12 @@ def test_bench_config_errors(tmp_path):
 def test_pass_cost_profile_tiny_budget(tmp_path):
     from builder.bench.pass_cost import PassCostConfig, measure_pass_cost, pass_cost_markdown, write_pass_cost
 
-    result = measure_pass_cost(PassCostConfig(target=BenchConfig.target, sizes=(4,), context=16, repeats=1))
-    rows = {r["tokens"]: r for r in result["rows"]}
-    assert sorted(rows) == [1, 4]  # the one-token step is always measured: it is the unit
-    assert rows[1]["packed_x_step"] == pytest.approx(1.0) and rows[1]["unpacked_x_step"] == pytest.approx(1.0)
-    assert all(r["packed_ms"] > 0 and r["unpacked_ms"] > 0 for r in rows.values())
-    paths = write_pass_cost(result, tmp_path, "t")
-    assert "| 4 |" in pass_cost_markdown(result) and json.loads(paths["json"].read_text())["rows"]
+    result = measure_pass_cost(PassCostConfig(target=BenchConfig.target, sizes=(4,), batch=(2,), context=16, repeats=1))
+    cells = {(r["rows"], r["tokens"]): r for r in result["rows"]}
+    assert sorted(cells) == [(1, 1), (1, 4), (2, 1), (2, 4)]  # one row x one token is always measured: the unit
+    assert cells[(1, 1)]["ours_x_step"] == pytest.approx(1.0) and cells[(1, 1)]["hf_x_step"] == pytest.approx(1.0)
+    assert all(r["ours_ms"] > 0 and r["hf_ms"] > 0 for r in cells.values())
+    paths = write_pass_cost(result, tmp_path, "t", headline=False)  # a test never touches the headline figures
+    assert "| 2 | 4 |" in pass_cost_markdown(result) and json.loads(paths["json"].read_text())["rows"]
     with pytest.raises(InvalidRequestError):
         PassCostConfig(target="x", sizes=(0,))
