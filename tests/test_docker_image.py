@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from test_deploy_entrypoint import PROMPT, SPEC_TEXT, _local_text  # the same spec, prompt and oracle
 from triton_fixtures import local_decoder  # noqa: F401 (fixture)
 
 from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 from builder.triton_server import free_port
-from triton_backend.deployment import DeploymentConfig
-from triton_backend.serving import parse_request
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +37,6 @@ BUILD_SCRIPT = REPO / "docker" / "build-offline.sh"
 COMPOSE = REPO / "docker" / "compose.yaml"
 RUN_ID = uuid.uuid4().hex[:8]
 IMAGE = f"specbuild:cpu-test-{RUN_ID}"
-SPEC_TEXT = """\
-target: {source: smollm2-135m-instruct, precision: auto}
-gpu: {kind: h100-80gb, count: 1}
-limits: {max_batch_size: 4, max_input_len: 1024, max_output_len: 256, max_draft_len: 4}
-"""
-PROMPT = "Rewrite this sentence in the past tense: 'The dog runs to the park and plays with the ball.'"
 COMPOSE_PROMPT = "Rewrite in the past tense: The cat sits on the mat."
 STOP_GRACE_S = 30
 # The image holds torch (CPU), Triton 2.51 and the reference model at float32 (~0.5 GB); a
@@ -185,13 +178,6 @@ def first_run(image: str, volume: str, spec_dir: Path) -> Iterator[Container]:
         yield container
     finally:
         docker("rm", "-f", container.name, check=False)
-
-
-def _local_text(decoder, request: GenerateRequest) -> str:
-    parsed = parse_request(request.arrays(), DeploymentConfig().speculation)
-    prompt = decoder.tokenizer.apply_chat_template([{"role": "user", "content": parsed.prompt}],
-                                                   add_generation_prompt=True, tokenize=False)
-    return decoder.generate(prompt, parsed.sampling, parsed.speculation).text
 
 
 def test_container_streams_over_grpc_exactly_like_in_process_greedy(first_run: Container, local_decoder) -> None:
