@@ -142,10 +142,13 @@ def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings
     table = {rows: dict(curve) for rows, curve in cls.default().table.items() if rows not in measured.table}
     model = cls({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
     logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(model.to_json(), indent=1) + "\n")
-    tmp.replace(path)
+    try:  # a read-only cache (an image's baked-in cache, a locked-down host) only costs the next load a re-measure
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(model.to_json(), indent=1) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        logger.warning("pass costs measured but not cached (%s: %s)", path, exc)
     return model
 
 
