@@ -229,8 +229,8 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
-def process_group_members(pgid: int) -> list[int]:
-    """Live processes (not zombies) whose process group is ``pgid`` (Linux /proc; [] elsewhere)."""
+def process_group_members(pgid: int, zombies: bool = False) -> list[int]:
+    """Processes whose process group is ``pgid``, zombies only if asked (Linux /proc; [] elsewhere)."""
     members = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -238,9 +238,21 @@ def process_group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if int(fields[2]) == pgid and (zombies or fields[0] != "Z"):
             members.append(int(entry.name))
     return sorted(members)
+
+
+def _become_subreaper() -> None:
+    """Linux: orphaned descendants (backend stubs of a server that died) become our children,
+    so :meth:`TritonServer.reap` can collect them instead of leaving zombies to PID 1."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+        except OSError:
+            pass
 
 
 class TritonServer:
@@ -266,6 +278,7 @@ class TritonServer:
         self.log_path = cfg.log_file or Path(tempfile.mkdtemp(prefix="specbuild-triton-")) / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command(installation, endpoints)
+        _become_subreaper()
         logger.info("starting %s: %s", installation.description, " ".join(cmd))
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env=server_environment(installation), start_new_session=True,
@@ -391,6 +404,16 @@ class TritonServer:
         if leftovers:
             logger.warning("killed %d process(es) left behind by tritonserver %d: %s", len(leftovers), self._proc.pid,
                            ", ".join(map(str, leftovers)))
+        deadline = time.monotonic() + 5
+        while (left := process_group_members(self._proc.pid, zombies=True)) and time.monotonic() < deadline:
+            for pid in left:  # ours to collect when this process is their subreaper (see start)
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            if not process_group_members(self._proc.pid):
+                break
+            time.sleep(0.05)  # SIGKILL is asynchronous: let them go before saying they are gone
         return leftovers
 
     def kill(self) -> None:
