@@ -257,7 +257,8 @@ def _repository_with_plan(tmp_path: Path, tp: int, pp: int, trtllm: bool) -> Pat
     repository = render_model_repository(DeploymentConfig(), tmp_path / "model_repo")
     (tmp_path / "plan.json").write_text(json.dumps({"tp_size": tp, "pp_size": pp}))
     if trtllm:  # a model served by NVIDIA's TensorRT-LLM backend, as tensorrtllm_backend's repositories have
-        (repository / "tensorrt_llm").mkdir()
+        # (it replaces the Python-backend drop-in of that name the renderer writes)
+        (repository / "tensorrt_llm").mkdir(exist_ok=True)
         (repository / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "tensorrtllm"\n')
     return repository
 
