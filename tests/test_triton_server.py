@@ -49,10 +49,16 @@ def call(t: RunningTriton, protocol: str, request: GenerateRequest) -> RemoteRes
     return generate(ClientConfig(url, ClientProtocol(protocol)), request)
 
 
-def assert_same(remote: RemoteResult, local: GenerationResult) -> None:
+def assert_same_output(remote: RemoteResult, local: GenerationResult) -> None:
+    """The served answer is the in-process one: text, token count, finish reason."""
     assert remote.text == local.text
+    assert remote.stats["num_output_tokens"] == local.stats.generated_tokens
+    assert remote.stats["finish_reason"] == local.finish_reason.value
+
+
+def assert_same(remote: RemoteResult, local: GenerationResult) -> None:
+    assert_same_output(remote, local)
     s = remote.stats
-    assert s["num_output_tokens"] == local.stats.generated_tokens
     assert s["total_draft_tokens"] == local.stats.drafted_tokens
     assert s["total_accepted_draft_tokens"] == local.stats.accepted_tokens
     assert s["target_passes"] == local.stats.target_passes
@@ -103,8 +109,10 @@ def test_eight_concurrent_requests_each_get_their_own_answer(triton, local_decod
     with ThreadPoolExecutor(len(requests)) as pool:
         futures = [pool.submit(call, triton, p, r) for p, r in zip(protocols, requests)]
         remote = [f.result(timeout=300) for f in futures]
+    # the same output as each request alone; how many tokens were drafted is the load-aware plan's
+    # call and depends on the batch the request shared (and on each process's measured pass costs)
     for request, answer in zip(requests, remote):
-        assert_same(answer, local_result(local_decoder, request))
+        assert_same_output(answer, local_result(local_decoder, request))
     assert len({r.text for r in remote}) == len(remote)
 
 
