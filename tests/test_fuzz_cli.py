@@ -43,6 +43,8 @@ def poisons(port: int) -> dict[str, list[str]]:
             "demo": ["--deployment", f"{missing}/deployment.json"], "build": ["--target", f"{missing}/model"],
             "bench": ["--target", f"{missing}/model"], "distill": ["--target", f"{missing}/model"],
             "train-medusa": ["--target", f"{missing}/model"], "deploy": ["--spec", f"{missing}/spec.yaml"],
+            "train-eagle": ["--target", f"{missing}/model"], "eval-eagle": ["--eagle", f"{missing}/eagle"],
+            "export-eagle": ["--checkpoint", f"{missing}/checkpoint"],
             "generate": ["--url", f"127.0.0.1:{port}"]}
 
 
