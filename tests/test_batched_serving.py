@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from triton_fixtures import RunningTriton
+from triton_fixtures import RunningTriton, running_triton
 
-from builder.model_repository import render_model_repository
 from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.triton_server import ServerConfig, TritonServer
 from triton_backend.deployment import DeploymentConfig
 from triton_backend.interface import ServingConfig
 from triton_backend.serving import parse_request
@@ -54,15 +52,8 @@ def decoder():
 
 @pytest.fixture(scope="module")
 def batched_triton(tmp_path_factory: pytest.TempPathFactory):
-    work = tmp_path_factory.mktemp("batched")
-    repository = render_model_repository(DEPLOYMENT, work / "model_repo", SERVING)
-    server = TritonServer(ServerConfig(repository, exit_timeout_s=5, startup_timeout_s=300,
-                                       log_file=work / "tritonserver.log"))
-    endpoints = server.start()
-    try:
-        yield RunningTriton(server, endpoints, repository)
-    finally:
-        server.stop()
+    with running_triton(tmp_path_factory.mktemp("batched"), DEPLOYMENT, SERVING) as running:
+        yield running
 
 
 def _alone(decoder, request: GenerateRequest):

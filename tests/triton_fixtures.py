@@ -6,6 +6,7 @@ Import them into a test module: ``from triton_fixtures import triton, local_deco
 
 from __future__ import annotations
 
+import contextlib
 import re
 import urllib.request
 from dataclasses import dataclass
@@ -42,10 +43,10 @@ class RunningTriton:
         return samples
 
 
-@pytest.fixture(scope="session")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
-    work = tmp_path_factory.mktemp("triton")
-    repository = render_model_repository(DEPLOYMENT, work / "model_repo", SERVING)
+@contextlib.contextmanager
+def running_triton(work: Path, deployment: DeploymentConfig, serving: ServingConfig) -> Iterator[RunningTriton]:
+    """A real Triton server on free loopback ports over ``deployment`` rendered into ``work``."""
+    repository = render_model_repository(deployment, work / "model_repo", serving)
     server = TritonServer(ServerConfig(repository, exit_timeout_s=5, startup_timeout_s=300,
                                        log_file=work / "tritonserver.log"))
     endpoints = server.start()
@@ -53,6 +54,12 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
         yield RunningTriton(server, endpoints, repository)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
+    with running_triton(tmp_path_factory.mktemp("triton"), DEPLOYMENT, SERVING) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")
