@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from triton_backend.drafter_file import read_drafter_file
 from triton_backend.errors import ModelLoadError
 
 FORMAT = "specbuild-eagle"
@@ -247,17 +248,10 @@ def eagle_file(path: str | Path) -> Path:
 
 def load_eagle(path: str | Path, dtype: torch.dtype = torch.float32) -> EagleCheckpoint:
     """A drafter written by :func:`save_eagle`; raises ModelLoadError on a bad file."""
-    from safetensors import safe_open
-
     file = eagle_file(path)
     if not file.is_file():
         raise ModelLoadError(f"EAGLE drafter file {file} not found")
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as exc:  # safetensors raises its own error types on corrupt files
-        raise ModelLoadError(f"could not read the EAGLE drafter from {file}: {exc}") from exc
+    meta, tensors = read_drafter_file(file, "the EAGLE drafter")
     try:
         info = EagleInfo.from_metadata(meta)
     except (ValueError, TypeError) as exc:

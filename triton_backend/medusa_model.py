@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from triton_backend.drafter_file import read_drafter_file
 from triton_backend.errors import ModelLoadError
 from triton_backend.tree import DEFAULT_MEDUSA_CHOICES, Choices, normalise_choices
 
@@ -135,17 +136,10 @@ def save_medusa(path: str | Path, heads: MedusaHeads, candidate_vocab: torch.Ten
 
 def load_medusa(path: str | Path, dtype: torch.dtype = torch.float32) -> MedusaCheckpoint:
     """Heads from a file written by :func:`save_medusa`; raises ModelLoadError on a bad file."""
-    from safetensors import safe_open
-
     file = Path(path)
     if not file.is_file():
         raise ModelLoadError(f"Medusa heads file {file} not found")
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as exc:  # safetensors raises its own error types on corrupt files
-        raise ModelLoadError(f"could not read Medusa heads from {file}: {exc}") from exc
+    meta, tensors = read_drafter_file(file, "Medusa heads")
     try:
         info = MedusaHeadsInfo.from_metadata(meta)
     except (ValueError, TypeError) as exc:
