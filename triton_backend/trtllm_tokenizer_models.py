@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -85,7 +85,10 @@ def postprocess(tokenizer: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, n
 
 
 class _TokenizerModel:
-    """Triton adapter: one response per request, errors as short Triton errors."""
+    """Triton adapter: one response per request (``transform(tokenizer, arrays)``), errors as
+    short Triton errors."""
+
+    transform: Callable[[Any, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
     def initialize(self, args: dict[str, Any]) -> None:
         import triton_python_backend_utils as pb_utils
@@ -107,26 +110,21 @@ class _TokenizerModel:
         for request in requests:
             arrays = {t.name(): np.array(t.as_numpy(), copy=True) for t in request.inputs()}
             try:
-                responses.append(inference_response(self.run(arrays)))
+                responses.append(inference_response(self.transform(self.tokenizer, arrays)))
             except SpecbuildError as exc:
                 responses.append(error_response(exc))
         return responses
-
-    def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise NotImplementedError
 
     def finalize(self) -> None:
         pass
 
 
 class PreprocessingModel(_TokenizerModel):
-    def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return preprocess(self.tokenizer, arrays)
+    transform = staticmethod(preprocess)
 
 
 class PostprocessingModel(_TokenizerModel):
-    def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return postprocess(self.tokenizer, arrays)
+    transform = staticmethod(postprocess)
 
 
 __all__ = ["PostprocessingModel", "PreprocessingModel", "postprocess", "preprocess", "word_list"]
