@@ -12,15 +12,11 @@ import pytest
 import torch
 
 from conftest import tiny_engine
-from test_eagle import _random_drafter as _random_eagle
-from test_medusa_tree import random_heads
-from test_scheduler import Collector
+from test_scheduler import Collector, tiny_decoder_with_every_drafter
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
-from triton_backend.drafters.medusa import MedusaDrafter
 from triton_backend.errors import InvalidRequestError
 from triton_backend.generation import SpeculativeDecoder
-from triton_backend.medusa_model import MedusaCheckpoint
 from triton_backend.sampling import LogitsProcessor
 from triton_backend.scheduler import BatchScheduler, SchedulerConfig
 
@@ -145,14 +141,7 @@ PENALTIES = [
 
 @pytest.fixture(scope="module")
 def decoder() -> SpeculativeDecoder:
-    target = tiny_engine(0, vocab=32)
-    drafters = {
-        SpeculationMode.NGRAM: NgramDrafter(1, 3),
-        SpeculationMode.DRAFT: DraftModelDrafter(tiny_engine(1, vocab=32), target=target),
-        SpeculationMode.MEDUSA: MedusaDrafter(MedusaCheckpoint(random_heads(32, 32)), target),
-        SpeculationMode.EAGLE: _random_eagle(target),
-    }
-    return SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(num_draft_tokens=3))
+    return tiny_decoder_with_every_drafter()
 
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3]

@@ -55,8 +55,9 @@ class Collector:
         return [t for c in self.chunks for t in c.token_ids]
 
 
-@pytest.fixture(scope="module")
-def decoder() -> SpeculativeDecoder:
+def tiny_decoder_with_every_drafter() -> SpeculativeDecoder:
+    """A tiny random target with n-gram, draft-model, Medusa and EAGLE drafters (also used by
+    test_penalties)."""
     target = tiny_engine(0, vocab=32)
     drafters = {
         SpeculationMode.NGRAM: NgramDrafter(1, 3),
@@ -65,6 +66,11 @@ def decoder() -> SpeculativeDecoder:
         SpeculationMode.EAGLE: _random_eagle(target),
     }
     return SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(num_draft_tokens=3))
+
+
+@pytest.fixture(scope="module")
+def decoder() -> SpeculativeDecoder:
+    return tiny_decoder_with_every_drafter()
 
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7], [9, 9, 8, 9, 9, 8], [2, 4, 6, 8, 10, 12, 2, 4], [3], [7, 1, 7, 1, 7]]
