@@ -102,6 +102,19 @@ class SpeculationController:
         self.fallen_back = k == 0
         return k
 
+    def may_draft_next(self) -> bool:
+        """Whether the next :meth:`next_draft_length` could be above 0 (nothing changes): a
+        paused Medusa request skips the tree pass's hidden state while this is False."""
+        cfg = self.config
+        if cfg.num_draft_tokens == 0:
+            return False
+        if self.gain_rule:
+            if self.match_policy is not None:
+                return True
+            assert self.policy is not None
+            return self.policy.may_draft_next()
+        return not self.fallen_back
+
     # -- the threshold rule and fixed k -----------------------------------------------------
     def round_cost(self, k: int) -> float:
         """A round drafting ``k`` tokens, in target decoding steps (the threshold rule's adaptive k)."""

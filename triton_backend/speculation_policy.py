@@ -324,6 +324,16 @@ class GainPolicy:
                 return min(probe, 2)
         return 0
 
+    def may_draft_next(self, limit: int | None = None) -> bool:
+        """Whether the next :meth:`next_draft_length` call could draft (no state changes): a
+        drafter whose state costs something to keep (Medusa's hidden state) keeps it only then."""
+        if self.max_k <= 0 or (limit is not None and limit <= 0):
+            return False
+        cut = self.max_k if limit is None else min(limit, self.max_k)
+        if self._decide(self.estimate.conditional()[:cut]) > 0:
+            return True
+        return self._plain_steps + 1 >= self._interval and self._decide(self.estimate.prior_conditional()[:cut]) > 0
+
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from triton_backend.config import TreeAcceptance
+from triton_backend.drafters.base import EMPTY_PROPOSAL
 from triton_backend.drafters.medusa import EMPTY_TREE
 from triton_backend.errors import InvalidRequestError
 from triton_backend.sampling import LogitsProcessor
@@ -74,12 +75,23 @@ def verify_tree(run: Any, rows: Callable[[int], torch.Tensor], tokens: list[int]
     return result
 
 
+def _plain_step(run: Any) -> list[int]:
+    """A paused request's round: the chain path's plain step, without the hidden state the
+    drafter would need (the round before the controller may draft again takes the tree path)."""
+    t0 = time.perf_counter()
+    result = run.verify_chain(run.target_session.logits(run.tokens, 1), EMPTY_PROPOSAL)
+    run.record_verification(0, 0, 0.0, time.perf_counter() - t0)
+    return [result.next_token]
+
+
 def tree_round(run: Any) -> list[int]:
     """The tokens this round commits (accepted path + one target token)."""
     session, drafter_session = run.target_session, run.drafter_session
     if not hasattr(session, "tree_hidden"):
         raise InvalidRequestError("this target engine cannot verify draft trees (Medusa needs the torch runtime)")
     k = run._draft_length()
+    if k == 0 and not run.controller.may_draft_next():
+        return _plain_step(run)
     t0 = time.perf_counter()
     proposal = drafter_session.propose(run.tokens, k, run.processor, run.rng) if k > 0 else EMPTY_TREE
     parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal) - 1))
