@@ -102,24 +102,36 @@ def _mixed_rows(engine: LlamaEngine, prompts: list[list[int]]) -> tuple[list[int
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("invariant", [False, True])
-def test_batch_invariance_mixed_rows(smol, invariant):
-    """Each row of a ragged batch gives what it gives alone: bit for bit when every pass has
-    >= 2 tokens or with ``batch_invariant``; greedy tokens and 1e-5 otherwise (M = 1 is a GEMV)."""
+@pytest.mark.parametrize("invariant,row_kernel", [(False, True), (True, True), (False, False), (True, False)])
+def test_batch_invariance_mixed_rows(smol, invariant, row_kernel):
+    """Each row of a ragged batch gives what it gives alone: bit for bit with the row-invariant
+    CPU kernel (the default), and on torch's kernels when every pass has >= 2 tokens or with
+    ``batch_invariant``; greedy tokens and 1e-5 otherwise (M = 1 is a GEMV)."""
     base, prompts = smol
     engine = LlamaEngine(base.model, name="smol", eos_token_ids=[],
-                         runtime=RuntimeConfig(max_batch_size=8, max_seq_len=512, batch_invariant=invariant))
+                         runtime=RuntimeConfig(max_batch_size=8, max_seq_len=512, batch_invariant=invariant,
+                                               row_kernel=row_kernel))
+    exact = engine.forward_impl.row_invariant
+    assert exact == row_kernel, "the row-invariant kernel builds on the CI machine"
     slots, rows = _mixed_rows(engine, prompts)
     together = engine.forward(rows)
     for row, out in zip(rows, together):
         alone = engine.forward([row])[0]  # the same row again: same positions, same cache below it
-        if invariant or len(row.tokens) > 1:
+        if exact or invariant or len(row.tokens) > 1:
             assert torch.equal(alone.logits, out.logits)
         else:
             assert _rel(out.logits, alone.logits) < 1e-5
         assert alone.logits.argmax(-1).tolist() == out.logits.argmax(-1).tolist()
     tree = together[2]
     assert tree.hidden is not None and tree.hidden.shape == (4, engine.hidden_size)
+    # an all-decode batch (the rows at different lengths) against each row alone
+    decode = [BatchRow(s, r.start + len(r.tokens), [r.tokens[-1]]) for s, r in zip(slots, rows)]
+    batched = engine.forward(decode)
+    for row, out in zip(decode, batched):
+        alone = engine.forward([row])[0]
+        if exact or invariant:
+            assert torch.equal(alone.logits, out.logits)
+        assert alone.logits.argmax(-1).tolist() == out.logits.argmax(-1).tolist()
     for s in slots:
         engine.release(s)
 

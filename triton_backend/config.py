@@ -252,6 +252,7 @@ class RuntimeConfig:
     max_batch_size: int = 16
     max_seq_len: int = 2048
     batch_invariant: bool = False  # pad one-row passes too: every row bit-identical batched or alone
+    row_kernel: bool = True  # CPU float32, one thread: the row-invariant matmul kernel (engines/row_gemm.py) where it builds
     torch_engine: str = "auto"  # auto: the compact Llama forward where it covers the model, else hf
 
     def __post_init__(self) -> None:
@@ -260,6 +261,7 @@ class RuntimeConfig:
         _require(_is_int(self.max_seq_len) and 1 <= self.max_seq_len <= 1 << 20,
                  f"max_seq_len must be in [1, 2^20], got {self.max_seq_len!r}")
         _require(isinstance(self.batch_invariant, bool), "batch_invariant must be true or false")
+        _require(isinstance(self.row_kernel, bool), "row_kernel must be true or false")
         _require(self.torch_engine in ("auto", "llama", "hf"), f"torch_engine must be auto, llama or hf, got {self.torch_engine!r}")
         _require(_is_int(self.packed_gemm_rows) and (self.packed_gemm_rows == 0 or 4 <= self.packed_gemm_rows <= 64),
                  f"packed_gemm_rows must be 0 (off) or 4..64, got {self.packed_gemm_rows!r}")

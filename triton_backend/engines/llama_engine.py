@@ -22,6 +22,7 @@ from triton_backend.config import RuntimeConfig
 from triton_backend.engines.batch import BatchRow, RowOutput
 from triton_backend.engines.kv_cache import SlotKVCache
 from triton_backend.engines.llama_forward import LlamaForward, RowPlan, run_layers
+from triton_backend.engines.row_gemm import RowGemm, load_row_gemm
 from triton_backend.engines.torch_engine import configure_threads
 from triton_backend.errors import ContextLengthError, InvalidRequestError
 
@@ -29,6 +30,16 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CHECK_TAIL = 16  # cached tokens compared on the fast path
+
+
+def _row_kernel(runtime: RuntimeConfig, device: torch.device) -> RowGemm | None:
+    """The row-invariant CPU matmul where this runtime can use it (float32, one torch thread)."""
+    if not runtime.row_kernel or device.type != "cpu" or runtime.dtype != "float32":
+        return None
+    if runtime.num_threads != 1:
+        logger.info("row-invariant CPU kernel is single-threaded: %d threads keep torch's kernels", runtime.num_threads)
+        return None
+    return load_row_gemm()
 
 
 def _eos_set(config: object, eos_token_ids: Sequence[int] | None) -> frozenset[int]:
@@ -52,7 +63,10 @@ class LlamaEngine:
         self.model = model.to(device=self.device, dtype=_DTYPES[runtime.dtype]).eval()
         self.name = name
         pack = runtime.packed_gemm_rows if self.device.type == "cpu" else 0
-        self.forward_impl = LlamaForward.from_module(self.model, pack_rows=pack, invariant=runtime.batch_invariant)
+        self.forward_impl = LlamaForward.from_module(self.model, pack_rows=pack, invariant=runtime.batch_invariant,
+                                                     row_gemm=_row_kernel(runtime, self.device))
+        # all-decode batches attend in one padded product unless rows must be bit-identical to alone
+        self.batched_decode = not (runtime.batch_invariant or self.forward_impl.row_invariant)
         shape = self.forward_impl.shape
         self.hidden_size = shape.hidden_size
         head = model.get_output_embeddings()
@@ -99,7 +113,7 @@ class LlamaEngine:
         ids, positions, plans, out_index = self._plan(rows)
         with torch.inference_mode():
             hidden = run_layers(self.forward_impl, self.cache, ids, positions, plans, out_index,
-                                batched_decode=not self.runtime.batch_invariant)
+                                batched_decode=self.batched_decode)
             wanted = [i for i, r in enumerate(rows) if r.return_logits]
             logits = self._row_logits(rows, hidden, wanted)
         self.forward_calls += 1

@@ -11,11 +11,15 @@ linear layer is ONE matrix product for the whole batch; attention runs per row a
 slot of the :class:`~triton_backend.engines.kv_cache.SlotKVCache` (positions ``[0, start)``
 plus the row's own tokens, causally or by a tree mask).
 
-Numerics: MKL's float32 GEMM computes every row the same way for any M >= 4 (and the packed
-8-row kernel agrees bit for bit), while M = 1 takes a GEMV and M = 2, 3 other kernels. So a
-pass pads 2-3 rows to 4: any pass over >= 2 tokens gives each row bit-identical results
-whatever else is in the batch. ``batch_invariant`` pads single rows too (every pass
-bit-identical to any other; a decode step then costs a 4-row GEMM instead of a GEMV).
+Numerics: on CPU float32 with one thread, every linear layer runs the row-invariant kernel of
+:mod:`~triton_backend.engines.row_gemm` (each output element computed the same way whatever
+the number of rows): a row's result is bit-identical alone or in any batch, and a pass over
+2-8 rows costs little more than a one-row step. Without it (other devices/dtypes, several
+threads, no compiler) torch's kernels run: MKL's float32 GEMM computes every row the same way
+for any M >= 4 (and the packed 8-row kernel agrees bit for bit), while M = 1 takes a GEMV and
+M = 2, 3 other kernels, so a pass pads 2-3 rows to 4 and ``invariant`` pads single rows too.
+Attention is per row (the same ops alone or batched) except for all-decode batches when
+``batched_decode`` is asked (one padded product: faster, not bit-identical).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import nn
 
 from triton_backend.engines.kv_cache import SlotKVCache
 from triton_backend.engines.packed_linear import MAX_CHUNKS, packed_matmul, packed_weight, packing_available
+from triton_backend.engines.row_gemm import RowGemm
 
 logger = logging.getLogger(__name__)
 
@@ -101,12 +106,19 @@ def rope_tables(config: Any, head_dim: int, length: int, device: torch.device) -
 
 class RowLinear:
     """``y = x W^T + b`` over ``[M, in]``, every row computed by the same kernel family
-    (see the module docstring); optionally on MKL-prepacked weights for ``4 .. rows * MAX_CHUNKS``
-    rows (bit-identical to the plain GEMM, faster where measured)."""
+    (see the module docstring): the row-invariant kernel when given, else torch's kernels with
+    rows padded (optionally on MKL-prepacked weights for ``4 .. rows * MAX_CHUNKS`` rows)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack_rows: int, invariant: bool) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack_rows: int, invariant: bool,
+                 row_gemm: RowGemm | None = None) -> None:
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach()
+        self.row_gemm = row_gemm if (row_gemm is not None and self.weight.device.type == "cpu"
+                                     and self.weight.dtype == torch.float32) else None
+        if self.row_gemm is not None:
+            self.weight = self.weight.contiguous()
+            self.bias = None if self.bias is None else self.bias.float().contiguous()
+            pack_rows = 0
         self.min_rows = 1 if not invariant else INVARIANT_ROWS
         self.pack_rows = pack_rows if (pack_rows and self.weight.device.type == "cpu"
                                        and self.weight.dtype == torch.float32 and packing_available()) else 0
@@ -116,6 +128,8 @@ class RowLinear:
         return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.row_gemm is not None:
+            return self.row_gemm(x, self.weight, self.bias)
         m = x.shape[0]
         rows = m if m == 1 and self.min_rows == 1 else max(m, INVARIANT_ROWS)
         if rows > m:
@@ -157,7 +171,7 @@ class LlamaForward:
     """The weights (shared with the module they came from, never copied) and the math."""
 
     def __init__(self, config: Any, tensors: dict[str, torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor] | None,
-                 *, pack_rows: int = 0, invariant: bool = False) -> None:
+                 *, pack_rows: int = 0, invariant: bool = False, row_gemm: RowGemm | None = None) -> None:
         reason = unsupported_reason(config)
         if reason is not None:
             raise ValueError(f"the compact Llama forward does not cover this model: {reason}")
@@ -167,7 +181,8 @@ class LlamaForward:
         self.norm = tensors["model.norm.weight"].detach()
 
         def lin(name: str) -> RowLinear:
-            return RowLinear(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), pack_rows=pack_rows, invariant=invariant)
+            return RowLinear(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), pack_rows=pack_rows, invariant=invariant,
+                             row_gemm=row_gemm)
 
         self.layers = []
         for i in range(shape.num_layers):
@@ -178,17 +193,22 @@ class LlamaForward:
                 lin(p + "mlp.gate_proj"), lin(p + "mlp.up_proj"), lin(p + "mlp.down_proj")))
         self._head_module = head
         head_weight = tensors.get("lm_head.weight", self.embed if getattr(config, "tie_word_embeddings", False) else None)
-        self.head = None if head is not None else RowLinear(head_weight, None, pack_rows=pack_rows, invariant=invariant)
+        self.head = None if head is not None else RowLinear(head_weight, None, pack_rows=pack_rows, invariant=invariant,
+                                                            row_gemm=row_gemm)
         self.device, self.dtype = self.embed.device, self.embed.dtype
         self.scale = shape.head_dim ** -0.5
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        if pack_rows and self.layers and self.layers[0].q.packed is not None:
+        self.row_invariant = bool(self.layers) and self.layers[0].q.row_gemm is not None
+        if self.row_invariant:
+            logger.info("compact forward: linear layers on the row-invariant CPU kernel")
+        elif pack_rows and self.layers and self.layers[0].q.packed is not None:
             extra = sum(l.packed_bytes() for layer in self.layers for l in (layer.q, layer.k, layer.v, layer.o,
                                                                               layer.gate, layer.up, layer.down))
             logger.info("compact forward: linear layers prepacked for %d-row GEMMs (+%.0f MB)", pack_rows, extra / 2**20)
 
     @classmethod
-    def from_module(cls, model: nn.Module, *, pack_rows: int = 0, invariant: bool = False) -> "LlamaForward":
+    def from_module(cls, model: nn.Module, *, pack_rows: int = 0, invariant: bool = False,
+                    row_gemm: RowGemm | None = None) -> "LlamaForward":
         """Over a loaded Hugging Face Llama/Qwen2 model's own parameters (shared). A layer-skip
         draft (see ``model_loading.layer_skip_draft``) works too: its layers are renumbered."""
         tensors = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
@@ -199,7 +219,7 @@ class LlamaForward:
         config = model.config
         if len(model.base_model.layers) != config.num_hidden_layers:  # a layer-skip draft shares the config
             config = _with_layers(config, len(model.base_model.layers))
-        return cls(config, tensors, custom_head, pack_rows=pack_rows, invariant=invariant)
+        return cls(config, tensors, custom_head, pack_rows=pack_rows, invariant=invariant, row_gemm=row_gemm)
 
     def rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < length:

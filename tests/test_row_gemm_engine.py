@@ -1,0 +1,75 @@
+"""The slot engine's row-invariant CPU matmul (engines/row_gemm.py): accuracy against a float64
+product, bit-identical rows whatever the number of rows or their position, both ISA builds
+where the CPU has them, the typed refusals, and the engine falling back to torch's kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_llama
+from triton_backend.config import RuntimeConfig
+from triton_backend.engines import row_gemm as row_gemm_module
+from triton_backend.engines.llama_engine import LlamaEngine
+
+ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
+pytestmark = pytest.mark.skipif(not ISAS, reason="the row-invariant kernel needs x86-64 with AVX2 + FMA")
+
+
+@pytest.fixture(params=ISAS)
+def row_gemm(request, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_ROW_KERNEL_ISA", request.param)
+    fn = row_gemm_module.load_row_gemm()
+    assert fn is not None, "the kernel builds where the CPU supports it (a C++ compiler is on PATH)"
+    return fn
+
+
+# K: a multiple of both vector widths, a remainder for each; N: multiples of 8 and 4 and odd
+@pytest.mark.parametrize("k,n", [(64, 48), (75, 37), (16, 8), (13, 5), (576, 192)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_a_float64_product(row_gemm, k, n, bias):
+    gen = torch.Generator().manual_seed(k * n)
+    w = torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    for m in (1, 2, 3, 5, 8, 70):  # 70 crosses the kernel's 64-row sweeps
+        x = torch.randn(m, k, generator=gen)
+        ref = x.double() @ w.double().T + (0 if b is None else b.double())
+        got = row_gemm(x, w, b)
+        assert got.shape == (m, n) and got.dtype == torch.float32
+        assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("k,n", [(576, 196), (75, 37)])
+def test_every_row_is_bit_identical_whatever_the_batch(row_gemm, k, n):
+    gen = torch.Generator().manual_seed(1)
+    w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    x = torch.randn(70, k, generator=gen)
+    full = row_gemm(x, w, b)
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17):
+        for i in range(0, 70 - m, 13):
+            assert torch.equal(row_gemm(x[i:i + m], w, b), full[i:i + m]), (m, i)
+    # and the rows do not depend on what the other rows hold
+    other = x.clone()
+    other[1:] = torch.randn(69, k, generator=gen)
+    assert torch.equal(row_gemm(other, w, b)[0], full[0])
+
+
+def test_bad_inputs_are_refused(row_gemm):
+    w = torch.randn(8, 16)
+    with pytest.raises(ValueError, match=r"\[M, K\]"):
+        row_gemm(torch.randn(2, 15), w)
+    with pytest.raises(ValueError, match="float32"):
+        row_gemm(torch.randn(2, 16, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="contiguous"):
+        row_gemm(torch.randn(2, 16), torch.randn(16, 8).T)
+    assert row_gemm(torch.randn(0, 16), w).shape == (0, 8)
+
+
+def test_engine_uses_it_only_where_it_applies():
+    model = tiny_llama(3)
+    small = dict(max_batch_size=2, max_seq_len=32)
+    assert LlamaEngine(model, runtime=RuntimeConfig(**small)).forward_impl.row_invariant
+    for runtime in (RuntimeConfig(row_kernel=False, **small), RuntimeConfig(num_threads=2, **small)):
+        engine = LlamaEngine(tiny_llama(3), runtime=runtime)
+        assert not engine.forward_impl.row_invariant and engine.batched_decode == (not runtime.batch_invariant)
+    torch.set_num_threads(1)

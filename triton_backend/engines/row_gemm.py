@@ -1,0 +1,228 @@
+"""A row-invariant float32 matmul for the CPU slot engine: ``y = x W^T (+ b)`` where every
+output element is computed the same way whatever the number of rows and wherever its row sits.
+
+Why: MKL picks a different kernel by the number of rows (a GEMV for one row, other GEMMs for
+2-3 and for >= 4 rows), so a sequence decoded alone and the same sequence in a batch differ in
+the last bits, and greedy tokens can flip at near-ties. MKL's small-M GEMMs are also slow:
+a pass over 2-8 rows cost ~1.7 one-row steps, while the weights (the memory traffic that
+bounds a decode step) are the same for every row.
+
+The kernel here (AVX2 + FMA, or AVX-512 where the CPU has it; one thread) reads each block of weight rows once and multiplies
+it into every input row while it sits in L1. Element ``(m, j)`` is always: eight-lane FMA
+accumulation over ``k`` in steps of 8 (``k`` ascending), a fixed horizontal sum, then a scalar
+FMA tail for ``K % 8`` and the bias. Tile shapes (how many rows / weight rows share a loop)
+change with ``M`` but never that order, so results are bit-identical for any ``M`` and any
+row position (tests/test_row_gemm.py checks it).
+
+The C++ source below is compiled once per machine with the system C++ compiler into
+``$SPECBUILD_CACHE_DIR/kernels/`` and called through ``ctypes`` (no torch headers: a build
+takes about a second). Where it cannot be built (no compiler, no AVX2/FMA, not x86-64),
+:func:`load_row_gemm` returns ``None`` and callers keep torch's kernels (logged).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+/* 16 lanes, 32 registers: 4 input rows x 4 weight rows per tile */
+typedef __m512 vec;
+#define LANES 16
+#define ROW_TILE 4
+#define vzero _mm512_setzero_ps
+#define vload _mm512_loadu_ps
+#define vfma _mm512_fmadd_ps
+static inline float hsum(__m512 v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#else
+/* 8 lanes, 16 registers: 2 input rows x 4 weight rows per tile */
+typedef __m256 vec;
+#define LANES 8
+#define ROW_TILE 2
+#define vzero _mm256_setzero_ps
+#define vload _mm256_loadu_ps
+#define vfma _mm256_fmadd_ps
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* The scalar remainder k in [k0, K): one function, never inlined, so every tile rounds it alike. */
+__attribute__((noinline)) static float tail_dot(const float* x, const float* w, int64_t k, int64_t K) {
+    float s = 0.0f;
+    for (; k < K; ++k) s = __builtin_fmaf(x[k], w[k], s);
+    return s;
+}
+
+/* R input rows (stride ldx) x J weight rows (stride K) -> y[R][J] (stride ldy). */
+template <int R, int J>
+static inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, const float* b,
+                        float* y, int64_t ldy) {
+    vec acc[R][J];
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < J; ++j) acc[r][j] = vzero();
+    const int64_t KV = K - K % LANES;
+    for (int64_t k = 0; k < KV; k += LANES) {
+        vec wv[J];
+        for (int j = 0; j < J; ++j) wv[j] = vload(w + j * K + k);
+        for (int r = 0; r < R; ++r) {
+            const vec xv = vload(x + r * ldx + k);
+            for (int j = 0; j < J; ++j) acc[r][j] = vfma(xv, wv[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < J; ++j) {
+            float s = hsum(acc[r][j]);
+            if (KV < K) s += tail_dot(x + r * ldx, w + j * K, KV, K);
+            if (b) s += b[j];
+            y[r * ldy + j] = s;
+        }
+}
+
+/* Every input row against J weight rows (those stay in L1 across the row tiles). */
+template <int J>
+static void all_rows(const float* x, int64_t M, int64_t K, const float* w, const float* b, float* y, int64_t N) {
+    int64_t m = 0;
+#if ROW_TILE >= 4
+    for (; m + 4 <= M; m += 4) tile<4, J>(x + m * K, K, w, K, b, y + m * N, N);
+    if (m + 3 == M) { tile<3, J>(x + m * K, K, w, K, b, y + m * N, N); return; }
+#endif
+    for (; m + 2 <= M; m += 2) tile<2, J>(x + m * K, K, w, K, b, y + m * N, N);
+    if (m < M) tile<1, J>(x + m * K, K, w, K, b, y + m * N, N);
+}
+
+/* y[M][N] = x[M][K] w[N][K]^T (+ b[N]); row-major, contiguous; b may be NULL. */
+extern "C" void specbuild_row_gemm(const float* x, int64_t M, int64_t K, const float* w, const float* b,
+                                   int64_t N, float* y) {
+    const int64_t MB = 64;  /* rows per sweep over the weights: their x block stays in L2 */
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+        const int64_t mr = M - m0 < MB ? M - m0 : MB;
+        const float* xm = x + m0 * K;
+        float* ym = y + m0 * N;
+        int64_t j = 0;
+        if (mr == 1)
+            for (; j + 8 <= N; j += 8) tile<1, 8>(xm, K, w + j * K, K, b ? b + j : 0, ym + j, N);
+        for (; j + 4 <= N; j += 4) all_rows<4>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
+        for (; j < N; ++j) all_rows<1>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
+    }
+}
+"""
+
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c++14"]
+_ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx2", "-mfma", "-mavx512f"]}
+_lock = threading.Lock()
+_loaded: dict[str, Callable | None] = {}
+
+RowGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def cpu_isa() -> str | None:
+    """``"avx512"``, ``"avx2"`` or ``None`` (no kernel): what this CPU runs, as torch detects it.
+    ``SPECBUILD_ROW_KERNEL_ISA=avx2`` forces the AVX2 build on an AVX-512 CPU (measurements)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+    isa = "avx512" if capability.startswith("AVX512") else "avx2" if capability.startswith("AVX2") else None
+    forced = os.environ.get("SPECBUILD_ROW_KERNEL_ISA")
+    if forced == "avx2" and isa is not None:
+        return "avx2"
+    return isa
+
+
+def _kernel_dir() -> Path:
+    from triton_backend.reference_model import cache_dir
+
+    return cache_dir() / "kernels"
+
+
+def _build(target: Path, flags: list[str]) -> None:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++, c++ or clang++) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src = Path(tmp) / "row_gemm.cpp"
+        src.write_text(_SOURCE)
+        out = Path(tmp) / target.name
+        done = subprocess.run([compiler, *flags, str(src), "-o", str(out)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+        os.replace(out, target)  # atomic: a concurrent loader sees the whole library or none
+
+
+def _load(isa: str) -> Callable | None:
+    flags = _FLAGS + _ISA_FLAGS[isa]
+    digest = hashlib.sha256((_SOURCE + " ".join(flags)).encode()).hexdigest()[:16]
+    target = _kernel_dir() / f"row_gemm-{isa}-{digest}.so"
+    try:
+        if not target.is_file():
+            _build(target, flags)
+            logger.info("built the row-invariant CPU matmul kernel: %s", target)
+        fn = ctypes.CDLL(str(target)).specbuild_row_gemm
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                   ctypes.c_void_p]
+    fn.restype = None
+    return fn
+
+
+def load_row_gemm() -> RowGemm | None:
+    """The row-invariant matmul ``row_gemm(x [M, K], weight [N, K], bias [N] | None) -> [M, N]``
+    (float32, contiguous, CPU), built on first use; ``None`` where it cannot run here."""
+    isa = cpu_isa()
+    if isa is None:
+        logger.info("row-invariant CPU matmul unavailable (needs x86-64 with AVX2 + FMA): torch kernels used")
+        return None
+    with _lock:
+        if isa not in _loaded:
+            _loaded[isa] = _load(isa)
+    fn = _loaded[isa]
+    if fn is None:
+        return None
+
+    def row_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+            raise ValueError(f"row_gemm needs x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+        if any(t is not None and (t.dtype != torch.float32 or t.device.type != "cpu") for t in (x, weight, bias)):
+            raise ValueError("row_gemm runs float32 CPU tensors only")
+        if not weight.is_contiguous() or (bias is not None and (not bias.is_contiguous() or bias.shape != weight.shape[:1])):
+            raise ValueError("row_gemm needs a contiguous weight (and bias [N])")
+        x = x.contiguous()
+        m, n = x.shape[0], weight.shape[0]
+        y = torch.empty(m, n, dtype=torch.float32)
+        if m:
+            fn(x.data_ptr(), m, x.shape[1], weight.data_ptr(), None if bias is None else bias.data_ptr(), n, y.data_ptr())
+        return y
+
+    return row_gemm
+
+
+__all__ = ["RowGemm", "cpu_isa", "load_row_gemm"]
