@@ -32,6 +32,7 @@ from triton_backend.trtllm_inputs import (
 )
 from triton_backend.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.reference_model import REFERENCE_MODELS
+from triton_backend.response_pump import ResponsePump
 from triton_backend.responses import ResponseBuilder
 from triton_backend.scheduler import BatchScheduler, RoundObserver, SchedulerConfig, batchable
 from triton_backend.stats import GenerationStats
@@ -238,8 +239,11 @@ class SpecdecService:
         self.observer: RequestObserver = observer or NullObserver()
         self.scheduler: BatchScheduler | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pump: ResponsePump | None = None
         if batchable(decoder.target):
             rounds = observer if isinstance(observer, RoundObserver) else None
+            # responses, cancellation queries and metrics off the scheduler thread
+            self._pump = ResponsePump(flush=rounds.flush if rounds is not None else None)
             self.scheduler = BatchScheduler(decoder, SchedulerConfig(
                 max_batch_size=config.max_batch_size, max_queue_size=config.max_queue_size,
                 prefill_chunk_tokens=config.prefill_chunk_tokens, policy=config.batch_policy), rounds)
@@ -258,7 +262,12 @@ class SpecdecService:
                 self._pool.submit(self.run, request, responder)
                 return
             prompt_ids = self.decoder.encode(self._prompt(request))
-            self.scheduler.submit(prompt_ids, request.sampling, request.speculation, responder)
+            handle = self._pump.wrap(responder)
+            try:
+                self.scheduler.submit(prompt_ids, request.sampling, request.speculation, handle)
+            except BaseException:
+                self._pump.discard(handle)
+                raise
         except SpecbuildError as exc:
             _fail(self.observer, sink, exc, exc.code)
 
@@ -292,6 +301,8 @@ class SpecdecService:
     def shutdown(self) -> None:
         if self.scheduler is not None:
             self.scheduler.shutdown()
+        if self._pump is not None:
+            self._pump.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 

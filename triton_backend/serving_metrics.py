@@ -9,6 +9,7 @@ Only usable inside Triton's Python backend stub.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from triton_backend.stats import GenerationStats
@@ -16,6 +17,25 @@ from triton_backend.stats import GenerationStats
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 OUTCOMES = ("success", "invalid_request", "context_length", "vocab_mismatch", "model_load", "internal", "cancelled",
             "overloaded")
+
+
+@dataclass
+class RoundTally:
+    """Batched rounds not published yet: counts summed, the latest batch size and queue."""
+
+    rounds: int = 0
+    rows: int = 0
+    speculating_rows: int = 0
+    draft_tokens: int = 0
+    batch_size: int = 0
+    queued: int = 0
+
+    def add(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
+        self.rounds += 1
+        self.rows += batch_size
+        self.speculating_rows += speculating_rows
+        self.draft_tokens += draft_tokens
+        self.batch_size, self.queued = batch_size, queued
 
 
 class TritonMetrics:
@@ -53,6 +73,7 @@ class TritonMetrics:
                                     family.COUNTER),
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._rounds = RoundTally()
         for outcome in OUTCOMES:
             self._metric("requests", outcome=outcome)
         for name in ("in_flight", "tokens", "passes", "fallbacks", "batch_size", "queued", "rounds", "round_rows",
@@ -91,14 +112,24 @@ class TritonMetrics:
             self._metric("ttft").observe(stats.time_to_first_token_s)
 
     def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
-        """One batched round (:class:`triton_backend.scheduler.RoundObserver`)."""
+        """One batched round (:class:`triton_backend.scheduler.RoundObserver`): counted here,
+        published by :meth:`flush` (every metric update is a blocking round trip to the
+        server process; the scheduler thread must not wait for them every round)."""
         with self._lock:
-            self._metric("batch_size").set(batch_size)
-            self._metric("queued").set(queued)
-            self._metric("rounds").increment(1)
-            self._metric("round_rows").increment(batch_size)
-            self._metric("round_speculating").increment(speculating_rows)
-            self._metric("round_drafted").increment(draft_tokens)
+            self._rounds.add(batch_size, speculating_rows, draft_tokens, queued)
+
+    def flush(self) -> None:
+        """Publish the rounds counted since the last flush."""
+        with self._lock:
+            done, self._rounds = self._rounds, RoundTally()
+            if not done.rounds or not self._families:
+                return
+            self._metric("batch_size").set(done.batch_size)
+            self._metric("queued").set(done.queued)
+            self._metric("rounds").increment(done.rounds)
+            self._metric("round_rows").increment(done.rows)
+            self._metric("round_speculating").increment(done.speculating_rows)
+            self._metric("round_drafted").increment(done.draft_tokens)
 
     def failed(self, outcome: str) -> None:
         with self._lock:

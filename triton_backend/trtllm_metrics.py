@@ -55,6 +55,7 @@ class TrtllmMetrics:
         }
         self._m["max"].set(max_batch_size)
         self._active = self._rounds = 0
+        self._latest: tuple[int, int, int] | None = None  # the latest round not published yet
 
     def started(self) -> None:
         with self._lock:
@@ -76,13 +77,21 @@ class TrtllmMetrics:
         self._m["active"].set(self._active)
 
     def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
+        """Counted here, published by :meth:`flush` (metric updates block on the server process)."""
         with self._lock:
             self._rounds += 1
+            self._latest = (batch_size, queued, time.time_ns() // 1000)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._latest is None or not self._m:
+                return
+            (batch_size, queued, stamp), self._latest = self._latest, None
             self._m["scheduled"].set(batch_size)
             self._m["generation_requests"].set(batch_size)
             self._m["waiting"].set(queued)
             self._m["iteration_counter"].set(self._rounds)
-            self._m["timestamp"].set(time.time_ns() // 1000)
+            self._m["timestamp"].set(stamp)
 
     def close(self) -> None:
         """Drop metrics before their families (Triton requires that order)."""
@@ -112,6 +121,10 @@ class Observers:
     def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
         for o in self.observers:
             o.round_done(batch_size, speculating_rows, draft_tokens, queued)
+
+    def flush(self) -> None:
+        for o in self.observers:
+            o.flush()
 
     def close(self) -> None:
         for o in self.observers:
