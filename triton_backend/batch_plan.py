@@ -12,12 +12,23 @@ does not follow the gain rule (``fallback`` off: always speculate; the threshold
 seeded sampling requests (their RNG use, hence their output, must not depend on who else
 is in the batch) keep their controller's decision; so does a row alone in its pass. Every
 row's controller learns from its rounds either way.
+
+The pass-cost table is a model: measured on uniform ``rows x tokens`` passes (or the default
+figures when the machine was too busy to measure), it can be far off for the ragged passes
+a plan makes (an engine whose attention takes a slower path as soon as one row carries
+several tokens) and it leaves out what a round costs besides the pass. So the load-aware
+planner also measures: per batch size (powers of two) it keeps the committed tokens per
+second of whole rounds run under each :class:`Regime` (every planned row plain, the
+pass-cost plan, each row's own controller as alone) and runs the best one, trying the others
+every ``probe_every`` rounds (:class:`RegimeChooser`). Rounds that prefill a prompt are not
+measured. Greedy outputs do not depend on draft lengths, so exactness is untouched.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from triton_backend.batch_round import BatchSequence
@@ -40,12 +51,83 @@ class BatchPolicy(str, enum.Enum):
             raise ValueError(f"batch policy must be one of {[p.value for p in cls]}, got {value!r}") from None
 
 
-class DraftPlanner:
-    """Picks each row's draft length for a round."""
+class Regime(str, enum.Enum):
+    """How the load-aware planner decides a round's planned rows."""
 
-    def __init__(self, policy: BatchPolicy, cost_model: PassCostModel | None = None) -> None:
+    PLAN = "plan"  # the pass-cost plan
+    OWN = "own"  # each row's own controller (as alone)
+    PLAIN = "plain"  # every planned row decodes plainly
+
+
+@dataclass
+class _RegimeRate:
+    rate: float = 0.0  # committed tokens per second of round (decaying mean)
+    samples: int = 0
+    last_round: int = -1
+
+
+@dataclass
+class _Bucket:
+    rounds: int = 0
+    rates: dict[Regime, _RegimeRate] = field(default_factory=lambda: {r: _RegimeRate() for r in Regime})
+
+
+class RegimeChooser:
+    """Per batch-size bucket (powers of two), the measured committed tokens per second of the
+    rounds each :class:`Regime` ran; :meth:`choose` tries every regime ``warmup`` times, then
+    runs the best, and every ``probe_every`` rounds of the bucket the regime measured longest
+    ago (so a stale figure is refreshed: the requests in the batch change)."""
+
+    def __init__(self, probe_every: int = 12, warmup: int = 2, decay: float = 0.7) -> None:
+        if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
+            raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
+        self.probe_every, self.warmup, self.decay = probe_every, warmup, decay
+        self._buckets: dict[int, _Bucket] = {}
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return 1 << max(0, rows - 1).bit_length()
+
+    def _bucket(self, rows: int) -> _Bucket:
+        return self._buckets.setdefault(self.bucket(rows), _Bucket())
+
+    def choose(self, rows: int) -> Regime:
+        b = self._bucket(rows)
+        b.rounds += 1
+        rates = b.rates
+        cold = [r for r in Regime if rates[r].samples < self.warmup]
+        if cold:
+            return min(cold, key=lambda r: rates[r].samples)
+        if b.rounds % self.probe_every == 0:
+            return min(Regime, key=lambda r: rates[r].last_round)
+        return max(Regime, key=lambda r: rates[r].rate)
+
+    def record(self, rows: int, regime: Regime, tokens: int, seconds: float) -> None:
+        """A round of ``rows`` rows under ``regime`` committed ``tokens`` in ``seconds``."""
+        if seconds <= 0:
+            return
+        b = self._bucket(rows)
+        entry = b.rates[regime]
+        rate = tokens / seconds
+        entry.rate = rate if entry.samples == 0 else self.decay * entry.rate + (1 - self.decay) * rate
+        entry.samples += 1
+        entry.last_round = b.rounds
+
+    def rates(self, rows: int) -> dict[str, float]:
+        """The measured rates of ``rows``'s bucket (for the decision log)."""
+        return {r.value: round(v.rate, 2) for r, v in self._bucket(rows).rates.items() if v.samples}
+
+
+class DraftPlanner:
+    """Picks each row's draft length for a round. ``measured``: the load-aware plan is
+    checked against measured rounds (:class:`RegimeChooser`); off, the pass-cost plan alone."""
+
+    def __init__(self, policy: BatchPolicy, cost_model: PassCostModel | None = None,
+                 chooser: RegimeChooser | None = None, measured: bool = True) -> None:
         self.policy = policy
         self.cost_model = cost_model
+        self.chooser = (chooser or RegimeChooser()) if measured else None
+        self.regime: Regime | None = None  # of the latest round's plan (None: no row was planned)
 
     def _planned(self, seq: BatchSequence) -> bool:
         """Whether the load-aware plan decides this row (else its controller does)."""
@@ -56,9 +138,15 @@ class DraftPlanner:
         """Draft lengths of one round's rows. A row alone in its pass is its own controller's
         decision (the plan of one row; a request alone runs as through the single loop)."""
         planned = [i for i, seq in enumerate(seqs) if len(seqs) > 1 and self._planned(seq)]
+        self.regime = None
+        if planned and self.chooser is not None:
+            self.regime = self.chooser.choose(len(seqs))
+            if self.regime is Regime.OWN:
+                return [seq._draft_length() for seq in seqs]
         ks = [0 if i in planned else seq._draft_length() for i, seq in enumerate(seqs)]
-        if not planned:
+        if not planned or self.regime is Regime.PLAIN:
             return ks
+        self.regime = self.regime or Regime.PLAN
         options = [NO_DRAFT] * len(seqs)
         for i, seq in enumerate(seqs):
             # the rows the plan does not decide still share the pass: their tokens count
@@ -70,6 +158,12 @@ class DraftPlanner:
         logger.debug("load-aware plan over %d rows: %s", len(seqs), ks)
         return ks
 
+    def record_round(self, rows: int, tokens: int, seconds: float) -> None:
+        """The round just planned committed ``tokens`` over ``rows`` rows in ``seconds`` (call
+        only for rounds without prefill rows)."""
+        if self.regime is not None and self.chooser is not None:
+            self.chooser.record(rows, self.regime, tokens, seconds)
+
 
 def plan_round_fixed(options: Sequence[RowOption], ks: Sequence[int], free: Sequence[int], cost_model: PassCostModel,
                      margin: float) -> list[int]:
@@ -80,4 +174,4 @@ def plan_round_fixed(options: Sequence[RowOption], ks: Sequence[int], free: Sequ
     return [chosen[i] if i in free_set else ks[i] for i in range(len(options))]
 
 
-__all__ = ["BatchPolicy", "DraftPlanner"]
+__all__ = ["BatchPolicy", "DraftPlanner", "Regime", "RegimeChooser"]

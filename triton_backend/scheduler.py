@@ -74,7 +74,12 @@ class RequestHandle(Protocol):
 
 @runtime_checkable
 class RoundObserver(Protocol):
+    """Told about every round. ``round_done`` runs on the scheduler thread every round: it
+    must only count (no blocking I/O); ``flush`` publishes the counts (called elsewhere,
+    every so often and before a request's last response)."""
+
     def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None: ...
+    def flush(self) -> None: ...
 
 
 def batchable(engine: object) -> bool:
@@ -89,6 +94,34 @@ def as_batched(engine: object, num_slots: int) -> BatchedEngine:
     if isinstance(engine, BatchedEngine):
         return engine
     raise SpecbuildError(f"engine {engine!r} cannot run batched rows")
+
+
+TIMING_LOG_ROUNDS = 256  # rounds between two timing lines in the log
+
+
+@dataclass
+class RoundTiming:
+    """Where the rounds' time went: the target pass against the whole round (planning,
+    drafting, verification, commits and handing chunks to the clients)."""
+
+    rounds: int = 0
+    rows: int = 0
+    speculating_rows: int = 0
+    pass_s: float = 0.0
+    round_s: float = 0.0
+
+    def add(self, rows: int, speculating_rows: int, pass_s: float, round_s: float) -> None:
+        self.rounds += 1
+        self.rows += rows
+        self.speculating_rows += speculating_rows
+        self.pass_s += pass_s
+        self.round_s += round_s
+
+    def summary(self) -> str:
+        n = max(1, self.rounds)
+        return (f"{self.rounds} rounds of {self.rows / n:.1f} rows ({self.speculating_rows / n:.1f} speculating): "
+                f"target pass {1e3 * self.pass_s / n:.1f} ms, round {1e3 * self.round_s / n:.1f} ms "
+                f"({1e3 * (self.round_s - self.pass_s) / n:.1f} ms outside the pass)")
 
 
 @dataclass
@@ -115,6 +148,7 @@ class BatchScheduler:
                              if isinstance(drafter, DraftModelDrafter) else None)
         self.planner = DraftPlanner(self.config.policy, cost_model)
         self.rounds = 0
+        self.timing = RoundTiming()
         self._queue: deque[_Job] = deque()
         self._active: list[BatchSequence] = []
         self._handles: dict[int, RequestHandle] = {}
@@ -219,6 +253,7 @@ class BatchScheduler:
                 self._finish(seq, cancelled=True)
 
     def _round(self) -> None:
+        started = time.perf_counter()
         prefill, planned = self._split(self._active)
         ks = self.planner.plan([r.seq for r in planned])
         for row, k in zip(planned, ks):
@@ -233,12 +268,20 @@ class BatchScheduler:
         self.rounds += 1
         for row in prefill:
             next(s for s in self._active if s.slot == row.slot).after_prefill(row)
-        for row, out in zip(planned, outputs[len(prefill):]):
-            self._verify_and_stream(row, out, verify_s)
+        committed = sum(self._verify_and_stream(row, out, verify_s) for row, out in zip(planned, outputs[len(prefill):]))
+        if not prefill:  # the planner measures its regimes on decode/verify rounds only
+            self.planner.record_round(len(rows), committed, time.perf_counter() - started)
         speculating = sum(1 for r in planned if len(r.proposal))
-        logger.debug("round %d: %s", self.rounds, describe(planned, len(prefill)))
+        logger.debug("round %d: %s, regime %s", self.rounds, describe(planned, len(prefill)),
+                     self.planner.regime.value if self.planner.regime is not None else "-")
         if self.observer is not None:
             self.observer.round_done(len(rows), speculating, drafted_tokens(planned), len(self._queue))
+        self.timing.add(len(rows), speculating, verify_s, time.perf_counter() - started)
+        if self.timing.rounds >= TIMING_LOG_ROUNDS:
+            chooser = self.planner.chooser
+            logger.info("batch scheduler: %s; measured tokens/s by regime at %d rows: %s", self.timing.summary(),
+                        len(rows), chooser.rates(len(rows)) if chooser is not None else "-")
+            self.timing = RoundTiming()
 
     def _split(self, active: Sequence[BatchSequence]) -> tuple[list[BatchRow], list[PlannedRow]]:
         """Prefill chunks for prompts longer than what is left of the round's budget; a round
@@ -260,7 +303,8 @@ class BatchScheduler:
                 prefill.append(row)
         return prefill, planned
 
-    def _verify_and_stream(self, row: PlannedRow, out: object, verify_s: float) -> None:
+    def _verify_and_stream(self, row: PlannedRow, out: object, verify_s: float) -> int:
+        """Verify, commit and stream one row; returns the tokens it committed."""
         seq = row.seq
         try:
             block, drafted, accepted = verify_row(self.target, row, out)
@@ -268,12 +312,13 @@ class BatchScheduler:
             chunk = commit(seq, block)
         except SpecbuildError as exc:
             self._finish(seq, error=exc)
-            return
+            return 0
         if chunk is not None and not self._tell(self._handles[id(seq)].on_chunk, chunk):
             self._finish(seq, cancelled=True)
-            return
+            return len(block)
         if seq.finished:
             self._finish(seq)
+        return len(block)
 
     def _finish(self, seq: BatchSequence, *, error: BaseException | None = None, cancelled: bool = False) -> None:
         """Take a sequence out of the batch and give its slots back; tell the client why."""

@@ -1,0 +1,101 @@
+"""The load-aware planner against measured rounds: whatever the pass-cost table says, the
+regime whose rounds commit the most tokens per second is the one that runs (the others only
+as probes), per batch size; and through the real scheduler (tiny random Llamas) outputs stay
+those of each request alone while every regime is tried."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_scheduler import Collector, _alone, _requests, tiny_decoder_with_every_drafter
+from triton_backend.batch_plan import BatchPolicy, DraftPlanner, Regime, RegimeChooser
+from triton_backend.scheduler import BatchScheduler, SchedulerConfig
+from triton_backend.speculation_policy import PassCostModel, RowOption, plan_round
+
+
+def _run(chooser: RegimeChooser, rows: int, rounds: int, rate: dict[Regime, float]) -> list[Regime]:
+    """``rounds`` rounds whose measured tokens/s under each regime is ``rate``."""
+    chosen = []
+    for _ in range(rounds):
+        regime = chooser.choose(rows)
+        chooser.record(rows, regime, tokens=round(rate[regime]), seconds=1.0)
+        chosen.append(regime)
+    return chosen
+
+
+@pytest.mark.parametrize("best", list(Regime))
+def test_the_measured_best_regime_runs_and_the_others_only_as_probes(best) -> None:
+    chooser = RegimeChooser(probe_every=12, warmup=2)
+    rate = {r: 100.0 for r in Regime}
+    rate[best] = 140.0
+    chosen = _run(chooser, 16, 240, rate)
+    assert all(r in chosen[:6] for r in Regime)  # each tried first
+    steady = chosen[6:]
+    assert steady.count(best) / len(steady) >= 0.9
+    # what the probes cost: at most a few % of the best regime's rate
+    achieved = sum(rate[r] for r in steady) / len(steady)
+    assert achieved / rate[best] >= 0.97
+
+
+def test_a_regime_that_turns_worse_is_dropped_and_buckets_are_separate() -> None:
+    chooser = RegimeChooser(probe_every=6, warmup=1)
+    rate = {Regime.PLAN: 150.0, Regime.OWN: 120.0, Regime.PLAIN: 100.0}
+    assert _run(chooser, 16, 30, rate)[-5:].count(Regime.PLAN) >= 4
+    rate[Regime.PLAN] = 50.0  # the batch changed: the plan's rounds now commit less than plain ones
+    assert _run(chooser, 16, 60, rate)[-10:].count(Regime.OWN) >= 8
+    assert chooser.bucket(16) == chooser.bucket(9) != chooser.bucket(8)
+    assert chooser.rates(4) == {}  # nothing measured at 3-4 rows yet
+
+
+def test_the_pass_cost_plan_alone_can_lose_to_plain_when_the_table_is_wrong() -> None:
+    """Why the planner measures: a table that prices one extra token per row at 16 rows as
+    almost free picks drafts for every row; a pass that actually costs twice a plain one
+    then commits fewer tokens per second than plain rounds. The chooser follows the measurement."""
+    optimistic = PassCostModel({1: {1: 1.0, 8: 1.7}, 16: {1: 3.4, 5: 3.6}})
+    rows = [RowOption(prefix_probs=(0.5, 0.25, 0.12, 0.06))] * 16
+    ks = plan_round(rows, optimistic, 0.03)
+    assert sum(k > 0 for k in ks) >= 12  # drafts for (nearly) every row
+    tokens_plan = sum(r.expected_tokens(k) for r, k in zip(rows, ks))
+    true_cost = {Regime.PLAN: 3.4 * 2.0, Regime.OWN: 3.4 * 2.0, Regime.PLAIN: 3.4}
+    rate = {Regime.PLAN: tokens_plan / true_cost[Regime.PLAN], Regime.OWN: tokens_plan / true_cost[Regime.OWN],
+            Regime.PLAIN: 16 / true_cost[Regime.PLAIN]}
+    assert rate[Regime.PLAIN] > rate[Regime.PLAN]
+    chosen = _run(RegimeChooser(), 16, 120, {r: 100 * v for r, v in rate.items()})
+    assert chosen[6:].count(Regime.PLAIN) / len(chosen[6:]) >= 0.9
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        RegimeChooser(probe_every=1)
+    with pytest.raises(ValueError):
+        RegimeChooser(decay=1.0)
+
+
+class ScriptedChooser(RegimeChooser):
+    """Cycles through the regimes (every one runs on the real scheduler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Regime] = []
+
+    def choose(self, rows: int) -> Regime:
+        regime = list(Regime)[len(self.seen) % len(Regime)]
+        self.seen.append(regime)
+        return regime
+
+
+def test_every_regime_keeps_outputs_identical_to_each_request_alone() -> None:
+    decoder = tiny_decoder_with_every_drafter()
+    requests = _requests(10)
+    expected = _alone(decoder, requests)
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=5, policy="load_aware"))
+    chooser = ScriptedChooser()
+    scheduler.planner = DraftPlanner(BatchPolicy.LOAD_AWARE, chooser=chooser)
+    try:
+        clients = [Collector() for _ in requests]
+        for (prompt, params, spec), client in zip(requests, clients):
+            scheduler.submit(prompt, params, spec, client)
+        assert [c.tokens() for c in clients] == expected
+    finally:
+        scheduler.shutdown()
+    assert set(chooser.seen) == set(Regime)
