@@ -7,6 +7,7 @@ outputs through the pump equal each request alone."""
 from __future__ import annotations
 
 import threading
+from collections import deque
 import time
 
 import pytest
@@ -145,4 +146,20 @@ def test_scheduler_through_the_pump_equals_each_request_alone(policy) -> None:
         assert [c.tokens() for c in clients] == expected
     finally:
         scheduler.shutdown()
+        pump.close()
+
+
+def test_nothing_reaches_a_cancelled_client_and_its_last_chunk_ends_it_as_cancelled() -> None:
+    pump = ResponsePump(poll_interval_s=10)
+    client = Collector(cancel_after=2)
+    handle = pump.wrap(client)
+    try:
+        for i in range(4):
+            handle.on_chunk(GenerationChunk([i], str(i)))
+            _wait(lambda: pump._queue == deque())  # one at a time: no merging
+        handle.on_chunk(GenerationChunk([9], "9", finished=True))
+        assert client.done.wait(10)
+        assert [c.token_ids for c in client.chunks] == [[0], [1]] and client.was_cancelled
+        assert handle.cancelled()
+    finally:
         pump.close()

@@ -6,7 +6,8 @@ Made on the scheduler thread, a few of them per row and round cost more than the
 pass itself at 8 rows on a busy CPU. :class:`ResponsePump` moves them to one thread of their own:
 the scheduler hands each request's chunks, errors and cancellations to the request's
 :class:`PumpedHandle` (queued, in order, never blocking) and reads its cancellation from a
-flag the pump refreshes every ``poll_interval_s``. When the pump falls behind, a request's
+flag the pump refreshes before each response and every ``poll_interval_s``; nothing more
+reaches a client once it has cancelled (a final chunk then ends it as cancelled). When the pump falls behind, a request's
 queued partial chunks are merged into one (same tokens and text, fewer responses), so the
 client I/O never holds the batch back.
 """
@@ -40,14 +41,19 @@ def merge_chunks(first: GenerationChunk, second: GenerationChunk) -> GenerationC
 class _Item:
     handle: "PumpedHandle"
     call: Callable[..., None]
-    chunk: GenerationChunk | None = None  # a partial chunk (later ones of the same request merge into it)
-    args: tuple = field(default_factory=tuple)
+    chunk: GenerationChunk | None = None  # the call's argument when it is a chunk
+    args: tuple = field(default_factory=tuple)  # else its arguments
+
+    @property
+    def partial(self) -> bool:
+        """A partial chunk: later ones of the same request merge into it while it waits."""
+        return self.chunk is not None and not self.chunk.finished
 
 
 class ResponsePump:
     """One thread that delivers every request's responses (see the module docstring)."""
 
-    def __init__(self, poll_interval_s: float = 0.1, flush: Callable[[], None] | None = None,
+    def __init__(self, poll_interval_s: float = 0.25, flush: Callable[[], None] | None = None,
                  flush_interval_s: float = 0.5, name: str = "specdec-responses") -> None:
         self.poll_interval_s = poll_interval_s
         self._flush = flush
@@ -70,7 +76,7 @@ class ResponsePump:
 
     def _put(self, item: _Item) -> None:
         with self._cond:
-            if item.chunk is not None:
+            if item.partial:
                 last = item.handle._pending
                 if last is not None:  # still queued: fold this chunk into it
                     last.chunk = merge_chunks(last.chunk, item.chunk)
@@ -96,7 +102,7 @@ class ResponsePump:
                 if item is not None and item.handle._pending is item:
                     item.handle._pending = None
             if item is not None:
-                if item.chunk is None:  # a request's last word: the metrics count its rounds first
+                if not item.partial:  # a request's last word: the metrics count its rounds first
                     self._flush_rounds()
                 self._deliver(item)
             now = time.monotonic()
@@ -117,11 +123,13 @@ class ResponsePump:
             logger.exception("could not publish the batch metrics")
 
     def _deliver(self, item: _Item) -> None:
+        handle = item.handle
         try:
-            if item.chunk is not None:
-                item.call(item.chunk)
-            else:
-                item.call(*item.args)
+            if item.chunk is not None and self._ask_cancelled(handle):  # nothing more reaches a cancelled client
+                if item.chunk.finished:  # the scheduler is done with it: end it as cancelled
+                    handle._inner.on_cancelled()
+                return
+            item.call(*((item.chunk,) if item.chunk is not None else item.args))
         except Exception:  # the client is gone: the scheduler drops the request at its next round
             logger.exception("a request's client callback failed")
             item.handle._cancelled = True
@@ -130,11 +138,16 @@ class ResponsePump:
         with self._cond:
             live = [h for h in self._live if not h._cancelled]
         for handle in live:
+            self._ask_cancelled(handle)
+
+    @staticmethod
+    def _ask_cancelled(handle: "PumpedHandle") -> bool:
+        if not handle._cancelled:
             try:
-                if handle._inner.cancelled():
-                    handle._cancelled = True
-            except Exception:  # answer as if not cancelled; asked again at the next poll
+                handle._cancelled = bool(handle._inner.cancelled())
+            except Exception:  # answer as if not cancelled; asked again later
                 logger.exception("could not ask whether a request is cancelled")
+        return handle._cancelled
 
     def discard(self, handle: "PumpedHandle") -> None:
         """Stop polling ``handle`` (its request ended, or never reached the scheduler)."""
@@ -161,9 +174,7 @@ class PumpedHandle:
     def on_chunk(self, chunk: GenerationChunk) -> None:
         if chunk.finished:
             self._pump.discard(self)
-            self._pump._put(_Item(self, self._inner.on_chunk, args=(chunk,)))
-        else:
-            self._pump._put(_Item(self, self._inner.on_chunk, chunk=chunk))
+        self._pump._put(_Item(self, self._inner.on_chunk, chunk=chunk))
 
     def on_error(self, exc: BaseException) -> None:
         self._pump.discard(self)
