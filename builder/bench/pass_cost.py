@@ -46,6 +46,7 @@ class PassCostConfig:
     repeats: int = 9
     num_threads: int = 1
     packed_gemm_rows: int = RuntimeConfig().packed_gemm_rows
+    row_kernel: bool = RuntimeConfig().row_kernel  # ours: the row-invariant CPU matmul (engines/row_gemm.py)
     write_headline: bool = True
 
     def __post_init__(self) -> None:
@@ -63,7 +64,7 @@ def load_engines(config: PassCostConfig, max_rows: int) -> dict[str, Any]:
     from triton_backend.model_loading import load_model
 
     runtime = RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=config.packed_gemm_rows,
-                            max_batch_size=max_rows, max_seq_len=config.context + max(config.sizes) + 1)
+                            row_kernel=config.row_kernel, max_batch_size=max_rows, max_seq_len=config.context + max(config.sizes) + 1)
     model = load_model(config.target, runtime)
     ours = LlamaEngine(model, name="ours", runtime=runtime, eos_token_ids=[])
     hf = HFBatchedEngine(TorchEngine(model, name="hf", runtime=runtime, eos_token_ids=[]), max_rows)
@@ -115,15 +116,17 @@ def measure_pass_cost(config: PassCostConfig) -> dict:
     if 8 in batch:
         headline["engine_decode_throughput_8_over_1"] = 8 * med[("ours", 1, 1)] / med[("ours", 8, 1)]
     return {"config": {"target": config.target, "context": config.context, "repeats": config.repeats,
-                       "threads": config.num_threads, "packed_gemm_rows": config.packed_gemm_rows},
+                       "threads": config.num_threads, "packed_gemm_rows": config.packed_gemm_rows,
+                       "row_kernel": engines["ours"].forward_impl.row_invariant},
             "rows": rows, "headline": headline}
 
 
 def pass_cost_markdown(result: dict) -> str:
     cfg = result["config"]
+    kernel = "row-invariant CPU kernel" if cfg.get("row_kernel") else "torch kernels"
     lines = [f"Batched pass cost on a {cfg['context']}-token cached context per row ({cfg['target']}, float32, "
-             f"{cfg['threads']} thread(s), median of {cfg['repeats']}); x step = pass time / one row x one token "
-             "of the same engine; speedup = HF ms / ours ms.", "",
+             f"{cfg['threads']} thread(s), median of {cfg['repeats']}; ours on the {kernel}); x step = pass time / one "
+             "row x one token of the same engine; speedup = HF ms / ours ms.", "",
              "| rows | tokens per row | ours ms | ours x step | HF ms | HF x step | speedup |",
              "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
