@@ -152,6 +152,9 @@ def test_ngram_index_is_incremental_and_agrees_with_a_full_scan():
                 e = _match_end(tokens[:end], 1, 3)
                 assert tokens[e - m:e] == tokens[end - m:end]
                 assert m == 64 or e - m == 0 or tokens[e - m - 1] != tokens[end - m - 1]
+                n = _matched_n(tokens[:end], 1, 3)  # occurrences of the matched n-gram, something after them
+                gram = tokens[end - n:end]
+                assert found.occurrences == sum(1 for x in range(n, end) if tokens[x - n:x] == gram) >= 1
 
 
 def _full_scan(tokens, k, min_n, max_n):
@@ -183,7 +186,17 @@ def test_ngram_session_under_the_gain_rule_sizes_the_draft_by_the_match():
     tokens = [1, 2] + copy + [3, 4] + copy[:12]  # the output is copying the prompt: a 12-token match
     k = controller.next_draft_length()
     assert session.propose(tokens, k, None, None).tokens == copy[12:12 + 7]  # 8 tokens fill one packed GEMM
-    short = [5, 6, 7, 8, 9, 5]  # a one-token match: a short, cheap bet at most
-    assert len(session.propose(short, k, None, None).tokens) <= 3
+    unique = [5, 6, 7, 8, 9, 5]  # a one-token match on a token seen once: a bet on the cheap default table
+    repeated = [5, 6, 5, 7, 5, 8, 9, 5]  # the same token seen three times: a weak signal, no bet
+    assert len(session.propose(repeated, k, None, None).tokens) == 0
+    assert len(session.propose(unique, k, None, None).tokens) > 0
     plain_session = drafter.new_session()  # no policy (fallback off): the whole continuation
-    assert plain_session.propose(short, 3, None, None).tokens == [6, 7, 8]
+    assert plain_session.propose(unique, 3, None, None).tokens == [6, 7, 8]
+
+
+def _matched_n(tokens, min_n, max_n):
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        if any(tokens[end - n:end] == tokens[length - n:] for end in range(length - 1, n - 1, -1)):
+            return n
+    raise AssertionError("no match")

@@ -10,7 +10,7 @@ import pytest
 
 from triton_backend.config import SpeculationConfig
 from triton_backend.controller import SpeculationController
-from triton_backend.speculation_policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+from triton_backend.speculation_policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, install_cost_model, plan_round,
                                                prefix_probabilities)
 
@@ -116,6 +116,31 @@ def test_match_length_policy_follows_the_match_and_its_history():
     assert policy.draft_length(20, 8) > 0  # a longer match (another bucket) is judged on its own
     short = MatchLengthPolicy(8, GainSettings(), PassCostModel.default(), priors={1: (0.3, 0.3), 4: (0.3, 0.3)})
     assert short.bucket(1) == 1 and short.bucket(3) == 1 and short.bucket(9) == 4
+
+
+def test_a_repeated_short_match_is_judged_apart_from_a_unique_one():
+    policy = MatchLengthPolicy(8, GainSettings(probe_interval=1000), PassCostModel.default())
+    assert policy.key(1, 1) == (1, False) and policy.key(1, 4) == (1, True)
+    assert policy.key(12, 4) == (10, False)  # long matches are not split
+    assert policy.draft_length(1, 8, occurrences=5) == 0  # a common token: no bet from the prior
+    assert policy.draft_length(1, 8, occurrences=1) > 0  # a unique one pays on the cheap default table
+    while (k := policy.draft_length(1, 8, occurrences=1)) > 0:  # unique one-token matches fail in this request
+        policy.record(k, 0)
+    assert policy.draft_length(2, 8, occurrences=1) > 0  # a two-token match is judged on its own
+
+
+def test_pooled_later_positions_learn_past_the_drafted_length():
+    """Drafts of 7 that keep being accepted in full: the n-gram estimate trusts positions 8..15
+    too (pooled), so a table where 16 tokens cost about as much as two 8-token passes less
+    than that picks the long draft; per-position estimates never learn past 7."""
+    model = PassCostModel({1: {1: 1.0, 2: 1.75, 8: 1.78, 9: 3.0, 16: 2.94}})
+    for pooled, want_long in ((True, True), (False, False)):
+        estimate = AcceptanceEstimate(15, (0.9, 0.85), pooled=pooled)
+        for _ in range(12):
+            estimate.record(7, 7)
+        option = RowOption(tuple(prefix_probabilities(estimate.conditional())))
+        k = plan_round([option], model)[0]
+        assert (k > 7) is want_long, (pooled, k)
 
 
 def test_controller_under_the_gain_rule_pauses_and_records_no_permanent_fallback():

@@ -225,20 +225,27 @@ class AcceptanceEstimate:
     a Beta posterior per position whose evidence decays by ``decay`` each recorded round (the
     estimate follows the text), with ``strength`` pseudo-observations of its prior."""
 
-    def __init__(self, positions: int, prior: Prior, strength: float = 2.0, decay: float = 0.9) -> None:
+    def __init__(self, positions: int, prior: Prior, strength: float = 2.0, decay: float = 0.9,
+                 pooled: bool = False) -> None:
         self.prior = (float(prior[0]), float(prior[1]))
         self.strength, self.decay = float(strength), float(decay)
+        self.pooled = pooled
         self.accepted = [0.0] * positions
         self.rejected = [0.0] * positions
 
     def conditional(self) -> list[float]:
         """Position 0 shrinks toward the first prior; later positions toward the later prior
         scaled by how position 0 does against its prior (where first drafts fail in this
-        request, later ones are not trusted either)."""
+        request, later ones are not trusted either). ``pooled``: the later positions share one
+        estimate (a copy that keeps being accepted at positions 1..6 is trusted at 7..15 too,
+        which per-position estimates never learn when only 7 were ever drafted)."""
         s, (first, later) = self.strength, self.prior
         out: list[float] = []
+        pooled_a, pooled_r = sum(self.accepted[1:]), sum(self.rejected[1:])
         for i, (a, r) in enumerate(zip(self.accepted, self.rejected)):
             prior = first if i == 0 else later * (min(1.0, out[0] / first) if first > 0 else 0.0)
+            if i > 0 and self.pooled:
+                a, r = pooled_a, pooled_r
             out.append((s * prior + a) / (s + a + r))
         return out
 
@@ -285,7 +292,8 @@ class GainPolicy:
         prior = PRIOR_ACCEPTANCE[kind] if settings.prior is None else settings.prior
         self.settings, self.max_k, self.draft_cost = settings, max_k, max(0.0, draft_cost)
         self.cost_model = cost_model
-        self.estimate = AcceptanceEstimate(max_k, prior, settings.prior_strength, settings.decay)
+        self.estimate = AcceptanceEstimate(max_k, prior, settings.prior_strength, settings.decay,
+                                           pooled=kind is DrafterKind.NGRAM)
         self._verify = tuple(verify_tokens(k) for k in range(max_k + 1)) if verify_tokens is not None else None
         self.paused = False
         self._plain_steps = 0
@@ -344,35 +352,54 @@ class GainPolicy:
 
 
 # n-gram matches by length: a bucket is the largest entry <= the match length; its prior is the
-# per-position conditional acceptance a request starts from (fit on held-out prompts, not the bench's)
+# per-position conditional acceptance a request starts from (first draft, later drafts), fit on
+# held-out prompts (builder/data/heldout_prompts.txt, heldout_copy_prompts.json), not the bench's.
+# A short match whose n-gram occurs several times earlier is a weaker signal than a unique one:
+# those get their own bucket and prior.
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 10, 16)
-MATCH_PRIOR: dict[int, Prior] = {1: (0.25, 0.5), 2: (0.42, 0.68), 3: (0.72, 0.68), 4: (0.68, 0.72), 6: (0.75, 0.75),
-                                 10: (0.85, 0.78), 16: (0.95, 0.85)}
+MATCH_PRIOR: dict[int, Prior] = {1: (0.26, 0.66), 2: (0.58, 0.77), 3: (0.63, 0.79), 4: (0.79, 0.78), 6: (0.78, 0.85),
+                                 10: (0.88, 0.9), 16: (0.96, 0.93)}
+REPEATED_MATCH_PRIOR: dict[int, Prior] = {1: (0.1, 0.7)}
+
+MatchKey = tuple[int, bool]  # (length bucket, a short match whose n-gram occurs more than once)
 
 
 class MatchLengthPolicy:
-    """The gain rule for n-gram lookup: one :class:`GainPolicy` per match-length bucket, so the
-    proposal's length follows how long the match is and how matches of that length fared in
-    this request; a long match is a free signal to speculate again after short ones failed."""
+    """The gain rule for n-gram lookup: one :class:`GainPolicy` per match bucket (length, and
+    for short matches whether the n-gram is repeated), so the proposal's length follows how
+    long the match is and how matches of that kind fared in this request; a long match is a
+    free signal to speculate again after short ones failed."""
 
     def __init__(self, max_k: int, settings: GainSettings, cost_model: PassCostModel | None = None,
-                 priors: Mapping[int, Prior] | None = None) -> None:
+                 priors: Mapping[int, Prior] | None = None,
+                 repeated_priors: Mapping[int, Prior] | None = None) -> None:
+        explicit = settings.prior is not None
         if priors is None:  # an explicit prior in the settings overrides the per-length table
-            priors = MATCH_PRIOR if settings.prior is None else {b: settings.prior for b in MATCH_PRIOR}
+            priors = MATCH_PRIOR if not explicit else {b: settings.prior for b in MATCH_PRIOR}
+            if repeated_priors is None and not explicit:
+                repeated_priors = REPEATED_MATCH_PRIOR
         priors = dict(priors)
+        repeated = dict(repeated_priors or {})
         self.buckets = tuple(sorted(priors))
-        self.policies = {b: GainPolicy(DrafterKind.NGRAM, max_k, 0.0, dataclasses.replace(settings, prior=priors[b]),
-                                       cost_model) for b in self.buckets}
-        self._last: int | None = None  # the bucket of the last proposal
+        table: dict[MatchKey, Prior] = {(b, False): priors[b] for b in self.buckets}
+        table.update({(b, True): p for b, p in repeated.items() if b in priors})
+        self.policies = {key: GainPolicy(DrafterKind.NGRAM, max_k, 0.0, dataclasses.replace(settings, prior=prior),
+                                         cost_model) for key, prior in table.items()}
+        self._last: MatchKey | None = None  # the bucket of the last proposal, when it drafted
         self.paused = False
 
     def bucket(self, match_length: int) -> int:
         return max((b for b in self.buckets if b <= match_length), default=self.buckets[0])
 
-    def draft_length(self, match_length: int, available: int) -> int:
+    def key(self, match_length: int, occurrences: int = 1) -> MatchKey:
         bucket = self.bucket(match_length)
-        k = self.policies[bucket].next_draft_length(limit=available)
-        self._last = bucket if k > 0 else None
+        repeated = occurrences > 1 and (bucket, True) in self.policies
+        return bucket, repeated
+
+    def draft_length(self, match_length: int, available: int, occurrences: int = 1) -> int:
+        key = self.key(match_length, occurrences)
+        k = self.policies[key].next_draft_length(limit=available)
+        self._last = key if k > 0 else None
         self.paused = k == 0
         return k
 
@@ -396,6 +423,6 @@ def machine_key(model: str, settings: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
-__all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "MATCH_PRIOR", "MatchLengthPolicy", "PRIOR_ACCEPTANCE",
+__all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "MATCH_PRIOR", "MatchLengthPolicy", "PRIOR_ACCEPTANCE", "REPEATED_MATCH_PRIOR",
            "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "machine_key", "plan_round",
            "prefix_probabilities"]

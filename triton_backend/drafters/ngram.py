@@ -28,6 +28,7 @@ MAX_MATCH_LENGTH = 64  # a match is measured backwards up to this many tokens
 class NgramMatch:
     length: int  # tokens the suffix shares with the earlier occurrence (>= n, capped)
     continuation: list[int]  # what followed that occurrence (up to k tokens)
+    occurrences: int = 1  # earlier occurrences of the matched n-gram (a unique one is a stronger signal)
 
 
 class NgramIndex:
@@ -37,30 +38,34 @@ class NgramIndex:
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
         self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> end (exclusive) of its latest occurrence
+        self._count: dict[tuple[int, ...], int] = {}  # n-gram -> occurrences with something after them
 
     def update(self, tokens: Sequence[int]) -> None:
         """Catch up with ``tokens`` (the committed sequence: the indexed one plus new tokens)."""
         old = len(self.tokens)
         if len(tokens) < old or (old and tokens[old - 1] != self.tokens[old - 1]):
-            self.tokens, self._latest, old = [], {}, 0  # not an extension: start over
+            self.tokens, self._latest, self._count, old = [], {}, {}, 0  # not an extension: start over
         self.tokens.extend(tokens[old:])
-        seq = self.tokens
+        seq, latest, count = self.tokens, self._latest, self._count
         # an occurrence ending at e is useful when something follows it: e <= len - 1
         for end in range(max(1, old), len(seq)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                self._latest[tuple(seq[end - n:end])] = end
+                gram = tuple(seq[end - n:end])
+                latest[gram] = end
+                count[gram] = count.get(gram, 0) + 1
 
     def lookup(self, k: int) -> NgramMatch | None:
         """The longest suffix n-gram's latest earlier occurrence and up to ``k`` tokens after it."""
         seq, length = self.tokens, len(self.tokens)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            end = self._latest.get(tuple(seq[length - n:]))
+            gram = tuple(seq[length - n:])
+            end = self._latest.get(gram)
             if end is None:
                 continue
             match = n
             while match < MAX_MATCH_LENGTH and end - match - 1 >= 0 and seq[end - match - 1] == seq[length - match - 1]:
                 match += 1
-            return NgramMatch(match, seq[end:end + k])
+            return NgramMatch(match, seq[end:end + k], self._count.get(gram, 1))
         return None
 
 
@@ -88,7 +93,7 @@ class NgramSession:
             return EMPTY_PROPOSAL
         drafts = found.continuation
         if self.policy is not None:
-            drafts = drafts[: self.policy.draft_length(found.length, len(drafts))]
+            drafts = drafts[: self.policy.draft_length(found.length, len(drafts), found.occurrences)]
         return DraftProposal(tokens=list(drafts)) if drafts else EMPTY_PROPOSAL
 
     def release(self) -> None:

@@ -1,0 +1,162 @@
+"""Short, interleaved speed ratios of speculative rows against plain decoding on held-out prompts.
+
+For tuning the gain rule without touching the bench's prompts: every row runs every prompt,
+repeats interleaved in a shuffled order, in one process. Two figures per row and workload:
+
+- ``x plain``: the wall-clock ratio (total plain seconds / total row seconds);
+- ``x cost``: the same ratio in pass-cost units (plain: one unit per generated token after the
+  first; a row: the measured pass-cost table's cost of each of its passes), which a busy
+  machine does not disturb (chain drafts only; Medusa's tree passes are counted by depth).
+
+Every row's greedy output is checked against plain's. Example::
+
+    .venv/bin/python scripts/spec_ratio.py --set tune --rows plain,ngram:8,medusa --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from builder.bench.config import BenchPrompt
+from builder.bench.rows import OursRow, PeerRow, Row
+from triton_backend.config import RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.reference_model import DEFAULT_REFERENCE
+from triton_backend.speculation_policy import current_cost_model
+
+ROOT = Path(__file__).resolve().parents[1]
+COPY_PROMPTS = ROOT / "builder" / "data" / "heldout_copy_prompts.json"
+HELDOUT = ROOT / "builder" / "data" / "heldout_prompts.txt"
+MEDUSA = ROOT / "artifacts" / "smollm2-135m-medusa" / "heads.safetensors"
+
+
+def _prompts(which: str, per_workload: int) -> dict[str, list[str]]:
+    copy = json.loads(COPY_PROMPTS.read_text())
+    lines = [line.strip() for line in HELDOUT.read_text().splitlines() if line.strip()]
+    code = [line for line in lines if line.startswith("Write a Python") or "function" in line]
+    chat = [line for line in lines if line not in code]
+    offset = 0 if which == "tune" else per_workload
+    return {"chat": chat[offset:offset + per_workload], "code": code[:per_workload],
+            "copy": copy[which][:per_workload]}
+
+
+def _rows(spec: str, decoder, peer_model) -> list[Row]:
+    rows: list[Row] = []
+    for item in spec.split(","):
+        name, _, arg = item.partition(":")
+        if name == "plain":
+            rows.append(OursRow("plain", decoder, SpeculationConfig(mode=SpeculationMode.OFF)))
+        elif name == "ngram":
+            rows.append(OursRow(f"ngram k={arg}", decoder, SpeculationConfig(mode=SpeculationMode.NGRAM,
+                                                                            num_draft_tokens=int(arg))))
+        elif name == "medusa":
+            rows.append(OursRow("medusa", decoder, SpeculationConfig(mode=SpeculationMode.MEDUSA)))
+        elif name == "hf-lookup":
+            rows.append(PeerRow("hf prompt-lookup", peer_model, {"prompt_lookup_num_tokens": 10}, {}))
+        else:
+            raise SystemExit(f"unknown row {item!r}")
+    return rows
+
+
+def _cost_units(stats: dict) -> float:
+    """The run's target passes after the first (prefill) in pass-cost units."""
+    model = current_cost_model()
+    lengths = list(stats.get("draft_lengths", []))
+    plain_passes = stats["target_passes"] - len(lengths)
+    cost = sum(model.pass_cost([k + 1]) for k in lengths) + plain_passes
+    return max(cost - (model.pass_cost([lengths[0] + 1]) if plain_passes == 0 and lengths else 1.0), 1.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=("tune", "check"), default="tune")
+    parser.add_argument("--rows", default="plain,ngram:4,ngram:8,medusa")
+    parser.add_argument("--workloads", default="chat,code,copy")
+    parser.add_argument("--per-workload", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    choices = None
+    fields = {"target": DEFAULT_REFERENCE, "runtime": RuntimeConfig(num_threads=1)}
+    if "medusa" in args.rows:
+        from triton_backend.medusa_model import load_medusa
+
+        choices = tuple(load_medusa(str(MEDUSA)).heads.info.medusa_choices[:7])  # as the bench cuts it
+        fields.update(medusa=str(MEDUSA), medusa_choices=choices)
+    decoder = build_decoder(DeploymentConfig(**fields))
+    peer = None
+    if "hf-lookup" in args.rows:
+        from triton_backend.model_loading import load_model
+
+        peer = load_model(DEFAULT_REFERENCE, RuntimeConfig(num_threads=1)).eval()
+    rows = _rows(args.rows, decoder, peer)
+    tok = decoder.tokenizer
+    prompts: list[BenchPrompt] = []
+    wanted = args.workloads.split(",")
+    for workload, texts in _prompts(args.set, args.per_workload).items():
+        if workload not in wanted:
+            continue
+        for i, text in enumerate(texts):
+            templated = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+            prompts.append(BenchPrompt(workload, i, templated, decoder.encode(templated)))
+    for row in rows:
+        row.run(prompts[0], 8, False)
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    tokens: dict[tuple[str, str], int] = defaultdict(int)
+    units: dict[tuple[str, str], float] = defaultdict(float)
+    drafted: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    outputs: dict[tuple[str, str, int], list[int]] = {}
+    order = random.Random(0)
+    started = time.perf_counter()
+    for rep in range(args.repeats):
+        for prompt in prompts:
+            shuffled = list(rows)
+            order.shuffle(shuffled)
+            for row in shuffled:
+                result = row.run(prompt, args.max_tokens, False)
+                key = (row.name, prompt.workload)
+                seconds[key] += result.latency_s
+                tokens[key] += len(result.tokens)
+                if result.stats is not None:
+                    units[key] += _cost_units(result.stats)
+                    d = drafted[key]
+                    d[0] += result.stats["drafted_tokens"]
+                    d[1] += result.stats["accepted_tokens"]
+                    d[2] += result.stats["target_passes"]
+                outputs[(row.name, prompt.workload, prompt.index)] = result.tokens
+    # exactness: every row's greedy tokens against plain's
+    mismatches = [f"{name} {w}#{i}" for (name, w, i), out in outputs.items()
+                  if ("plain", w, i) in outputs and out != outputs[("plain", w, i)] and not name.startswith("hf")]
+    print(f"cost table: {current_cost_model().source} {dict(current_cost_model().table[1])}")
+    print(f"{len(prompts)} prompts x {args.repeats} repeats, {time.perf_counter() - started:.0f} s")
+    print("| workload | row | x plain | x cost | accept | tok/pass |")
+    print("|---|---|---|---|---|---|")
+    for workload in wanted + ["all"]:
+        for row in rows:
+            keys = [(row.name, w) for w in wanted] if workload == "all" else [(row.name, workload)]
+            pkeys = [("plain", k[1]) for k in keys]
+            t, s = sum(tokens[k] for k in keys), sum(seconds[k] for k in keys)
+            pt, ps = sum(tokens[k] for k in pkeys), sum(seconds[k] for k in pkeys)
+            if not s or not ps:
+                continue
+            x = (t / s) / (pt / ps)
+            u = sum(units[k] for k in keys)
+            xc = (t / u) / 1.0 if u else float("nan")
+            d = [sum(drafted[k][i] for k in keys) for i in range(3)]
+            acc = d[1] / d[0] if d[0] else float("nan")
+            per_pass = t / d[2] if d[2] else float("nan")
+            print(f"| {workload} | {row.name} | {x:.2f} | {xc:.2f} | {acc:.2f} | {per_pass:.2f} |")
+    if mismatches:
+        print("MISMATCHES:", mismatches)
+
+
+if __name__ == "__main__":
+    main()
