@@ -63,6 +63,7 @@ class RoundLog:
     """Per round: seconds in the engine pass, seconds of the whole round, rows, speculating rows, tokens."""
 
     rounds: list[tuple[float, float, int, int, int]] = field(default_factory=list)
+    regimes: dict[str, int] = field(default_factory=dict)  # the load-aware planner's regime: rounds
 
 
 PROFILE = None  # a cProfile.Profile over every round's work on the scheduler thread (--profile)
@@ -94,6 +95,8 @@ def instrument(service: SpecdecService, log: RoundLog) -> None:
             if PROFILE is not None:
                 PROFILE.disable()
         log.rounds.append((state["pass"], time.perf_counter() - t0, state["rows"], state["spec"], state["tokens"]))
+        regime = scheduler.planner.regime
+        log.regimes[regime.value if regime is not None else "-"] = log.regimes.get(regime.value if regime else "-", 0) + 1
 
     scheduler.target.forward = forward
     scheduler._round = one_round
@@ -141,7 +144,7 @@ def summarize_rounds(log: RoundLog) -> str:
     tokens = [t for *_, t in r]
     return (f"rounds {len(r)}, pass {1e3 * statistics.median(passes):.0f} ms of round {1e3 * statistics.median(whole):.0f} ms"
             f" (outside pass {1e3 * (sum(whole) - sum(passes)) / len(r):.0f} ms/round), rows speculating mean "
-            f"{statistics.mean(spec):.2f}, tokens/pass {statistics.mean(tokens):.1f}")
+            f"{statistics.mean(spec):.2f}, tokens/pass {statistics.mean(tokens):.1f}, regimes {log.regimes}")
 
 
 def main() -> None:

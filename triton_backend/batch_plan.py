@@ -78,7 +78,7 @@ class RegimeChooser:
     runs the best, and every ``probe_every`` rounds of the bucket the regime measured longest
     ago (so a stale figure is refreshed: the requests in the batch change)."""
 
-    def __init__(self, probe_every: int = 12, warmup: int = 2, decay: float = 0.7) -> None:
+    def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8) -> None:
         if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
             raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
         self.probe_every, self.warmup, self.decay = probe_every, warmup, decay
