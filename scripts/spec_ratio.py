@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--per-workload", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--costs", default=None,
+                        help="install this one-row pass-cost table (1:1,2:1.75,...) instead of the measured one")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -92,6 +94,11 @@ def main() -> None:
         choices = tuple(load_medusa(str(MEDUSA)).heads.info.medusa_choices[:7])  # as the bench cuts it
         fields.update(medusa=str(MEDUSA), medusa_choices=choices)
     decoder = build_decoder(DeploymentConfig(**fields))
+    if args.costs is not None:  # a busy machine's measurement may fall back to the default table
+        from triton_backend.speculation_policy import PassCostModel, install_cost_model
+
+        table = {int(t): float(c) for t, c in (p.split(":") for p in args.costs.split(","))}
+        install_cost_model(PassCostModel({1: table}, "given"))
     peer = None
     if "hf-lookup" in args.rows:
         from triton_backend.model_loading import load_model
