@@ -69,7 +69,8 @@ def candidates(weights: list[torch.Tensor]) -> dict[str, object]:
         if row_gemm.cpu_isa() == isa:
             fn = row_gemm.load_row_gemm()
             if fn is not None:
-                out[f"row_{isa}"] = lambda x, i, fn=fn: fn(x, weights[i])
+                bound = [fn.bind(w) for w in weights]
+                out[f"row_{isa}"] = lambda x, i, bound=bound: bound[i](x)
     del os.environ["SPECBUILD_ROW_KERNEL_ISA"]
     return out
 

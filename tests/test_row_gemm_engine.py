@@ -56,10 +56,14 @@ def test_every_row_is_bit_identical_whatever_the_batch(row_gemm, k, n):
 
 def test_bad_inputs_are_refused(row_gemm):
     w = torch.randn(8, 16)
-    with pytest.raises(ValueError, match=r"\[M, K\]"):
+    with pytest.raises(ValueError, match=r"x \[M, 16\]"):
         row_gemm(torch.randn(2, 15), w)
+    with pytest.raises(ValueError, match=r"x \[M, 16\]"):
+        row_gemm.bind(w)(torch.randn(16))
     with pytest.raises(ValueError, match="float32"):
         row_gemm(torch.randn(2, 16, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="float32"):
+        row_gemm(torch.randn(2, 16), w, torch.zeros(8, dtype=torch.float64))
     with pytest.raises(ValueError, match="contiguous"):
         row_gemm(torch.randn(2, 16), torch.randn(16, 8).T)
     assert row_gemm(torch.randn(0, 16), w).shape == (0, 8)

@@ -115,9 +115,11 @@ class RowLinear:
         self.bias = None if bias is None else bias.detach()
         self.row_gemm = row_gemm if (row_gemm is not None and self.weight.device.type == "cpu"
                                      and self.weight.dtype == torch.float32) else None
+        self._run = None
         if self.row_gemm is not None:
             self.weight = self.weight.contiguous()
             self.bias = None if self.bias is None else self.bias.float().contiguous()
+            self._run = self.row_gemm.bind(self.weight, self.bias)
             pack_rows = 0
         self.min_rows = 1 if not invariant else INVARIANT_ROWS
         self.pack_rows = pack_rows if (pack_rows and self.weight.device.type == "cpu"
@@ -128,8 +130,8 @@ class RowLinear:
         return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.row_gemm is not None:
-            return self.row_gemm(x, self.weight, self.bias)
+        if self._run is not None:
+            return self._run(x)
         m = x.shape[0]
         rows = m if m == 1 and self.min_rows == 1 else max(m, INVARIANT_ROWS)
         if rows > m:

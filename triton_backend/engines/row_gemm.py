@@ -47,6 +47,7 @@ _SOURCE = r"""
 typedef __m512 vec;
 #define LANES 16
 #define ROW_TILE 4
+#define ONE_ROW_J 16 /* weight rows per one-row tile: loads in flight */
 #define vzero _mm512_setzero_ps
 #define vload _mm512_loadu_ps
 #define vfma _mm512_fmadd_ps
@@ -62,6 +63,7 @@ static inline float hsum(__m512 v) {
 typedef __m256 vec;
 #define LANES 8
 #define ROW_TILE 2
+#define ONE_ROW_J 8
 #define vzero _mm256_setzero_ps
 #define vload _mm256_loadu_ps
 #define vfma _mm256_fmadd_ps
@@ -127,7 +129,7 @@ extern "C" void specbuild_row_gemm(const float* x, int64_t M, int64_t K, const f
         float* ym = y + m0 * N;
         int64_t j = 0;
         if (mr == 1)
-            for (; j + 8 <= N; j += 8) tile<1, 8>(xm, K, w + j * K, K, b ? b + j : 0, ym + j, N);
+            for (; j + ONE_ROW_J <= N; j += ONE_ROW_J) tile<1, ONE_ROW_J>(xm, K, w + j * K, K, b ? b + j : 0, ym + j, N);
         for (; j + 4 <= N; j += 4) all_rows<4>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
         for (; j < N; ++j) all_rows<1>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
     }
@@ -138,9 +140,6 @@ _FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-st
 _ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx2", "-mfma", "-mavx512f"]}
 _lock = threading.Lock()
 _loaded: dict[str, Callable | None] = {}
-
-RowGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
-
 
 def cpu_isa() -> str | None:
     """``"avx512"``, ``"avx2"`` or ``None`` (no kernel): what this CPU runs, as torch detects it.
@@ -194,9 +193,43 @@ def _load(isa: str) -> Callable | None:
     return fn
 
 
+class RowGemm:
+    """The loaded kernel: ``row_gemm(x [M, K], weight [N, K], bias [N] | None) -> [M, N]``
+    (float32 CPU), and :meth:`bind` for a layer whose weight is checked once."""
+
+    def __init__(self, fn: Callable, isa: str) -> None:
+        self._fn = fn
+        self.isa = isa
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.bind(weight, bias)(x)
+
+    def bind(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x -> x weight^T + bias`` with the weight's checks done here, once (the per-call
+        checks are the few that keep the kernel inside its buffers)."""
+        if weight.dim() != 2 or any(t is not None and (t.dtype != torch.float32 or t.device.type != "cpu")
+                                    for t in (weight, bias)):
+            raise ValueError("row_gemm runs float32 CPU tensors only: weight [N, K], bias [N]")
+        if not weight.is_contiguous() or (bias is not None and (not bias.is_contiguous() or bias.shape != weight.shape[:1])):
+            raise ValueError("row_gemm needs a contiguous weight (and bias [N])")
+        fn, (n, k) = self._fn, weight.shape
+        w_ptr, b_ptr = weight.data_ptr(), None if bias is None else bias.data_ptr()
+
+        def run(x: torch.Tensor) -> torch.Tensor:  # x [M, K] -> [M, N]
+            if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.device.type != "cpu":
+                raise ValueError(f"row_gemm needs x [M, {k}] float32 on CPU, got {tuple(x.shape)} {x.dtype} {x.device}")
+            x = x.contiguous()
+            y = torch.empty(x.shape[0], n, dtype=torch.float32)
+            if x.shape[0]:
+                fn(x.data_ptr(), x.shape[0], k, w_ptr, b_ptr, n, y.data_ptr())
+            return y
+
+        run.weight, run.bias = weight, bias  # type: ignore[attr-defined]  # the pointers' owners stay alive
+        return run
+
+
 def load_row_gemm() -> RowGemm | None:
-    """The row-invariant matmul ``row_gemm(x [M, K], weight [N, K], bias [N] | None) -> [M, N]``
-    (float32, contiguous, CPU), built on first use; ``None`` where it cannot run here."""
+    """The row-invariant matmul, built on first use; ``None`` where it cannot run here."""
     isa = cpu_isa()
     if isa is None:
         logger.info("row-invariant CPU matmul unavailable (needs x86-64 with AVX2 + FMA): torch kernels used")
@@ -205,24 +238,7 @@ def load_row_gemm() -> RowGemm | None:
         if isa not in _loaded:
             _loaded[isa] = _load(isa)
     fn = _loaded[isa]
-    if fn is None:
-        return None
-
-    def row_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-            raise ValueError(f"row_gemm needs x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-        if any(t is not None and (t.dtype != torch.float32 or t.device.type != "cpu") for t in (x, weight, bias)):
-            raise ValueError("row_gemm runs float32 CPU tensors only")
-        if not weight.is_contiguous() or (bias is not None and (not bias.is_contiguous() or bias.shape != weight.shape[:1])):
-            raise ValueError("row_gemm needs a contiguous weight (and bias [N])")
-        x = x.contiguous()
-        m, n = x.shape[0], weight.shape[0]
-        y = torch.empty(m, n, dtype=torch.float32)
-        if m:
-            fn(x.data_ptr(), m, x.shape[1], weight.data_ptr(), None if bias is None else bias.data_ptr(), n, y.data_ptr())
-        return y
-
-    return row_gemm
+    return None if fn is None else RowGemm(fn, isa)
 
 
 __all__ = ["RowGemm", "cpu_isa", "load_row_gemm"]
