@@ -16,7 +16,10 @@
 #      CPU index), plus the build backend of specbuild itself. Kept in the cache folder.
 #   3. reference model (docker/offline/cache): the converted SmolLM2-135M-Instruct from the host's
 #      $SPECBUILD_CACHE_DIR (run `specbuild fetch-model` first), so the image never downloads it.
-#   4. docker build -f docker/Dockerfile.cpu --build-arg BASE_IMAGE=... -t TAG .
+#   4. row-invariant matmul kernel (docker/offline/cache/kernels): compiled here with the host's
+#      C++ compiler for this CPU (the image carries no compiler); without it the image runs
+#      torch's kernels (logged).
+#   5. docker build -f docker/Dockerfile.cpu --build-arg BASE_IMAGE=... -t TAG .
 #
 # --gpu does the same for docker/Dockerfile.gpu: the wheelhouse (docker/offline/wheels-gpu) holds
 # docker/requirements-gpu.txt for CPython 3.12 (NVIDIA's image keeps its own torch, TensorRT-LLM
@@ -180,9 +183,20 @@ ensure_model_cache() {
     mirror "$src" "$dest" '.specbuild-complete'
 }
 
+# -- 4. row-invariant matmul kernel -----------------------------------------------------------
+ensure_kernel_cache() {
+    if SPECBUILD_CACHE_DIR="$OFFLINE/cache" PYTHONPATH="$REPO" "$PYTHON" -c \
+        "import sys; from triton_backend.engines.row_gemm import load_row_gemm; sys.exit(load_row_gemm() is None)"; then
+        say "row-invariant matmul kernel in $OFFLINE/cache/kernels"
+    else
+        say "the row-invariant matmul kernel could not be built here: the image will run torch's kernels"
+    fi
+}
+
 mkdir -p "$CACHE"
 if [ "$KIND" = gpu ]; then ensure_gpu_wheelhouse; else ensure_wheelhouse; fi
 ensure_model_cache
+if [ "$KIND" = cpu ]; then ensure_kernel_cache; fi
 if [ "$BUILD" -eq 0 ]; then
     say "prepared $OFFLINE for the $KIND image; not building"
     exit 0
