@@ -137,6 +137,37 @@ def test_batch_invariance_mixed_rows(smol, invariant, row_kernel):
 
 
 @pytest.mark.slow
+def test_verify_and_tree_passes_equal_plain_decoding_bit_for_bit(smol):
+    """On the row kernel (linear layers and attention computed per token in one fixed order) a
+    position's logits are the same bits in a decode step, a verify chain and a tree pass whose
+    path is then kept: speculation cannot change a greedy token, even at a near-tie."""
+    engine, prompts = smol
+    if not engine.forward_impl.row_invariant:
+        pytest.skip("torch kernels: verify and decode passes may differ in the last bits")
+    ids, drafts = prompts[5], [101, 202, 303, 404]
+    plain_slot, spec_slot = engine.allocate(), engine.allocate()
+    try:
+        engine.forward([BatchRow(plain_slot, 0, ids)])
+        engine.forward([BatchRow(spec_slot, 0, ids)])
+        plain = [engine.forward([BatchRow(plain_slot, len(ids) + i - 1, [([ids[-1]] + drafts)[i]])])[0].logits[0]
+                 for i in range(len(drafts) + 1)]
+        chain = engine.forward([BatchRow(spec_slot, len(ids) - 1, [ids[-1]] + drafts, num_logits=len(drafts) + 1)])[0]
+        for i, step in enumerate(plain):
+            assert torch.equal(chain.logits[i], step), i
+        # a tree whose path 0 -> 2 is drafts[0], drafts[1]; a side branch (node 1) between them
+        nodes, parents = [drafts[0], 999, drafts[1]], [-1, -1, 0]
+        tree = engine.forward([BatchRow(spec_slot, len(ids) - 1, [ids[-1]] + nodes, num_logits=4, tree_parents=parents)])[0]
+        assert torch.equal(tree.logits[0], plain[0]) and torch.equal(tree.logits[1], plain[1])
+        assert torch.equal(tree.logits[3], plain[2])
+        engine.keep_tree_path(spec_slot, len(ids), [0, 2])
+        after = engine.forward([BatchRow(spec_slot, len(ids) + 2, [drafts[2]])])[0]
+        assert torch.equal(after.logits[0], plain[3])
+    finally:
+        engine.release(plain_slot)
+        engine.release(spec_slot)
+
+
+@pytest.mark.slow
 def test_tree_row_and_kept_path_match_a_chain(smol):
     engine, prompts = smol
     ids = prompts[4]

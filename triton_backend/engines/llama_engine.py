@@ -166,7 +166,7 @@ class LlamaEngine:
             else:
                 mask = None if n == 1 else _causal_mask(row.start, n, dtype, self.device)
                 positions.extend(range(row.start, end))
-            plans.append(RowPlan(row.slot, row.start, offset, n, mask))
+            plans.append(RowPlan(row.slot, row.start, offset, n, mask, tree=row.tree_parents is not None))
             out_index.extend(range(offset + n - row.num_logits, offset + n))
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:

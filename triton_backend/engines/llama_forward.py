@@ -201,6 +201,7 @@ class LlamaForward:
         self.scale = shape.head_dim ** -0.5
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.row_invariant = bool(self.layers) and self.layers[0].q.row_gemm is not None
+        self.kernel = row_gemm if self.row_invariant else None  # its attention too: per query, one fixed order
         if self.row_invariant:
             logger.info("compact forward: linear layers on the row-invariant CPU kernel")
         elif pack_rows and self.layers and self.layers[0].q.packed is not None:
@@ -245,6 +246,7 @@ class RowPlan:
     offset: int
     n: int
     mask: torch.Tensor | None
+    tree: bool = False  # ``mask`` is a tree mask (else causal)
 
 
 def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positions: torch.Tensor,
@@ -259,6 +261,9 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
     cos, sin = cos[positions][:, None].to(fwd.dtype), sin[positions][:, None].to(fwd.dtype)
     x = F.embedding(ids, fwd.embed)
     decode_batch = batched_decode and len(rows) > 1 and all(r.n == 1 for r in rows)
+    if fwd.kernel is not None:  # tree rows' visibility, once per pass
+        visible = [(r.mask == 0).to(torch.uint8).contiguous() if r.tree else None for r in rows]
+        scratch = torch.empty(max(r.start + r.n for r in rows), dtype=torch.float32)
     for li, layer in enumerate(fwd.layers):
         h = rms_norm(x, layer.attn_norm, shape.rms_eps)
         q = rotate(layer.q(h).view(t, shape.num_heads, shape.head_dim), cos, sin)
@@ -267,7 +272,12 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         for r in rows:
             cache.write(li, r.slot, r.start, k[r.offset:r.offset + r.n].transpose(0, 1),
                         v[r.offset:r.offset + r.n].transpose(0, 1))
-        attn = _decode_attention(fwd, cache, li, q, rows) if decode_batch else _row_attention(fwd, cache, li, q, rows)
+        if fwd.kernel is not None:
+            attn = _kernel_attention(fwd, cache, li, q, rows, visible, scratch)
+        elif decode_batch:
+            attn = _decode_attention(fwd, cache, li, q, rows)
+        else:
+            attn = _row_attention(fwd, cache, li, q, rows)
         x = x + layer.o(attn.reshape(t, shape.num_heads * shape.head_dim))
         h = rms_norm(x, layer.mlp_norm, shape.rms_eps)
         x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
@@ -298,6 +308,18 @@ def _row_attention(fwd: LlamaForward, cache: SlotKVCache, layer: int, q: torch.T
         mask = None if r.mask is None else r.mask.repeat(g, 1)  # [g * n, L], rows ordered (g, n)
         o = _attend(fwd, qr, keys, values, mask)  # [kvh, g * n, d]
         out[r.offset:r.offset + r.n] = o.view(kvh, g, r.n, d).permute(2, 0, 1, 3).reshape(r.n, shape.num_heads, d)
+    return out
+
+
+def _kernel_attention(fwd: LlamaForward, cache: SlotKVCache, layer: int, q: torch.Tensor, rows: list[RowPlan],
+                      visible: list[torch.Tensor | None], scratch: torch.Tensor) -> torch.Tensor:
+    """Each row against its own slot on the row kernel's attention: every query token gives the
+    same bits whatever the pass holds (a decode step equals that position in a verify pass)."""
+    out = torch.empty_like(q)
+    for r, seen in zip(rows, visible):
+        end = r.offset + r.n
+        fwd.kernel.attention(q[r.offset:end], cache.keys[layer, r.slot], cache.values[layer, r.slot], r.start, seen,
+                             fwd.scale, out[r.offset:end], scratch)
     return out
 
 

@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = r"""
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 #if defined(__AVX512F__)
@@ -93,6 +94,8 @@ static inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, 
     for (int64_t k = 0; k < KV; k += LANES) {
         vec wv[J];
         for (int j = 0; j < J; ++j) wv[j] = vload(w + j * K + k);
+        if (R >= 2) /* the next block of weight rows, from memory while this one computes */
+            for (int j = 0; j < J; ++j) _mm_prefetch((const char*)(w + J * K + j * K + k), _MM_HINT_T0);
         for (int r = 0; r < R; ++r) {
             const vec xv = vload(x + r * ldx + k);
             for (int j = 0; j < J; ++j) acc[r][j] = vfma(xv, wv[j], acc[r][j]);
@@ -112,8 +115,10 @@ template <int J>
 static void all_rows(const float* x, int64_t M, int64_t K, const float* w, const float* b, float* y, int64_t N) {
     int64_t m = 0;
 #if ROW_TILE >= 4
-    for (; m + 4 <= M; m += 4) tile<4, J>(x + m * K, K, w, K, b, y + m * N, N);
-    if (m + 3 == M) { tile<3, J>(x + m * K, K, w, K, b, y + m * N, N); return; }
+    if (J <= 4) {
+        for (; m + 4 <= M; m += 4) tile<4, J>(x + m * K, K, w, K, b, y + m * N, N);
+        if (m + 3 == M) { tile<3, J>(x + m * K, K, w, K, b, y + m * N, N); return; }
+    }
 #endif
     for (; m + 2 <= M; m += 2) tile<2, J>(x + m * K, K, w, K, b, y + m * N, N);
     if (m < M) tile<1, J>(x + m * K, K, w, K, b, y + m * N, N);
@@ -130,8 +135,62 @@ extern "C" void specbuild_row_gemm(const float* x, int64_t M, int64_t K, const f
         int64_t j = 0;
         if (mr == 1)
             for (; j + ONE_ROW_J <= N; j += ONE_ROW_J) tile<1, ONE_ROW_J>(xm, K, w + j * K, K, b ? b + j : 0, ym + j, N);
+#if ROW_TILE >= 4
+        if (mr <= 4) /* few rows: pairs of rows against 8 weight rows (measured faster up to 4) */
+            for (; j + 8 <= N; j += 8) all_rows<8>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
+#endif
         for (; j + 4 <= N; j += 4) all_rows<4>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
         for (; j < N; ++j) all_rows<1>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
+    }
+}
+static inline float dot(const float* a, const float* b, int64_t d) {
+    vec acc = vzero();
+    const int64_t DV = d - d % LANES;
+    for (int64_t c = 0; c < DV; c += LANES) acc = vfma(vload(a + c), vload(b + c), acc);
+    float s = hsum(acc);
+    if (DV < d) s += tail_dot(a, b, DV, d);
+    return s;
+}
+
+/* One slot's attention for n query tokens; each query computed alone, in one fixed order.
+   q, out [n][heads][d]; keys, values [kv_heads][S][d] (the slot's cache, S positions).
+   Query i sees the positions l <= start + i (vis NULL: causal) or those with vis[i * (start + n) + l]
+   (a tree mask); scores, max, exponentials, their sum and the weighted values all run over the visible
+   positions in ascending order, so a query gives the same bits in a pass of any size (a decode step, a
+   verify chain, a tree whose accepted path later sits at consecutive positions). scratch: >= start + n floats. */
+extern "C" void specbuild_row_attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
+                                        const float* keys, const float* values, int64_t S, int64_t start,
+                                        const unsigned char* vis, float scale, float* out, float* scratch) {
+    const int64_t L = start + n, g = heads / kv_heads;
+    for (int64_t i = 0; i < n; ++i) {
+        const unsigned char* seen = vis ? vis + i * L : 0;
+        const int64_t last = vis ? L - 1 : start + i;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float* qh = q + (i * heads + h) * d;
+            const float* kh = keys + (h / g) * S * d;
+            const float* vh = values + (h / g) * S * d;
+            float* o = out + (i * heads + h) * d;
+            float top = -__builtin_inff();
+            for (int64_t l = 0; l <= last; ++l) {
+                if (seen && !seen[l]) continue;
+                const float sc = dot(qh, kh + l * d, d) * scale;
+                scratch[l] = sc;
+                top = sc > top ? sc : top;
+            }
+            float total = 0.0f;
+            for (int64_t l = 0; l <= last; ++l) {
+                if (seen && !seen[l]) continue;
+                scratch[l] = expf(scratch[l] - top);
+                total += scratch[l];
+            }
+            for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+            for (int64_t l = 0; l <= last; ++l) {
+                if (seen && !seen[l]) continue;
+                const float p = scratch[l] / total;
+                const float* vl = vh + l * d;
+                for (int64_t c = 0; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
+            }
+        }
     }
 }
 """
@@ -139,7 +198,7 @@ extern "C" void specbuild_row_gemm(const float* x, int64_t M, int64_t K, const f
 _FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c++14"]
 _ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx2", "-mfma", "-mavx512f"]}
 _lock = threading.Lock()
-_loaded: dict[str, Callable | None] = {}
+_loaded: dict[str, tuple[Callable, Callable] | None] = {}
 
 def cpu_isa() -> str | None:
     """``"avx512"``, ``"avx2"`` or ``None`` (no kernel): what this CPU runs, as torch detects it.
@@ -175,7 +234,7 @@ def _build(target: Path, flags: list[str]) -> None:
         os.replace(out, target)  # atomic: a concurrent loader sees the whole library or none
 
 
-def _load(isa: str) -> Callable | None:
+def _load(isa: str) -> tuple[Callable, Callable] | None:
     flags = _FLAGS + _ISA_FLAGS[isa]
     digest = hashlib.sha256((_SOURCE + " ".join(flags)).encode()).hexdigest()[:16]
     target = _kernel_dir() / f"row_gemm-{isa}-{digest}.so"
@@ -183,22 +242,27 @@ def _load(isa: str) -> Callable | None:
         if not target.is_file():
             _build(target, flags)
             logger.info("built the row-invariant CPU matmul kernel: %s", target)
-        fn = ctypes.CDLL(str(target)).specbuild_row_gemm
+        lib = ctypes.CDLL(str(target))
+        fn, attention = lib.specbuild_row_gemm, lib.specbuild_row_attention
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
         return None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                    ctypes.c_void_p]
     fn.restype = None
-    return fn
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, ctypes.c_float, p, p]
+    attention.restype = None
+    return fn, attention
 
 
 class RowGemm:
     """The loaded kernel: ``row_gemm(x [M, K], weight [N, K], bias [N] | None) -> [M, N]``
     (float32 CPU), and :meth:`bind` for a layer whose weight is checked once."""
 
-    def __init__(self, fn: Callable, isa: str) -> None:
+    def __init__(self, fn: Callable, attention: Callable, isa: str) -> None:
         self._fn = fn
+        self._attention = attention
         self.isa = isa
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -227,8 +291,29 @@ class RowGemm:
         run.weight, run.bias = weight, bias  # type: ignore[attr-defined]  # the pointers' owners stay alive
         return run
 
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                  visible: torch.Tensor | None, scale: float, out: torch.Tensor, scratch: torch.Tensor) -> None:
+        """One slot's attention for ``n`` query tokens into ``out``, each query computed alone in
+        one fixed order (see the C source). ``q``/``out`` ``[n, heads, d]``; ``keys``/``values``
+        the slot's ``[kv_heads, S, d]``; ``visible`` ``[n, start + n]`` uint8 (a tree mask) or
+        ``None`` (causal: query ``i`` sees ``0 .. start + i``); ``scratch`` >= ``start + n`` floats."""
+        n, heads, d = q.shape
+        kv_heads, positions = keys.shape[0], keys.shape[1]
+        tensors = (q, keys, values, out, scratch)
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+            raise ValueError("row attention runs contiguous float32 CPU tensors only")
+        if (keys.shape != values.shape or keys.shape[2] != d or out.shape != q.shape or heads % kv_heads
+                or start + n > positions or scratch.numel() < start + n):
+            raise ValueError(f"row attention: inconsistent shapes q {tuple(q.shape)}, keys {tuple(keys.shape)}, "
+                             f"start {start}, scratch {scratch.numel()}")
+        if visible is not None and (visible.dtype != torch.uint8 or visible.shape != (n, start + n)
+                                    or not visible.is_contiguous()):
+            raise ValueError("row attention: the visibility mask is a contiguous uint8 [n, start + n]")
+        self._attention(q.data_ptr(), n, heads, kv_heads, d, keys.data_ptr(), values.data_ptr(), positions, start,
+                        None if visible is None else visible.data_ptr(), scale, out.data_ptr(), scratch.data_ptr())
 
-def load_row_gemm() -> RowGemm | None:
+
+def load_row_gemm() -> "RowGemm | None":
     """The row-invariant matmul, built on first use; ``None`` where it cannot run here."""
     isa = cpu_isa()
     if isa is None:
@@ -237,8 +322,8 @@ def load_row_gemm() -> RowGemm | None:
     with _lock:
         if isa not in _loaded:
             _loaded[isa] = _load(isa)
-    fn = _loaded[isa]
-    return None if fn is None else RowGemm(fn, isa)
+    fns = _loaded[isa]
+    return None if fns is None else RowGemm(*fns, isa)
 
 
 __all__ = ["RowGemm", "cpu_isa", "load_row_gemm"]
