@@ -77,3 +77,52 @@ def test_engine_uses_it_only_where_it_applies():
         engine = LlamaEngine(tiny_llama(3), runtime=runtime)
         assert not engine.forward_impl.row_invariant and engine.batched_decode == (not runtime.batch_invariant)
     torch.set_num_threads(1)
+
+
+def _reference_attention(q, keys, values, start, visible, scale):
+    n, heads, d = q.shape
+    g = heads // keys.shape[0]
+    out = torch.empty(n, heads, d, dtype=torch.float64)
+    for i in range(n):
+        seen = visible[i].bool() if visible is not None else torch.arange(start + n) <= start + i
+        for h in range(heads):
+            k, v = keys[h // g, :start + n][seen].double(), values[h // g, :start + n][seen].double()
+            out[i, h] = torch.softmax(k @ q[i, h].double() * scale, 0) @ v
+    return out
+
+
+@pytest.mark.parametrize("d", [64, 12])
+def test_attention_matches_softmax_and_each_query_equals_a_decode_step(row_gemm, d):
+    gen = torch.Generator().manual_seed(d)
+    kv_heads, heads, positions, start, n = 2, 6, 40, 20, 5
+    keys, values = torch.randn(kv_heads, positions, d, generator=gen), torch.randn(kv_heads, positions, d, generator=gen)
+    q = torch.randn(n, heads, d, generator=gen)
+    scratch, out = torch.empty(positions), torch.empty(n, heads, d)
+    row_gemm.attention(q, keys, values, start, None, d ** -0.5, out, scratch)
+    assert float((out.double() - _reference_attention(q, keys, values, start, None, d ** -0.5)).abs().max()) < 1e-5
+    for i in range(n):  # query i of the chain == a one-token pass at position start + i
+        one = torch.empty(1, heads, d)
+        row_gemm.attention(q[i:i + 1].contiguous(), keys, values, start + i, None, d ** -0.5, one, scratch)
+        assert torch.equal(one[0], out[i])
+    # a tree: node 2's ancestors are node 0; its result equals the chain [prefix, node 0, node 2] decoded
+    visible = torch.zeros(n, start + n, dtype=torch.uint8)
+    visible[:, :start] = 1
+    for i, ancestors in enumerate([[0], [1], [0, 2], [1, 3], [0, 2, 4]]):
+        visible[i, [start + a for a in ancestors]] = 1
+    tree = torch.empty(n, heads, d)
+    row_gemm.attention(q, keys, values, start, visible, d ** -0.5, tree, scratch)
+    assert float((tree.double() - _reference_attention(q, keys, values, start, visible, d ** -0.5)).abs().max()) < 1e-5
+    moved_k, moved_v = keys.clone(), values.clone()
+    moved_k[:, start + 1], moved_v[:, start + 1] = keys[:, start + 2], values[:, start + 2]  # keep path 0 -> 2
+    one = torch.empty(1, heads, d)
+    row_gemm.attention(q[2:3].contiguous(), moved_k, moved_v, start + 1, None, d ** -0.5, one, scratch)
+    assert torch.equal(one[0], tree[2])
+
+
+def test_attention_refuses_inconsistent_inputs(row_gemm):
+    keys = torch.randn(2, 8, 16)
+    with pytest.raises(ValueError, match="inconsistent"):
+        row_gemm.attention(torch.randn(3, 4, 16), keys, keys.clone(), 6, None, 0.25, torch.empty(3, 4, 16), torch.empty(8))
+    with pytest.raises(ValueError, match="uint8"):
+        row_gemm.attention(torch.randn(2, 4, 16), keys, keys.clone(), 2, torch.ones(2, 4), 0.25, torch.empty(2, 4, 16),
+                           torch.empty(8))

@@ -11,15 +11,16 @@ linear layer is ONE matrix product for the whole batch; attention runs per row a
 slot of the :class:`~triton_backend.engines.kv_cache.SlotKVCache` (positions ``[0, start)``
 plus the row's own tokens, causally or by a tree mask).
 
-Numerics: on CPU float32 with one thread, every linear layer runs the row-invariant kernel of
-:mod:`~triton_backend.engines.row_gemm` (each output element computed the same way whatever
-the number of rows): a row's result is bit-identical alone or in any batch, and a pass over
-2-8 rows costs little more than a one-row step. Without it (other devices/dtypes, several
+Numerics: on CPU float32 with one thread, every linear layer and the attention run the
+row-invariant kernels of :mod:`~triton_backend.engines.row_gemm` (each output computed the same
+way whatever the pass holds): a row's result is bit-identical alone or in any batch, a position's
+logits are the same bits in a decode step and in a verify or tree pass, and a pass over 2-8 rows
+costs little more than a one-row step. Without it (other devices/dtypes, several
 threads, no compiler) torch's kernels run: MKL's float32 GEMM computes every row the same way
 for any M >= 4 (and the packed 8-row kernel agrees bit for bit), while M = 1 takes a GEMV and
 M = 2, 3 other kernels, so a pass pads 2-3 rows to 4 and ``invariant`` pads single rows too.
-Attention is per row (the same ops alone or batched) except for all-decode batches when
-``batched_decode`` is asked (one padded product: faster, not bit-identical).
+On torch's kernels attention is per row (the same ops alone or batched) except for all-decode
+batches when ``batched_decode`` is asked (one padded product: faster, not bit-identical).
 """
 
 from __future__ import annotations

@@ -1,18 +1,22 @@
-"""A row-invariant float32 matmul for the CPU slot engine: ``y = x W^T (+ b)`` where every
-output element is computed the same way whatever the number of rows and wherever its row sits.
+"""Row-invariant float32 CPU kernels for the slot engine: ``y = x W^T (+ b)`` and attention, each
+output computed the same way whatever the number of rows and wherever its row sits.
 
 Why: MKL picks a different kernel by the number of rows (a GEMV for one row, other GEMMs for
-2-3 and for >= 4 rows), so a sequence decoded alone and the same sequence in a batch differ in
-the last bits, and greedy tokens can flip at near-ties. MKL's small-M GEMMs are also slow:
-a pass over 2-8 rows cost ~1.7 one-row steps, while the weights (the memory traffic that
+2-3 and for >= 4 rows), and torch's attention products change with the number of query tokens,
+so a sequence decoded alone, the same sequence in a batch, and the same positions in a verify
+pass differ in the last bits: greedy tokens can flip at near-ties. MKL's small-M GEMMs are also
+slow: a pass over 2-8 rows cost ~1.7 one-row steps, while the weights (the memory traffic that
 bounds a decode step) are the same for every row.
 
-The kernel here (AVX2 + FMA, or AVX-512 where the CPU has it; one thread) reads each block of weight rows once and multiplies
-it into every input row while it sits in L1. Element ``(m, j)`` is always: eight-lane FMA
-accumulation over ``k`` in steps of 8 (``k`` ascending), a fixed horizontal sum, then a scalar
-FMA tail for ``K % 8`` and the bias. Tile shapes (how many rows / weight rows share a loop)
-change with ``M`` but never that order, so results are bit-identical for any ``M`` and any
-row position (tests/test_row_gemm.py checks it).
+The matmul (AVX2 + FMA, or AVX-512 where the CPU has it; one thread) reads each block of weight
+rows once and multiplies it into every input row while it sits in L1. Element ``(m, j)`` is
+always: FMA accumulation over ``k`` in vector-width steps (``k`` ascending), a fixed horizontal
+sum, a scalar FMA tail for the remainder, then the bias. Tile shapes (how many rows / weight
+rows share a loop) change with ``M`` but never that order, so results are bit-identical for any
+``M`` and any row position. The attention computes every query token alone over its visible
+positions in ascending order (scores, max, exponentials, sum, weighted values), so a position
+gives the same bits in a decode step, a verify chain or a tree pass whose path is kept
+(tests/test_row_gemm_engine.py and tests/test_llama_engine.py check both).
 
 The C++ source below is compiled once per machine with the system C++ compiler into
 ``$SPECBUILD_CACHE_DIR/kernels/`` and called through ``ctypes`` (no torch headers: a build
