@@ -56,6 +56,13 @@ typedef __m512 vec;
 #define vzero _mm512_setzero_ps
 #define vload _mm512_loadu_ps
 #define vfma _mm512_fmadd_ps
+#define vset1 _mm512_set1_ps
+#define vstore _mm512_storeu_ps
+#define vmax _mm512_max_ps
+#define vmul _mm512_mul_ps
+#define vsub _mm512_sub_ps
+#define vround(a) _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vpow2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 static inline float hsum(__m512 v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -72,6 +79,13 @@ typedef __m256 vec;
 #define vzero _mm256_setzero_ps
 #define vload _mm256_loadu_ps
 #define vfma _mm256_fmadd_ps
+#define vset1 _mm256_set1_ps
+#define vstore _mm256_storeu_ps
+#define vmax _mm256_max_ps
+#define vmul _mm256_mul_ps
+#define vsub _mm256_sub_ps
+#define vround(a) _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vpow2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -147,6 +161,37 @@ extern "C" void specbuild_row_gemm(const float* x, int64_t M, int64_t K, const f
         for (; j < N; ++j) all_rows<1>(xm, mr, K, w + j * K, b ? b + j : 0, ym + j, N);
     }
 }
+/* exp(v - top), lane-wise (a value gives the same bits in any lane or call): 2^n * p(r) with
+   n = round((v - top) / ln 2), r by a two-part ln 2, p a degree-7 Taylor polynomial (|r| <= ln2 / 2:
+   error < 1e-8 relative); arguments below -87 give ~1e-38, not 0 (negligible in a softmax sum). */
+static inline vec exp_lanes(vec x) {
+    x = vmax(x, vset1(-87.0f));
+    const vec n = vround(vmul(x, vset1(1.44269504088896341f)));
+    vec r = vfma(n, vset1(-0.693359375f), x);
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    vec p = vset1(1.0f / 5040.0f);
+    p = vfma(p, r, vset1(1.0f / 720.0f));
+    p = vfma(p, r, vset1(1.0f / 120.0f));
+    p = vfma(p, r, vset1(1.0f / 24.0f));
+    p = vfma(p, r, vset1(1.0f / 6.0f));
+    p = vfma(p, r, vset1(0.5f));
+    p = vfma(p, r, vset1(1.0f));
+    p = vfma(p, r, vset1(1.0f));
+    return vmul(p, vpow2(n));
+}
+
+static void exp_shifted(float* v, int64_t count, float top) {
+    const vec shift = vset1(top);
+    int64_t l = 0;
+    for (; l + LANES <= count; l += LANES) vstore(v + l, exp_lanes(vsub(vload(v + l), shift)));
+    if (l < count) {  /* the remainder through the same lanes, padded */
+        float buf[LANES];
+        for (int c = 0; c < LANES; ++c) buf[c] = l + c < count ? v[l + c] : top;
+        vstore(buf, exp_lanes(vsub(vload(buf), shift)));
+        for (int c = 0; l + c < count; ++c) v[l + c] = buf[c];
+    }
+}
+
 static inline float dot(const float* a, const float* b, int64_t d) {
     vec acc = vzero();
     const int64_t DV = d - d % LANES;
@@ -181,18 +226,23 @@ extern "C" void specbuild_row_attention(const float* q, int64_t n, int64_t heads
                 scratch[l] = sc;
                 top = sc > top ? sc : top;
             }
+            if (seen)
+                for (int64_t l = 0; l <= last; ++l) if (!seen[l]) scratch[l] = top;  /* finite; skipped below */
+            exp_shifted(scratch, last + 1, top);
             float total = 0.0f;
             for (int64_t l = 0; l <= last; ++l) {
                 if (seen && !seen[l]) continue;
-                scratch[l] = expf(scratch[l] - top);
                 total += scratch[l];
             }
             for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+            const int64_t DV = d - d % LANES;
             for (int64_t l = 0; l <= last; ++l) {
                 if (seen && !seen[l]) continue;
                 const float p = scratch[l] / total;
                 const float* vl = vh + l * d;
-                for (int64_t c = 0; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
+                const vec pv = vset1(p);  /* lane-wise FMA: the same bits as the scalar loop */
+                for (int64_t c = 0; c < DV; c += LANES) vstore(o + c, vfma(pv, vload(vl + c), vload(o + c)));
+                for (int64_t c = DV; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
             }
         }
     }
