@@ -126,3 +126,18 @@ def test_attention_refuses_inconsistent_inputs(row_gemm):
     with pytest.raises(ValueError, match="uint8"):
         row_gemm.attention(torch.randn(2, 4, 16), keys, keys.clone(), 2, torch.ones(2, 4), 0.25, torch.empty(2, 4, 16),
                            torch.empty(8))
+
+
+def test_fused_norm_and_signed_rope_give_the_same_bits():
+    from triton_backend.engines import llama_forward as lf
+
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(96, generator=gen)
+    for t in (1, 3, 40):
+        x = torch.randn(t, 96, generator=gen)
+        fused = lf.rms_norm(x, w, 1e-5)
+        xf = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        assert torch.equal(fused, w * xf)
+        q = torch.randn(t, 3, 64, generator=gen)
+        cos, sin = torch.randn(t, 1, 64, generator=gen), torch.randn(t, 1, 64, generator=gen)
+        assert torch.equal(lf.rotate_signed(q, cos, lf.signed_sin(sin)), lf.rotate(q, cos, sin))
