@@ -119,18 +119,23 @@ class EagleDrafter:
 
 
 class EagleSession:
-    """One sequence: the drafter's KV cache, its committed length, and target features not fed yet."""
+    """One sequence: the drafter's KV cache, its committed length, and target features not fed yet.
+
+    Lazy by construction: while the controller pauses drafting, a round only hands over the
+    target's features (kept as a list of chunks, no per-round copy); the drafter's layer runs
+    again only at the next proposal, over the whole backlog in one pass."""
 
     def __init__(self, drafter: EagleDrafter) -> None:
         self._drafter = drafter
         self._kv: EagleKV | None = None
         self._cached = 0  # drafter positions holding the target's features
-        self._pending: torch.Tensor | None = None  # [n, H] target features at positions _cached ..
+        self._pending: list[torch.Tensor] = []  # [n_i, H] chunks: target features at positions _cached ..
+        self._pending_len = 0
 
     @property
     def feature_end(self) -> int:
         """The first position whose target feature the session does not have yet."""
-        return self._cached + (0 if self._pending is None else self._pending.shape[0])
+        return self._cached + self._pending_len
 
     def observe(self, start: int, features: torch.Tensor) -> None:
         """The target's features ``[n, H]`` at positions ``start .. start + n - 1`` (``start`` at
@@ -138,26 +143,31 @@ class EagleSession:
         if start > self.feature_end:
             raise ValueError(f"features from position {start} leave a gap after {self.feature_end}")
         if start < self._cached:  # the target rewound past what the drafter cached
-            self._cached, self._pending = start, None
-        keep = [] if self._pending is None else [self._pending[: start - self._cached]]
-        self._pending = torch.cat(keep + [features.detach()])
+            self._cached, self._pending, self._pending_len = start, [], 0
+        if start < self.feature_end:  # replace the tail (rare: the loops hand over from feature_end)
+            kept = torch.cat(self._pending)[: start - self._cached]
+            self._pending, self._pending_len = [kept], int(kept.shape[0])
+        self._pending.append(features.detach())
+        self._pending_len += int(features.shape[0])
 
     def propose(self, tokens: Sequence[int], k: int, processor: LogitsProcessor,
                 generator: torch.Generator | None) -> DraftProposal:
         """``k`` tokens after ``tokens``; needs the target's features up to ``len(tokens) - 2``."""
         new = len(tokens) - 1 - self._cached  # pairs (feature_j, token_{j+1}) for j < len(tokens) - 1
-        if k <= 0 or new < 1 or self._pending is None or self._pending.shape[0] < new:
+        if k <= 0 or new < 1 or self._pending_len < new:
             return EMPTY_PROPOSAL
         drafter = self._drafter
         if self._kv is None:
             self._kv = drafter.new_cache(1, max(256, len(tokens) + k))
+        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
         ids = torch.tensor([list(tokens[self._cached + 1:])], dtype=torch.long, device=drafter.device)
         start = torch.tensor([self._cached], device=drafter.device)
-        drafted, probs = drafter.draft_chain(self._kv, start, self._pending[None, :new], ids,
+        drafted, probs = drafter.draft_chain(self._kv, start, pending[None, :new], ids,
                                              torch.tensor([new], device=drafter.device), k, [processor], [generator])
         self._cached += new
-        self._pending = self._pending[new:] if self._pending.shape[0] > new else None
+        rest = pending[new:]
+        self._pending, self._pending_len = ([rest] if rest.shape[0] else []), int(rest.shape[0])
         return DraftProposal(tokens=drafted[0].tolist(), probs=None if probs is None else probs[0])
 
     def release(self) -> None:
-        self._kv, self._pending, self._cached = None, None, 0
+        self._kv, self._pending, self._pending_len, self._cached = None, [], 0, 0
