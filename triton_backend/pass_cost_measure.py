@@ -42,7 +42,8 @@ def _cache_path(cache_dir: Path | None, engine: Any, settings: str) -> Path:
     from triton_backend.speculation_policy import machine_key
 
     root = cache_dir if cache_dir is not None else default_cache_dir()
-    return root / "pass_cost" / f"{machine_key(str(engine.name), settings)}.json"
+    kernel = getattr(engine, "kernel_name", "")  # a changed matmul kernel has other costs: measured anew
+    return root / "pass_cost" / f"{machine_key(str(engine.name), settings + kernel)}.json"
 
 
 def _allocate(engine: Any, want: int) -> list[int]:

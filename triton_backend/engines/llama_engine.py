@@ -67,6 +67,8 @@ class LlamaEngine:
                                                      row_gemm=_row_kernel(runtime, self.device))
         # all-decode batches attend in one padded product unless rows must be bit-identical to alone
         self.batched_decode = not (runtime.batch_invariant or self.forward_impl.row_invariant)
+        kernel = self.forward_impl.kernel
+        self.kernel_name = kernel.name if kernel is not None else "torch"  # which matmul kernels run (logged, cache keys)
         shape = self.forward_impl.shape
         self.hidden_size = shape.hidden_size
         head = model.get_output_embeddings()
@@ -78,8 +80,9 @@ class LlamaEngine:
                                  shape.head_dim, self.model.dtype, self.device)
         self.eos_token_ids = _eos_set(model.config, eos_token_ids)
         self.forward_calls = 0
-        logger.info("slot engine %r: %d slots x %d positions, KV cache %.1f MiB (%s, %s)", name, self.num_slots,
-                    self.max_context, self.kv_cache_bytes() / 2**20, self.model.dtype, self.device)
+        logger.info("slot engine %r: %d slots x %d positions, KV cache %.1f MiB (%s, %s), matmul kernel %s", name,
+                    self.num_slots, self.max_context, self.kv_cache_bytes() / 2**20, self.model.dtype, self.device,
+                    self.kernel_name)
 
     # -- the BatchedEngine contract ---------------------------------------------------------
     def allocate(self) -> int:

@@ -292,10 +292,14 @@ def _build(target: Path, flags: list[str]) -> None:
         os.replace(out, target)  # atomic: a concurrent loader sees the whole library or none
 
 
+def kernel_digest(isa: str) -> str:
+    """The hash of the source and flags an ``isa`` build compiles (its library's file name)."""
+    return hashlib.sha256((_SOURCE + " ".join(_FLAGS + _ISA_FLAGS[isa])).encode()).hexdigest()[:16]
+
+
 def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
     flags = _FLAGS + _ISA_FLAGS[isa]
-    digest = hashlib.sha256((_SOURCE + " ".join(flags)).encode()).hexdigest()[:16]
-    target = _kernel_dir() / f"row_gemm-{isa}-{digest}.so"
+    target = _kernel_dir() / f"row_gemm-{isa}-{kernel_digest(isa)}.so"
     try:
         if not target.is_file():
             _build(target, flags)
@@ -321,6 +325,7 @@ class RowGemm:
     (float32 CPU), and :meth:`bind` for a layer whose weight is checked once."""
 
     def __init__(self, fn: Callable, pack: Callable, attention: Callable, isa: str) -> None:
+        self.name = f"row_gemm-{isa}-{kernel_digest(isa)}"  # names the exact kernel (caches of its timings)
         self._fn = fn
         self._pack = pack
         self._attention = attention
@@ -389,4 +394,4 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["RowGemm", "cpu_isa", "load_row_gemm"]
+__all__ = ["RowGemm", "cpu_isa", "kernel_digest", "load_row_gemm"]
