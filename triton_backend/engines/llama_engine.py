@@ -161,7 +161,10 @@ class LlamaEngine:
                 raise ContextLengthError(f"sequence of {end} tokens exceeds the engine's context of {self.max_context}")
             offset = len(ids)
             ids.extend(int(t) for t in row.tokens)
-            if row.tree_parents is not None:
+            # a "tree" that is a chain (or has no node: a paused tree drafter's row) sees exactly what a
+            # causal row sees at the same positions: run it as one (no mask built, the cheap path)
+            tree = row.tree_parents is not None and not all(p == i - 1 for i, p in enumerate(row.tree_parents))
+            if tree:
                 nodes = len(row.tree_parents)
                 mask4, pos = tree_attention_inputs(row.tree_parents, row.start, n - nodes, dtype, self.device)
                 mask = mask4[0, 0]
@@ -169,7 +172,7 @@ class LlamaEngine:
             else:
                 mask = None if n == 1 else _causal_mask(row.start, n, dtype, self.device)
                 positions.extend(range(row.start, end))
-            plans.append(RowPlan(row.slot, row.start, offset, n, mask, tree=row.tree_parents is not None))
+            plans.append(RowPlan(row.slot, row.start, offset, n, mask, tree=tree))
             out_index.extend(range(offset + n - row.num_logits, offset + n))
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
