@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip the Hugging Face generate rows")
     p.add_argument("--triton", action="store_true", help="also send the requests through a real Triton server")
     p.add_argument("--compare-unpacked", action="store_true",
-                   help="add plain and n-gram rows without prepacked linear layers (the CPU GEMM fix, side by side)")
+                   help="add plain and n-gram rows on torch's own kernels (no row kernel, no prepacked layers), side by side")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--label", default="cpu", help="results file name suffix")

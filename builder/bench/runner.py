@@ -109,11 +109,12 @@ def run_bench(config: BenchConfig) -> BenchRun:
 
 
 def unpacked_rows(config: BenchConfig, deployment: DeploymentConfig) -> list[Row]:
-    """The same runtime without prepacked linear layers (plain and n-gram rows): the fix's effect,
-    side by side. Its own copy of the target; outputs are checked against plain like every row."""
+    """The same runtime on torch's own kernels (no row-invariant kernel, no prepacked linear layers;
+    plain and n-gram rows): the kernels' effect, side by side. Its own copy of the target; outputs
+    are checked against plain like every row."""
     if not config.compare_unpacked:
         return []
-    runtime = dataclasses.replace(deployment.runtime, packed_gemm_rows=0)
+    runtime = dataclasses.replace(deployment.runtime, packed_gemm_rows=0, row_kernel=False)
     decoder = build_decoder(DeploymentConfig(target=deployment.target, runtime=runtime))
     return _plain_and_ngram_rows(config, decoder, " unpacked", packed=False)
 
