@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import tiny_engine
-from test_scheduler import Collector, tiny_decoder_with_every_drafter
+from test_scheduler import submit_all, tiny_decoder_with_every_drafter
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.errors import InvalidRequestError
@@ -185,9 +185,7 @@ def test_batched_with_penalties_equals_each_alone(decoder):
     alone = [decoder.generate(p, params, spec) for p, params, spec in requests]
     scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4))
     try:
-        clients = [Collector() for _ in requests]
-        for (prompt, params, spec), client in zip(requests, clients):
-            scheduler.submit(prompt, params, spec, client)
+        clients = submit_all(scheduler, requests)
         assert [c.tokens() for c in clients] == [r.token_ids for r in alone]
         batched_lp = [[lp for ch in c.chunks for lp in (ch.log_probs or [])] for c in clients]
         for got, want in zip(batched_lp, alone):

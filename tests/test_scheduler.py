@@ -91,6 +91,14 @@ def _alone(decoder, requests) -> list[list[int]]:
     return [decoder.generate(p, params, spec).token_ids for p, params, spec in requests]
 
 
+def submit_all(scheduler: BatchScheduler, requests) -> list[Collector]:
+    """Submit every ``(prompt, params, spec)`` at once; one collector per request, in order."""
+    clients = [Collector() for _ in requests]
+    for (prompt, params, spec), client in zip(requests, clients):
+        scheduler.submit(prompt, params, spec, client)
+    return clients
+
+
 @pytest.mark.parametrize("policy", ["per_request", "load_aware"])
 def test_batched_outputs_identical_to_each_request_alone(decoder, policy) -> None:
     requests = _requests(12)
@@ -123,10 +131,7 @@ def test_hf_wrapped_target_batches_exactly() -> None:
     scheduler = BatchScheduler(hf, SchedulerConfig(max_batch_size=4))
     try:
         assert type(scheduler.target).__name__ == "HFBatchedEngine"
-        clients = [Collector() for _ in requests]
-        for (prompt, params, spec), client in zip(requests, clients):
-            scheduler.submit(prompt, params, spec, client)
-        assert [c.tokens() for c in clients] == expected
+        assert [c.tokens() for c in submit_all(scheduler, requests)] == expected
     finally:
         scheduler.shutdown()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_scheduler import Collector, _alone, _requests, tiny_decoder_with_every_drafter
+from test_scheduler import _alone, _requests, submit_all, tiny_decoder_with_every_drafter
 from triton_backend.batch_plan import BatchPolicy, DraftPlanner, Regime, RegimeChooser
 from triton_backend.scheduler import BatchScheduler, SchedulerConfig
 from triton_backend.speculation_policy import PassCostModel, RowOption, plan_round
@@ -92,10 +92,7 @@ def test_every_regime_keeps_outputs_identical_to_each_request_alone() -> None:
     chooser = ScriptedChooser()
     scheduler.planner = DraftPlanner(BatchPolicy.LOAD_AWARE, chooser=chooser)
     try:
-        clients = [Collector() for _ in requests]
-        for (prompt, params, spec), client in zip(requests, clients):
-            scheduler.submit(prompt, params, spec, client)
-        assert [c.tokens() for c in clients] == expected
+        assert [c.tokens() for c in submit_all(scheduler, requests)] == expected
     finally:
         scheduler.shutdown()
     assert set(chooser.seen) == set(Regime)
