@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from triton_backend.drafter_file import read_drafter_file
+from triton_backend.engines.llama_forward import rotate
 from triton_backend.errors import ModelLoadError
 
 FORMAT = "specbuild-eagle"
@@ -122,12 +123,6 @@ class _RMSNorm(nn.Module):
         return self.weight * (x.float() * scale).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + turned * sin
-
-
 class _Attention(nn.Module):
     def __init__(self, info: EagleInfo) -> None:
         super().__init__()
@@ -148,8 +143,8 @@ class _Attention(nn.Module):
         angles = positions[..., None].float() * self.inv_freq  # [B, T, d/2]
         cos = torch.cat((angles, angles), -1).cos()[:, None].to(x.dtype)
         sin = torch.cat((angles, angles), -1).sin()[:, None].to(x.dtype)
-        q = _rotate(self.q_proj(x).view(b, t, info.num_heads, info.head_dim).transpose(1, 2), cos, sin)
-        k = _rotate(self.k_proj(x).view(b, t, info.num_kv_heads, info.head_dim).transpose(1, 2), cos, sin)
+        q = rotate(self.q_proj(x).view(b, t, info.num_heads, info.head_dim).transpose(1, 2), cos, sin)
+        k = rotate(self.k_proj(x).view(b, t, info.num_kv_heads, info.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, t, info.num_kv_heads, info.head_dim).transpose(1, 2)
         end = int(starts.max()) + t
         kv.reserve(end)

@@ -169,7 +169,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``[T, heads, d]`` with ``cos``/``sin`` ``[T, 1, d]`` (rotate-half convention)."""
+    """RoPE (rotate-half convention) on ``[..., d]`` with ``cos``/``sin`` broadcastable to it
+    (``[T, heads, d]`` with ``[T, 1, d]`` here; the EAGLE layer's ``[B, heads, T, d]`` too)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
