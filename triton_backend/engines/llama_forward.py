@@ -128,7 +128,9 @@ class RowLinear:
         self.packed = packed_weight(weight, self.pack_rows) if self.pack_rows else None
 
     def packed_bytes(self) -> int:
-        return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
+        """Memory of this layer's packed weight copy (row-kernel panels or MKL's packing), if any."""
+        packed = self._run.packed if self._run is not None else self.packed  # type: ignore[attr-defined]
+        return 0 if packed is None else packed.numel() * packed.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._run is not None:
@@ -221,12 +223,12 @@ class LlamaForward:
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.row_invariant = bool(self.layers) and self.layers[0].q.row_gemm is not None
         self.kernel = row_gemm if self.row_invariant else None  # its attention too: per query, one fixed order
+        linears = [l for layer in self.layers for l in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
+        extra = sum(l.packed_bytes() for l in linears + ([self.head] if self.head is not None else [])) / 2**20
         if self.row_invariant:
-            logger.info("compact forward: linear layers on the row-invariant CPU kernel")
+            logger.info("compact forward: linear layers on the row-invariant CPU kernel (weights in panels: +%.0f MB)", extra)
         elif pack_rows and self.layers and self.layers[0].q.packed is not None:
-            extra = sum(l.packed_bytes() for layer in self.layers for l in (layer.q, layer.k, layer.v, layer.o,
-                                                                              layer.gate, layer.up, layer.down))
-            logger.info("compact forward: linear layers prepacked for %d-row GEMMs (+%.0f MB)", pack_rows, extra / 2**20)
+            logger.info("compact forward: linear layers prepacked for %d-row GEMMs (+%.0f MB)", pack_rows, extra)
 
     @classmethod
     def from_module(cls, model: nn.Module, *, pack_rows: int = 0, invariant: bool = False,
