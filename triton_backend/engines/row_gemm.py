@@ -51,11 +51,9 @@ _SOURCE = r"""
 #include <string.h>
 
 #if defined(__AVX512F__)
-/* 16 lanes, 32 registers: 4 input rows x 4 weight rows per tile */
+/* the attention's vectors: 16 lanes (the matmul's panels are 8-lane AVX2 on every CPU) */
 typedef __m512 vec;
 #define LANES 16
-#define ROW_TILE 4
-#define ONE_ROW_J 16 /* weight rows per one-row tile: loads in flight */
 #define vzero _mm512_setzero_ps
 #define vload _mm512_loadu_ps
 #define vfma _mm512_fmadd_ps
@@ -74,11 +72,9 @@ static inline float hsum(__m512 v) {
     return _mm_cvtss_f32(s);
 }
 #else
-/* 8 lanes, 16 registers: 2 input rows x 4 weight rows per tile */
+/* the attention's vectors: 8 lanes */
 typedef __m256 vec;
 #define LANES 8
-#define ROW_TILE 2
-#define ONE_ROW_J 8
 #define vzero _mm256_setzero_ps
 #define vload _mm256_loadu_ps
 #define vfma _mm256_fmadd_ps
@@ -97,7 +93,7 @@ static inline float hsum(__m256 v) {
 }
 #endif
 
-/* The scalar remainder k in [k0, K): one function, never inlined, so every tile rounds it alike. */
+/* The scalar remainder k in [k0, K) of a dot product: one function, never inlined, so every call rounds it alike. */
 __attribute__((noinline)) static float tail_dot(const float* x, const float* w, int64_t k, int64_t K) {
     float s = 0.0f;
     for (; k < K; ++k) s = __builtin_fmaf(x[k], w[k], s);
