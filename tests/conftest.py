@@ -45,6 +45,18 @@ def tiny_engine(seed: int, **kwargs: object) -> TorchEngine:
     return make_torch_engine(tiny_llama(seed, **kwargs), name=f"tiny{seed}", runtime=RuntimeConfig(), eos_token_ids=[])
 
 
+@pytest.fixture
+def default_pass_costs():
+    """The default pass-cost table for the test, whatever another test's deployment measured and
+    installed process-wide before it ran (tests that script the gain rule's decisions)."""
+    from triton_backend.speculation_policy import PassCostModel, current_cost_model, install_cost_model
+
+    before = current_cost_model()
+    install_cost_model(PassCostModel.default())
+    yield
+    install_cost_model(before)
+
+
 @pytest.fixture(scope="session")
 def reference():
     """(engine, tokenizer) of the real SmolLM2-135M-Instruct, float32, 1 thread."""

@@ -15,6 +15,8 @@ from triton_backend.generation import SpeculativeDecoder
 from triton_backend.medusa_model import MedusaCheckpoint
 from triton_backend.config import SpeculationMode
 
+pytestmark = pytest.mark.usefixtures("default_pass_costs")  # pauses and probes as under the default table
+
 PROMPTS = ([1, 2, 3], [5, 5, 5, 5], [7, 1, 9, 1, 7, 1])
 
 

@@ -10,17 +10,10 @@ import pytest
 from triton_backend.config import FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.controller import SpeculationController, controller_for, expected_tokens_per_round
 from triton_backend.drafters.ngram import NgramDrafter, NgramIndex, find_ngram_continuation
-from triton_backend.speculation_policy import DrafterKind, PassCostModel, current_cost_model, install_cost_model
+from triton_backend.speculation_policy import DrafterKind
 
 
-@pytest.fixture(autouse=True)
-def default_pass_costs():
-    """The scripted sequences assume the default pass-cost table, whatever another test's
-    deployment measured and installed process-wide before this module ran."""
-    before = current_cost_model()
-    install_cost_model(PassCostModel.default())
-    yield
-    install_cost_model(before)
+pytestmark = pytest.mark.usefixtures("default_pass_costs")  # the scripted sequences assume the default table
 
 
 def test_ngram_prefers_longest_and_most_recent_match():
