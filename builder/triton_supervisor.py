@@ -110,8 +110,7 @@ class TritonSupervisor:
             code = self._wait(self.server)
             reaped = self.server.reap()
             if self.stopping:
-                logger.info("Triton exited with status %d", code)
-                return code
+                return self._stopped(code)
             lasted = time.monotonic() - started
             failures = failures + 1 if lasted < self.policy.fast_failure_s else 1
             reason = f"Triton exited unexpectedly ({describe_status(code)}) after {lasted:.1f}s"
@@ -124,13 +123,13 @@ class TritonSupervisor:
                 if failures > self.policy.max_fast_failures:
                     return self._give_up(reason, failures)
                 if self._stopping.wait(self.policy.backoff_s(failures)):
-                    return code
+                    return self._stopped(code)
                 error = self._restart(reason)
                 if error is None:
                     self.recovery_s.append(time.monotonic() - crashed)
                     break
                 if self.stopping:
-                    return code
+                    return self._stopped(code)
                 failures += 1
                 reason = f"restart {self.restarts} failed: {error}"
 
@@ -161,6 +160,16 @@ class TritonSupervisor:
             server.send_signal(signal.SIGTERM)
         logger.info("Triton is back after restart %d", self.restarts)
         return None
+
+    @staticmethod
+    def _stopped(code: int) -> int:
+        """The exit status of a requested stop: Triton's own, or 1 when a signal ended it (Triton
+        2.51 can abort in its own shutdown; a negative status would reach the shell as 256 - n)."""
+        if code >= 0:
+            logger.info("Triton exited with status %d", code)
+            return code
+        logger.warning("Triton was %s while stopping; stopped all the same", describe_status(code))
+        return 1
 
     def _give_up(self, reason: str, failures: int) -> int:
         self.gave_up = True
