@@ -133,6 +133,13 @@ def decode_step_ms(weights_per_gpu: int, bandwidth_gbps: float) -> float:
     return weights_per_gpu / (bandwidth_gbps * 1e9) * 1e3
 
 
+def row_kernel_packed_bytes(arch: ModelArchitecture) -> int:
+    """The CPU row kernel's copy of the weights (float32, one thread: the torch runtime's default
+    on CPU, :mod:`triton_backend.engines.row_gemm`): every decoder linear and the LM head, packed
+    once into panels and held beside the weights."""
+    return (arch.linear_params + arch.lm_head_params) * 4
+
+
 def torch_runtime_bytes(arch: ModelArchitecture, dtype_bytes: int, slots: int, max_seq_len: int) -> tuple[int, int]:
     """``(weights, kv_cache)`` bytes the torch runtime's slot engine holds for one model (CPU or
     CUDA): every parameter at ``dtype_bytes`` and the static KV cache of ``slots`` x

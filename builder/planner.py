@@ -18,8 +18,8 @@ from builder.architecture import ModelArchitecture, is_config_only, load_archite
 from builder.errors import DoesNotFitError, PlanError, PrecisionError
 from builder.gpus import GIB, GpuSpec, get_gpu
 from builder.memory import (INT4_GROUP_SIZE, Footprint, decode_step_ms, eagle_footprint, eagle_params,
-                            medusa_footprint, medusa_params,
-                            model_footprint, tokens_per_sequence, torch_runtime_bytes)
+                            medusa_footprint, medusa_params, model_footprint,
+                            row_kernel_packed_bytes, tokens_per_sequence, torch_runtime_bytes)
 from builder.plan_types import Choice, ModelPlan, Plan
 from builder.spec import BuildSpec, KVCacheDtype, ModelSpec, Precision
 
@@ -203,7 +203,10 @@ def torch_runtime_note(spec: BuildSpec, models: ResolvedModels) -> str:
     for role, arch in (("target", models.target), ("draft", models.draft)):
         if arch is not None:
             weights, kv = torch_runtime_bytes(arch, width, slots, length)
-            parts.append(f"{role} {weights / GIB:.2f} GiB weights + {kv / GIB:.2f} GiB KV cache")
+            part = f"{role} {weights / GIB:.2f} GiB weights + {kv / GIB:.2f} GiB KV cache"
+            if spec.torch_runtime.device == "cpu" and dtype == "float32":
+                part += f" + {row_kernel_packed_bytes(arch) / GIB:.2f} GiB packed copy for the row kernel"
+            parts.append(part)
     return (f"torch runtime ({spec.torch_runtime.device}, {dtype}): " + "; ".join(parts)
             + f" ({slots} slots x {length} positions; runtime.max_batch_size / max_seq_len in the deployment)")
 

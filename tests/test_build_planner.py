@@ -157,3 +157,13 @@ def test_medusa_heads_are_planned_with_the_target():
     assert heads.params == 4 * (1 * (4096 * 4096 + 4096) + 4096 * 128256) == 2_168_471_552
     assert heads.footprint.weights == 2 * heads.params and heads.footprint.kv_cache == 0
     assert heads.footprint.activations == 8 * 4 * 128256 * 4
+
+
+def test_the_cpu_torch_runtime_note_counts_the_row_kernels_packed_copy():
+    from builder.spec import TorchRuntimeSpec
+
+    cpu = plan_deployment(spec("llama-3.2-1b", None, "h100"))
+    packed = (L1_LINEAR + 128256 * 2048) * 4 / 2**30  # every decoder linear + the LM head, float32
+    assert f"+ {packed:.2f} GiB packed copy for the row kernel" in " ".join(cpu.notes)
+    cuda = plan_deployment(spec("llama-3.2-1b", None, "h100", torch_runtime=TorchRuntimeSpec(device="cuda")))
+    assert "packed copy" not in " ".join(cuda.notes)  # the row kernel runs on CPU float32 only
