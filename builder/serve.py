@@ -67,7 +67,7 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
         return source / REPOSITORY_DIR, False
     deployment_file = find_deployment(source)
     if deployment_file is None:
-        from triton_backend.deployment import DeploymentConfig
+        from triton_backend.deployment_config import DeploymentConfig
 
         deployment = DeploymentConfig()
     else:

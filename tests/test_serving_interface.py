@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 from builder.model_repository import front_models, render_front_config, RenderError, render_config_pbtxt, render_model_repository, render_template
 from builder.triton_client import GenerateRequest
 from triton_backend.config import SpeculationConfig, SpeculationMode
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.errors import InvalidRequestError
 from triton_backend.interface import INPUTS, OUTPUTS, ServingConfig
 from triton_backend.serving import load_deployment, parse_request
@@ -101,7 +101,7 @@ def test_client_request_parses_back_to_the_same_parameters() -> None:
     s = parsed.sampling
     assert (s.max_tokens, s.top_k, s.seed, s.stop, s.stop_token_ids) == (12, 20, 2**63 + 5, ("\n\n", "END"), ((7,),))
     assert math.isclose(s.temperature, 0.7, rel_tol=1e-6) and math.isclose(s.top_p, 0.9, rel_tol=1e-6)
-    assert parsed.speculation.mode is SpeculationMode.NGRAM and parsed.speculation.num_draft_tokens == 6
+    assert parsed.speculation.method is SpeculationMode.NGRAM and parsed.speculation.draft_length.num_draft_tokens == 6
 
 
 def test_defaults_when_optional_inputs_are_absent() -> None:
@@ -109,7 +109,7 @@ def test_defaults_when_optional_inputs_are_absent() -> None:
     assert parsed.sampling.max_tokens == 33 and parsed.sampling.greedy and not parsed.stream and not parsed.chat
     assert parsed.speculation == SPEC
     off = parse_request(GenerateRequest(prompt="hi", num_draft_tokens=0).arrays(), SPEC)
-    assert off.speculation.num_draft_tokens == 0
+    assert off.speculation.draft_length.num_draft_tokens == 0
 
 
 def _arrays(**overrides: object) -> dict[str, np.ndarray]:

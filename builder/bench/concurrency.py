@@ -95,17 +95,17 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _serving(config: ConcurrencyConfig, mode: str) -> tuple[Any, Any, str]:
     """(deployment, serving config, request speculation mode) of one serving mode."""
-    from triton_backend.config import RuntimeConfig, SpeculationConfig
-    from triton_backend.deployment import DeploymentConfig
+    from triton_backend.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig
+    from triton_backend.deployment_config import DeploymentConfig
     from triton_backend.interface import ServingConfig
 
     def absolute(path: str | None) -> str | None:
         return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
 
     most = max(config.concurrency)
-    spec = SpeculationConfig(num_draft_tokens=config.num_draft_tokens)
+    spec = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=config.num_draft_tokens))
     if mode == "always":
-        spec = replace(spec, fallback=False)
+        spec = replace(spec, fallback=FallbackConfig(enabled=False))
     deployment = DeploymentConfig(target=absolute(config.target) or config.target, draft=absolute(config.draft),
                                   medusa=absolute(config.medusa), runtime=RuntimeConfig(num_threads=config.num_threads,
                                                                                         max_batch_size=max(16, most)),
