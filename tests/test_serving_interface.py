@@ -15,7 +15,7 @@ from builder.model_repository import front_models, render_front_config, RenderEr
 from builder.triton_client import GenerateRequest
 from triton_backend.config import SpeculationConfig, SpeculationMode
 from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError, InvalidRequestError
 from triton_backend.interface import INPUTS, OUTPUTS, ServingConfig
 from triton_backend.serving import load_deployment, parse_request
 
@@ -84,11 +84,11 @@ def test_deployment_round_trips_and_relative_paths_resolve(tmp_path: Path) -> No
 
 
 def test_serving_config_validation() -> None:
-    with pytest.raises(InvalidRequestError, match="max_concurrency"):
+    with pytest.raises(ConfigError, match="max_concurrency"):
         ServingConfig(max_concurrency=0)
-    with pytest.raises(InvalidRequestError, match="differ"):
+    with pytest.raises(ConfigError, match="differ"):
         ServingConfig(model_name="a", unary_model_name="a")
-    with pytest.raises(InvalidRequestError, match="lacks parameters"):
+    with pytest.raises(ConfigError, match="lacks parameters"):
         ServingConfig.from_parameters("specdec", {"deployment_file": "deployment.json"})
 
 
@@ -169,7 +169,7 @@ def test_serve_finds_what_to_serve(tmp_path: Path) -> None:
         served = DeploymentConfig.load(repo / "specdec" / "1" / "deployment.json")
         assert served.target == str((deployment_dir / "weights").resolve())  # relative to the source file
 
-    with pytest.raises(InvalidRequestError, match="no model repository"):
+    with pytest.raises(ConfigError, match="no model repository"):
         prepare_repository(ServeConfig(source=tmp_path / "dep" / "weights"))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
 logger = logging.getLogger(__name__)
@@ -59,11 +59,11 @@ class ConcurrencyConfig:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.modes) - set(MODES))
         if unknown or not self.modes:
-            raise InvalidRequestError(f"unknown concurrency modes {unknown}; choose from {MODES}")
+            raise ConfigError(f"unknown concurrency modes {unknown}; choose from {MODES}")
         if not self.concurrency or min(self.concurrency) < 1:
-            raise InvalidRequestError("concurrency levels must be positive integers")
+            raise ConfigError("concurrency levels must be positive integers")
         if self.max_tokens < 1 or self.requests_per_stream < 1:
-            raise InvalidRequestError("max_tokens and requests_per_stream must be positive")
+            raise ConfigError("max_tokens and requests_per_stream must be positive")
 
 
 @dataclass
