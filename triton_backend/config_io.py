@@ -10,6 +10,7 @@ error type with a short message. :func:`setting` declares a field with its descr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -42,6 +43,11 @@ def _section_type(hint: Any) -> type | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def read_config(cls: type[C], data: Any, what: str, error: type[SpecbuildError] = ConfigError) -> C:
     """``cls`` built from the mapping ``data`` (named ``what`` in messages); an instance of
     ``cls`` passes through. Errors are raised as ``error``."""
@@ -58,7 +64,7 @@ def read_config(cls: type[C], data: Any, what: str, error: type[SpecbuildError] 
                and f.default_factory is dataclasses.MISSING]
     if missing:
         raise error(f"{what} needs {', '.join(missing)}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     kwargs = dict(data)
     for name, value in data.items():
         section = _section_type(hints[name])
