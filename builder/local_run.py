@@ -63,7 +63,8 @@ class LocalRunConfig:
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LocalRunConfig":
         speculation = SpeculationConfig(method=a.speculation,
-                                        draft_length=DraftLengthConfig(num_draft_tokens=a.num_draft_tokens, adaptive=a.adaptive),
+                                        draft_length=DraftLengthConfig(num_draft_tokens=a.num_draft_tokens,
+                                                                       adaptive=a.adaptive),
                                         fallback=FallbackConfig(enabled=not a.no_fallback),
                                         medusa=MedusaConfig(tree_acceptance=a.tree_acceptance))
         deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,

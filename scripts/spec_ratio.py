@@ -54,7 +54,8 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
         if name == "plain":
             rows.append(OursRow("plain", decoder, SpeculationConfig(method=SpeculationMode.OFF)))
         elif name == "ngram":
-            rows.append(OursRow(f"ngram k={arg}", decoder, SpeculationConfig(method=SpeculationMode.NGRAM, draft_length=DraftLengthConfig(num_draft_tokens=int(arg)))))
+            rows.append(OursRow(f"ngram k={arg}", decoder, SpeculationConfig(method=SpeculationMode.NGRAM,
+                                                                             draft_length=DraftLengthConfig(num_draft_tokens=int(arg)))))
         elif name == "medusa":
             rows.append(OursRow("medusa", decoder, SpeculationConfig(method=SpeculationMode.MEDUSA)))
         elif name == "hf-lookup":

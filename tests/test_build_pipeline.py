@@ -122,7 +122,8 @@ def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_b
     sampling = SamplingParams(max_tokens=8)
     # fallback off: this checks exactness while drafting; whether drafting pays is the gain rule's call
     spec = decoder.generate("The capital of France is", sampling,
-                            SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
+                            SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                                              fallback=FallbackConfig(enabled=False)))
     plain = decoder.generate("The capital of France is", sampling, replace(deployment.speculation, method="off"))
     assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
 

@@ -46,7 +46,8 @@ def test_the_flat_spelling_is_migrated_to_the_nested_one(caplog: pytest.LogCaptu
     assert "deprecated" in caplog.text
     assert spec == SpeculationConfig(
         method=SpeculationMode.NGRAM,
-        draft_length=DraftLengthConfig(num_draft_tokens=6, adaptive=True, min_draft_tokens=2, verify_cost_per_token=0.1),
+        draft_length=DraftLengthConfig(num_draft_tokens=6, adaptive=True, min_draft_tokens=2,
+                                       verify_cost_per_token=0.1),
         fallback=FallbackConfig(enabled=True, rule=FallbackRule.THRESHOLD, threshold=0.4, window=100, min_drafted=20,
                                 gain_margin=0.05, prior_acceptance=0.6, prior_strength=3.0, acceptance_decay=0.8,
                                 probe_interval=16),

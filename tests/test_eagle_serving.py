@@ -22,7 +22,8 @@ from triton_backend.generation import SpeculativeDecoder
 from triton_backend.sampling import LogitsProcessor
 from triton_backend.scheduler import BatchScheduler, SchedulerConfig
 
-FIXED = SpeculationConfig(method="eagle", draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False))
+FIXED = SpeculationConfig(method="eagle", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                          fallback=FallbackConfig(enabled=False))
 
 
 class ProposalLog:

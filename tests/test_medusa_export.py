@@ -113,5 +113,6 @@ def test_torch_only_build_serves_the_trained_heads(tiny_dir, heads_file, tmp_pat
 
     assert decoder.resolve(SpeculationMode.AUTO)[0] is SpeculationMode.MEDUSA
     params = SamplingParams(max_tokens=12)
-    medusa = decoder.generate([1, 2, 3], params, SpeculationConfig(method="medusa", fallback=FallbackConfig(enabled=False)))
+    medusa = decoder.generate([1, 2, 3], params, SpeculationConfig(method="medusa",
+                                                                   fallback=FallbackConfig(enabled=False)))
     assert medusa.token_ids == decoder.generate([1, 2, 3], params, SpeculationConfig(method="off")).token_ids

@@ -74,7 +74,8 @@ def test_a_request_that_never_drafts_takes_only_the_chain_path(spied):
     for prompt in PROMPTS:
         plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
         spy.tree_passes = spy.chain_passes = 0
-        paused = decoder.generate(prompt, params, SpeculationConfig(method="medusa", fallback=FallbackConfig(prior_acceptance=0.0)))
+        paused = decoder.generate(prompt, params, SpeculationConfig(method="medusa",
+                                                                    fallback=FallbackConfig(prior_acceptance=0.0)))
         assert paused.token_ids == plain.token_ids
         assert paused.stats.drafted_tokens == 0
         assert spy.tree_passes == 0 and spy.chain_passes == paused.stats.target_passes
@@ -86,7 +87,8 @@ def test_probes_and_resumes_get_the_hidden_state_they_need(spied):
     paused stretches run on the chain path, and the output is plain decoding's."""
     decoder, spy = spied
     params = SamplingParams(max_tokens=80)
-    spec = SpeculationConfig(method="medusa", draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(prior_acceptance=0.95, probe_interval=4))
+    spec = SpeculationConfig(method="medusa", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                             fallback=FallbackConfig(prior_acceptance=0.95, probe_interval=4))
     rounds = chain = 0
     for prompt in PROMPTS:
         plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))

@@ -86,7 +86,8 @@ def test_sampling_modes_run_and_are_seeded(decoders, reference_prompts):
     trained, _ = decoders
     params = SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, seed=5)
     for acceptance in ("exact", "typical"):
-        spec = SpeculationConfig(method="medusa", fallback=FallbackConfig(enabled=False), medusa=MedusaConfig(tree_acceptance=acceptance))
+        spec = SpeculationConfig(method="medusa", fallback=FallbackConfig(enabled=False),
+                                 medusa=MedusaConfig(tree_acceptance=acceptance))
         a = trained.generate(reference_prompts[0], params, spec)
         b = trained.generate(reference_prompts[0], params, spec)
         assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 12

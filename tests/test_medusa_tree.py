@@ -187,7 +187,8 @@ def test_medusa_greedy_identical_to_plain(medusa_decoder):
     accepted = 0
     for prompt in ([1, 2, 3], [5, 5, 5, 5], [7, 1, 9, 1, 7, 1]):
         plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
-        tree = decoder.generate(prompt, params, SpeculationConfig(method="medusa", draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
+        tree = decoder.generate(prompt, params, SpeculationConfig(method="medusa",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
         assert tree.token_ids == plain.token_ids
         assert tree.stats.method == "medusa" and tree.stats.drafted_tokens > 0
         assert tree.stats.target_passes < plain.stats.target_passes or tree.stats.accepted_tokens == 0
@@ -199,7 +200,8 @@ def test_typical_at_near_zero_temperature_is_greedy(medusa_decoder):
     _, decoder = medusa_decoder
     plain = decoder.generate([4, 2], SamplingParams(max_tokens=24), SpeculationConfig(method="off"))
     typical = decoder.generate([4, 2], SamplingParams(max_tokens=24, temperature=1e-4, seed=1),
-                               SpeculationConfig(method="medusa", medusa=MedusaConfig(tree_acceptance="typical"), fallback=FallbackConfig(enabled=False)))
+                               SpeculationConfig(method="medusa", medusa=MedusaConfig(tree_acceptance="typical"),
+                                                 fallback=FallbackConfig(enabled=False)))
     assert typical.token_ids == plain.token_ids
 
 
@@ -251,7 +253,8 @@ def test_candidate_vocab_limits_proposals(medusa_decoder):
 
 def test_deployment_round_trip_with_medusa():
     config = DeploymentConfig(medusa="heads.safetensors", medusa_choices=[[0], [0, 0]],
-                              speculation=SpeculationConfig(method="medusa", medusa=MedusaConfig(tree_acceptance=TreeAcceptance.TYPICAL)))
+                              speculation=SpeculationConfig(method="medusa",
+                                                            medusa=MedusaConfig(tree_acceptance=TreeAcceptance.TYPICAL)))
     again = DeploymentConfig.from_dict(json.loads(config.to_json()))
     assert again == config and again.medusa_choices == ((0,), (0, 0))
 

@@ -38,14 +38,17 @@ def test_expected_tokens_formula():
 
 
 def test_fixed_draft_length():
-    c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=5), fallback=FallbackConfig(enabled=False)), draft_cost=0.1)
+    c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=5),
+                                                fallback=FallbackConfig(enabled=False)), draft_cost=0.1)
     assert c.next_draft_length() == 5
-    threshold = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=5), fallback=FallbackConfig(rule="threshold")), draft_cost=0.1)
+    threshold = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=5),
+                                                        fallback=FallbackConfig(rule="threshold")), draft_cost=0.1)
     assert threshold.next_draft_length() == 5 and threshold.config.fallback.rule is FallbackRule.THRESHOLD
 
 
 def test_adaptive_draft_length_follows_acceptance():
-    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8, adaptive=True), fallback=FallbackConfig(enabled=False))
+    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8, adaptive=True),
+                            fallback=FallbackConfig(enabled=False))
     c = SpeculationController(cfg, draft_cost=0.05)
     for _ in range(20):
         c.record(c.next_draft_length(), c.next_draft_length())  # everything accepted
@@ -57,7 +60,8 @@ def test_adaptive_draft_length_follows_acceptance():
 
 
 def test_threshold_rule_triggers_within_window_and_is_sticky():
-    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(window=40, min_drafted=20, threshold=0.5))
+    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(window=40,
+                                                                                                        min_drafted=20, threshold=0.5))
     assert cfg.fallback.rule is FallbackRule.THRESHOLD  # setting a threshold selects the rule
     c = SpeculationController(cfg, draft_cost=0.1)
     triggered_at = None
@@ -71,7 +75,8 @@ def test_threshold_rule_triggers_within_window_and_is_sticky():
 
 
 def test_threshold_rule_defaults_to_the_seed_articles_window():
-    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(rule="threshold"))
+    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4),
+                            fallback=FallbackConfig(rule="threshold"))
     assert (cfg.fallback.window, cfg.fallback.min_drafted) == (200, 50)
     c = SpeculationController(cfg, draft_cost=0.0)
     assert not any(c.record(4, 2) for _ in range(100))  # exactly 0.5: keeps speculating
@@ -81,10 +86,12 @@ def test_threshold_rule_defaults_to_the_seed_articles_window():
 
 
 def test_no_fallback_when_acceptance_is_good_or_disabled():
-    good = SpeculationController(SpeculationConfig(fallback=FallbackConfig(min_drafted=8, window=16, rule="threshold")), 0.1)
+    good = SpeculationController(SpeculationConfig(fallback=FallbackConfig(min_drafted=8, window=16,
+                                                                           rule="threshold")), 0.1)
     for _ in range(50):
         assert not good.record(4, 3)
-    off = SpeculationController(SpeculationConfig(fallback=FallbackConfig(enabled=False, min_drafted=8, window=16)), 0.1)
+    off = SpeculationController(SpeculationConfig(fallback=FallbackConfig(enabled=False, min_drafted=8, window=16)),
+                                0.1)
     for _ in range(50):
         assert not off.record(4, 0)
     assert not off.fallen_back and off.next_draft_length() == 4
@@ -114,7 +121,8 @@ def test_gain_rule_drops_a_costly_draft_within_a_few_rounds_and_keeps_a_free_one
 
 
 def test_gain_rule_is_never_a_permanent_fallback():
-    c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(probe_interval=4)), draft_cost=0.1)
+    c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4),
+                                                fallback=FallbackConfig(probe_interval=4)), draft_cost=0.1)
     for _ in range(5):
         c.record(c.next_draft_length() or 4, 0)
     ks = []
@@ -173,7 +181,8 @@ def _match_end(tokens, min_n, max_n):
 def test_ngram_session_under_the_gain_rule_sizes_the_draft_by_the_match():
     drafter = NgramDrafter(1, 3)
     session = drafter.new_session()
-    controller = controller_for(SpeculationConfig(method="ngram", draft_length=DraftLengthConfig(num_draft_tokens=8)), SpeculationMode.NGRAM, drafter, session)
+    controller = controller_for(SpeculationConfig(method="ngram", draft_length=DraftLengthConfig(num_draft_tokens=8)),
+                                SpeculationMode.NGRAM, drafter, session)
     assert session.policy is not None and controller.match_policy is session.policy
     copy = list(range(100, 130))
     tokens = [1, 2] + copy + [3, 4] + copy[:12]  # the output is copying the prompt: a 12-token match

@@ -60,7 +60,8 @@ def test_plain_matches_transformers_generate(reference, reference_prompts, plain
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_speculation_is_token_identical(decoder, reference_prompts, plain_outputs, mode, k):
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=k), fallback=FallbackConfig(enabled=False))
+    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=k),
+                             fallback=FallbackConfig(enabled=False))
     accepted = drafted = 0
     for prompt, plain in zip(reference_prompts, plain_outputs):
         result = decoder.generate(prompt, params, spec)
@@ -76,7 +77,8 @@ def test_draft_equal_to_target_accepts_everything(reference, reference_prompts, 
         SpeculationMode.DRAFT: DraftModelDrafter(target, target=target, target_tokenizer=tokenizer, draft_tokenizer=tokenizer)})
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     for prompt, plain in list(zip(reference_prompts, plain_outputs))[:2]:
-        result = same.generate(prompt, params, SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(enabled=False)))
+        result = same.generate(prompt, params, SpeculationConfig(method="draft",
+                                                                 draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(enabled=False)))
         assert result.token_ids == plain[:24]
         assert result.stats.acceptance_rate == 1.0 and result.stats.target_passes == 5
 
@@ -85,7 +87,8 @@ def test_poor_draft_falls_back_and_stays_exact(reference, reference_prompts, pla
     target, tokenizer = reference
     poor = SpeculativeDecoder(target, tokenizer, drafters={
         SpeculationMode.DRAFT: DraftModelDrafter(_draft_engine(target, POOR_DRAFT_LAYERS), target=target)})
-    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(window=200, min_drafted=40, rule="threshold"))
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4),
+                             fallback=FallbackConfig(window=200, min_drafted=40, rule="threshold"))
     result = poor.generate(reference_prompts[0], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), spec)
     assert result.token_ids == plain_outputs[0]
     stats = result.stats

@@ -65,7 +65,8 @@ def tiny_decoder_with_every_drafter() -> SpeculativeDecoder:
         SpeculationMode.MEDUSA: MedusaDrafter(MedusaCheckpoint(random_heads(32, 32)), target),
         SpeculationMode.EAGLE: _random_eagle(target),
     }
-    return SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=3)))
+    return SpeculativeDecoder(target, None, drafters=drafters,
+                              speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=3)))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,8 @@ def _requests(n: int) -> list[tuple[list[int], SamplingParams, SpeculationConfig
         sampling = i % 3 == 2
         params = SamplingParams(max_tokens=12 + i, temperature=0.9 if sampling else 0.0, top_k=8 if sampling else 0,
                                 seed=100 + i if sampling else None, ignore_eos=True)
-        out.append((PROMPTS[i % len(PROMPTS)], params, SpeculationConfig(method=MODES[i % len(MODES)], draft_length=DraftLengthConfig(num_draft_tokens=3))))
+        out.append((PROMPTS[i % len(PROMPTS)], params, SpeculationConfig(method=MODES[i % len(MODES)],
+                                                                         draft_length=DraftLengthConfig(num_draft_tokens=3))))
     return out
 
 
@@ -125,7 +127,8 @@ def test_hf_wrapped_target_batches_exactly() -> None:
     target = hf_engine(0)
     drafters = {SpeculationMode.NGRAM: NgramDrafter(1, 3),
                 SpeculationMode.MEDUSA: MedusaDrafter(MedusaCheckpoint(random_heads(32, 32)), target)}
-    hf = SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=3)))
+    hf = SpeculativeDecoder(target, None, drafters=drafters,
+                            speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=3)))
     requests = [r for r in _requests(8) if r[2].method.value in ("ngram", "medusa", "off")]
     expected = _alone(hf, requests)
     scheduler = BatchScheduler(hf, SchedulerConfig(max_batch_size=4))

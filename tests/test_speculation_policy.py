@@ -150,12 +150,14 @@ def test_controller_under_the_gain_rule_pauses_and_records_no_permanent_fallback
     assert c.next_draft_length() > 0
     triggered = [c.record(c.next_draft_length() or 1, 0) for _ in range(3)]
     assert not any(triggered) and c.next_draft_length() == 0 and c.fallen_back
-    fixed = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(enabled=False)), draft_cost=0.9)
+    fixed = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4),
+                                                    fallback=FallbackConfig(enabled=False)), draft_cost=0.9)
     assert fixed.next_draft_length() == 4  # fallback off: always draft
 
 
 def test_installed_cost_model_changes_the_decision():
-    c_default = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8), fallback=FallbackConfig(prior_acceptance=0.6)), draft_cost=0.05)
+    c_default = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8),
+                                                        fallback=FallbackConfig(prior_acceptance=0.6)), draft_cost=0.05)
     install_cost_model(PassCostModel({1: {1: 1.0, 2: 2.0, 8: 8.0}}, "linear"))  # verifying is as dear as decoding
     try:
         assert c_default.next_draft_length() == 0

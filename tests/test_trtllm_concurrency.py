@@ -75,7 +75,8 @@ def test_concurrent_requests_reach_the_engine_together_and_stay_exact() -> None:
 
     def one(i: int) -> None:
         start.wait()
-        results[i] = decoder.generate(prompts[i], params, SpeculationConfig(method=modes[i], draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False))).token_ids
+        results[i] = decoder.generate(prompts[i], params, SpeculationConfig(method=modes[i],
+                                                                            draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False))).token_ids
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for thread in threads:

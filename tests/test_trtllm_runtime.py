@@ -250,7 +250,8 @@ PROMPT = [3, 17, 5, 9, 3, 17, 5]
                                                    ("ngram", 3, False), ("off", 4, False)])
 def test_greedy_output_is_plain_decoding_and_requests_fit_the_rounds(tiny, mode, k, draft_is_target) -> None:
     decoder, target_engine, draft_engine = make_decoder(tiny, draft_is_target=draft_is_target)
-    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=k), fallback=FallbackConfig(enabled=False))
+    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=k),
+                             fallback=FallbackConfig(enabled=False))
     result = decoder.generate(PROMPT, GREEDY, spec)
     plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(method="off"))
     assert result.token_ids == plain.token_ids and result.finish_reason is FinishReason.LENGTH
@@ -274,7 +275,8 @@ def test_greedy_output_is_plain_decoding_and_requests_fit_the_rounds(tiny, mode,
 
 def test_streamed_chunks_add_up_to_the_result(tiny) -> None:
     decoder, _, _ = make_decoder(tiny)
-    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False))
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                             fallback=FallbackConfig(enabled=False))
     chunks = list(decoder.stream(PROMPT, GREEDY, spec))
     assert chunks[-1].finished and chunks[-1].stats is not None and not any(c.finished for c in chunks[:-1])
     assert [t for c in chunks for t in c.token_ids] == decoder.generate(PROMPT, GREEDY, spec).token_ids
@@ -287,20 +289,23 @@ def test_end_token_stops_with_eos_whether_or_not_the_engine_returns_it(tiny, ret
     expected = plain[:plain.index(eos)]
     for mode in ("draft", "off"):
         decoder, _, _ = make_decoder(tiny, eos=frozenset({eos}), return_end_token=return_end_token)
-        result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
+        result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(method=mode,
+                                                                    draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
         assert result.token_ids == expected and result.finish_reason is FinishReason.EOS, mode
 
 
 def test_fallback_and_the_input_limit_continue_as_one_plain_stream(tiny) -> None:
     plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(method="off")).token_ids
-    always_falls_back = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=2), fallback=FallbackConfig(threshold=1.0, min_drafted=1, window=2))
+    always_falls_back = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=2),
+                                          fallback=FallbackConfig(threshold=1.0, min_drafted=1, window=2))
     decoder, target_engine, _ = make_decoder(tiny)
     result = decoder.generate(PROMPT, GREEDY, always_falls_back)
     if result.stats.accepted_tokens < result.stats.drafted_tokens:  # a rejection happened: the window fell below 1.0
         assert result.stats.fallback and target_engine.requests[-1].streaming
     assert result.token_ids == plain
     decoder, target_engine, _ = make_decoder(tiny, max_input_len=len(PROMPT) + 8)
-    result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
+    result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(method="draft",
+                                                                draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
     assert result.token_ids == plain and target_engine.requests[-1].streaming
     assert max(len(r.input_token_ids) for r in target_engine.requests) <= len(PROMPT) + 8
     with pytest.raises(ContextLengthError, match="at most 8 input tokens"):
@@ -440,7 +445,8 @@ def test_real_engines_speculate_exactly(tmp_path) -> None:
     decoder = build_decoder(deployment)
     assert isinstance(decoder, TrtllmSpeculativeDecoder)
     for prompt in ("The capital of France is", "def fibonacci(n):"):
-        spec = decoder.generate(prompt, GREEDY, SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
+        spec = decoder.generate(prompt, GREEDY, SpeculationConfig(method="draft",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
         plain = decoder.generate(prompt, GREEDY, SpeculationConfig(method="off"))
         assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
 

@@ -32,7 +32,8 @@ def _plain_and_ngram_rows(config: BenchConfig, decoder: SpeculativeDecoder, suff
                                {"kind": "ours", "method": "off", **info})]
     for k in config.ngram_k:
         rows.append(OursRow(f"ngram k={k}{suffix}", decoder,
-                            SpeculationConfig(method=SpeculationMode.NGRAM, draft_length=DraftLengthConfig(num_draft_tokens=k)),
+                            SpeculationConfig(method=SpeculationMode.NGRAM,
+                                              draft_length=DraftLengthConfig(num_draft_tokens=k)),
                             {"kind": "ours", "method": "ngram", "k": k, **info}))
     return rows
 
@@ -42,14 +43,16 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     if SpeculationMode.DRAFT in decoder.drafters:
         for k in config.draft_k:
             rows.append(OursRow(f"draft k<={k} adaptive", decoder,
-                                SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k, adaptive=True)),
+                                SpeculationConfig(method=SpeculationMode.DRAFT,
+                                                  draft_length=DraftLengthConfig(num_draft_tokens=k, adaptive=True)),
                                 {"kind": "ours", "method": "draft", "k": k}))
     medusa = getattr(SpeculationMode, "MEDUSA", None)
     if medusa is not None and medusa in decoder.drafters:
         rows.append(OursRow("medusa", decoder, SpeculationConfig(method=medusa), {"kind": "ours", "method": "medusa"}))
     if SpeculationMode.EAGLE in decoder.drafters:
         for k in config.eagle_k:
-            rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE, draft_length=DraftLengthConfig(num_draft_tokens=k)),
+            rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE,
+                                                                           draft_length=DraftLengthConfig(num_draft_tokens=k)),
                                 {"kind": "ours", "method": "eagle", "k": k}))
     if config.peer:
         # the peer runs stock transformers: its own copy of the same weights (load_model never
