@@ -176,7 +176,8 @@ def _enum_value(cls: type[E], value: object, name: str) -> E:
 class DraftLengthConfig:
     """How many tokens a round drafts (every method)."""
 
-    num_draft_tokens: int = setting(4, "draft length k: the upper bound under the gain rule or adaptive; 0 = plain decoding")
+    num_draft_tokens: int = setting(4, "draft length k: the upper bound under the gain rule or adaptive; "
+                                       "0 = plain decoding")
     min_draft_tokens: int = setting(1, "the shortest draft the adaptive length picks (1..num_draft_tokens)")
     adaptive: bool = setting(False, "threshold rule / no fallback: pick the length from an EMA of the acceptance "
                                     "instead of always num_draft_tokens")
@@ -274,7 +275,7 @@ class SpeculationConfig:
     ``method`` selects the drafter (a request may choose another the deployment has); the
     settings of each method with settings of its own sit in that method's config
     (:class:`NgramConfig`, :class:`MedusaConfig`; a draft model and EAGLE have none beyond
-    their files, which are :class:`~triton_backend.deployment.DeploymentConfig` fields), the
+    their files, which are :class:`~triton_backend.deployment_config.DeploymentConfig` fields), the
     knobs every method shares in :class:`DraftLengthConfig` and :class:`FallbackConfig`.
     """
 
@@ -340,7 +341,7 @@ def migrate_flat_speculation(data: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in data.items():
         section, name = _FLAT_SPELLING.get(key, ("", key))
         if not section:
-            out[name] = value
+            out[name] = dict(value) if isinstance(value, Mapping) else value  # filled below: the caller's stays
         elif isinstance(out.setdefault(section, {}), dict):
             out[section][name] = value
     return out
