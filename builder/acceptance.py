@@ -6,8 +6,9 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from triton_backend.config import SamplingParams, SpeculationMode
-from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationMode
+from triton_backend.deployment import build_decoder
+from triton_backend.deployment_config import DeploymentConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ def measure_acceptance(deployment: DeploymentConfig, prompts: list[str], mode: S
                        sampling: SamplingParams | None = None, decoder: Any = None) -> AcceptanceReport:
     """Generate for each prompt with ``mode`` (no fallback) and add up the loop's statistics."""
     decoder = decoder or build_decoder(deployment)
-    spec = replace(deployment.speculation, mode=mode, num_draft_tokens=num_draft_tokens, adaptive=False, fallback=False)
+    spec = replace(deployment.speculation, method=mode, fallback=FallbackConfig(enabled=False),
+                   draft_length=DraftLengthConfig(num_draft_tokens=num_draft_tokens))
     params = sampling or SamplingParams(max_tokens=max_tokens)
     totals = dict(generated=0, passes=0, drafted=0, accepted=0, rounds=0, draft_s=0.0, verify_s=0.0, total_s=0.0)
     drafted_at: list[int] = []

@@ -147,8 +147,8 @@ def _stage_compile(ctx: BuildContext) -> None:
 
 def _stage_repository(ctx: BuildContext) -> None:
     from builder.model_repository import VERSION, render_model_repository
-    from triton_backend.config import RuntimeConfig, SpeculationConfig
-    from triton_backend.deployment import DeploymentConfig
+    from triton_backend.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig
+    from triton_backend.deployment_config import DeploymentConfig
     from triton_backend.engines.trtllm_config import EngineRuntime
     from triton_backend.interface import ServingConfig
 
@@ -165,7 +165,7 @@ def _stage_repository(ctx: BuildContext) -> None:
     deployment = DeploymentConfig(
         target=weights["target"], draft=weights.get("draft"), medusa=medusa, medusa_choices=choices,
         runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype),
-        speculation=SpeculationConfig(num_draft_tokens=ctx.spec.limits.max_draft_len),
+        speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=ctx.spec.limits.max_draft_len)),
         engine_runtime=EngineRuntime.TRTLLM if engines is not None else EngineRuntime.TORCH, trtllm=engines)
     render_model_repository(deployment, repo, serving)
     ctx.repository = {"dir": "model_repo", "model": serving.model_name,

@@ -41,7 +41,7 @@ class DemoResult:
 
 
 def run_demo(config: DemoConfig, on_text: Callable[[str], None] | None = None) -> DemoResult:
-    from triton_backend.deployment import DeploymentConfig
+    from triton_backend.deployment_config import DeploymentConfig
     from triton_backend.reference_model import ensure_reference_model
     from triton_backend.serving import load_deployment
 

@@ -50,7 +50,9 @@ from builder.manifest import MANIFEST_NAME, verify_manifest
 from builder.serve import REPOSITORY_DIR, ServeConfig, prepare_repository, serve_forever
 from builder.spec import BuildSpec
 from builder.triton_server import Endpoints, ServerConfig, TritonInstallation, TritonServer
-from triton_backend.errors import SpecbuildError
+from triton_backend.deployment_config import DeploymentConfig
+from triton_backend.engines.trtllm_config import EngineRuntime
+from triton_backend.errors import ConfigError, SpecbuildError
 from triton_backend.reference_model import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,6 @@ KEY_FILE = "deploy-key.json"
 KEY_TOOLS = ("specbuild", "tensorrt_llm", "tensorrt", "nvidia-modelopt", "torch", "transformers")
 _BACKEND_LINE = re.compile(r'^\s*backend\s*:\s*"([^"]+)"', re.MULTILINE)
 TRTLLM_BACKEND = "tensorrtllm"
-TRTLLM_RUNTIME = "trtllm"  # a deployment's engine_runtime serving compiled engines itself
 
 
 class DeployError(SpecbuildError, RuntimeError):
@@ -244,14 +245,14 @@ def tensorrtllm_models(repository: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
-def deployment_runtimes(repository: Path) -> set[str]:
-    """The engine runtimes (``torch``/``trtllm``) the repository's deployment files select."""
+def deployment_runtimes(repository: Path) -> set[EngineRuntime]:
+    """The engine runtimes the repository's deployment files select (read as typed deployments)."""
     runtimes = set()
     for path in sorted(repository.glob("*/*/deployment.json")):
         try:
-            runtimes.add(str(json.loads(path.read_text()).get("engine_runtime", "torch")))
-        except (OSError, ValueError, AttributeError) as exc:
-            raise DeployError(f"deployment file {path} cannot be read: {exc}") from None
+            runtimes.add(DeploymentConfig.load(path).engine_runtime)
+        except ConfigError as exc:
+            raise DeployError(f"deployment file {path}: {exc}") from None
     return runtimes
 
 
@@ -260,7 +261,7 @@ def check_engines_servable(build_dir: Path) -> None:
     "compiled" in the manifest and TensorRT-LLM importable; say which is missing, before Triton
     starts."""
     repository = build_dir / REPOSITORY_DIR
-    if TRTLLM_RUNTIME not in deployment_runtimes(repository):
+    if EngineRuntime.TRTLLM not in deployment_runtimes(repository):
         return
     manifest_path = build_dir / MANIFEST_NAME
     engines = json.loads(manifest_path.read_text()).get("engines", {}) if manifest_path.is_file() else {}
@@ -293,7 +294,7 @@ def launch_world_size(repository: Path, requested: int | None) -> tuple[int, tup
                               f"{repository}: ranks > 0 would have nothing to load")
         return requested, models
     if not models:
-        if planned > 1 and TRTLLM_RUNTIME in deployment_runtimes(repository):
+        if planned > 1 and EngineRuntime.TRTLLM in deployment_runtimes(repository):
             logger.info("the plan shards the engines over %d ranks (TP x PP): the trtllm runtime's executor spawns "
                         "them itself (orchestrator mode) from one Triton process", planned)
         elif planned > 1:
@@ -336,7 +337,6 @@ class MpiTritonServer(TritonServer):
 # -- the whole thing ------------------------------------------------------------------------
 def _default_repository(config: DeployConfig) -> Path:
     from builder.model_repository import render_model_repository
-    from triton_backend.deployment import DeploymentConfig
     from triton_backend.reference_model import ensure_reference_model
 
     deployment = DeploymentConfig()

@@ -46,7 +46,7 @@ class EagleEvalJob:
 def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline: bool) -> AcceptanceReport:
     """Held-out greedy acceptance of the drafter in the real loop (fixed draft length, no fallback)."""
     from triton_backend.config import SpeculationMode
-    from triton_backend.deployment import DeploymentConfig
+    from triton_backend.deployment_config import DeploymentConfig
 
     report = measure_acceptance(DeploymentConfig(target=target, eagle=eagle, ngram=False), evaluation.prompts(),
                                 SpeculationMode.EAGLE, max_tokens=evaluation.max_tokens,

@@ -2,10 +2,10 @@
 
 Each carries a short message that names the problem and what to change."""
 
-from triton_backend.errors import InvalidRequestError, SpecbuildError
+from triton_backend.errors import ConfigError, SpecbuildError
 
 
-class BuildSpecError(InvalidRequestError):
+class BuildSpecError(ConfigError):
     """The build spec (file or flags) is invalid."""
 
     code = "build_spec"

@@ -22,7 +22,8 @@ from typing import Any
 from builder.loadtest import Answer, LoadConfig, LoadReport, Template, make_templates, metrics, run_load, send
 from builder.model_repository import render_model_repository
 from builder.triton_server import ServerConfig, TritonServer
-from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.deployment import build_decoder
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.interface import ServingConfig
 
 logger = logging.getLogger(__name__)

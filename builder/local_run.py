@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from triton_backend.config import RuntimeConfig, SamplingParams, SpeculationConfig
-from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.config import (
+    DraftLengthConfig, FallbackConfig, MedusaConfig, RuntimeConfig, SamplingParams, SpeculationConfig,
+)
+from triton_backend.deployment import build_decoder
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.generation import GenerationResult
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
@@ -59,9 +62,11 @@ class LocalRunConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LocalRunConfig":
-        speculation = SpeculationConfig(mode=a.speculation, num_draft_tokens=a.num_draft_tokens,
-                                        adaptive=a.adaptive, fallback=not a.no_fallback,
-                                        tree_acceptance=a.tree_acceptance)
+        speculation = SpeculationConfig(method=a.speculation,
+                                        draft_length=DraftLengthConfig(num_draft_tokens=a.num_draft_tokens,
+                                                                       adaptive=a.adaptive),
+                                        fallback=FallbackConfig(enabled=not a.no_fallback),
+                                        medusa=MedusaConfig(tree_acceptance=a.tree_acceptance))
         deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,
                                       eagle=a.eagle,
                                       runtime=RuntimeConfig(device=a.device, num_threads=a.threads),

@@ -34,7 +34,7 @@ from triton_backend.trtllm_interface import (
 )
 
 if TYPE_CHECKING:  # rendering needs no torch: only the config's JSON
-    from triton_backend.deployment import DeploymentConfig
+    from triton_backend.deployment_config import DeploymentConfig
 
 logger = logging.getLogger(__name__)
 

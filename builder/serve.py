@@ -24,7 +24,7 @@ from typing import Callable
 from builder.model_repository import is_model_repository, render_model_repository
 from builder.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
 from builder.triton_supervisor import RestartPolicy, TritonSupervisor
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 from triton_backend.interface import ServingConfig
 
 logger = logging.getLogger(__name__)
@@ -49,12 +49,12 @@ def find_deployment(source: Path | None) -> Path | None:
     if source.is_file():
         return source
     if not source.is_dir():
-        raise InvalidRequestError(f"{source} does not exist")
+        raise ConfigError(f"{source} does not exist")
     if is_model_repository(source) or is_model_repository(source / REPOSITORY_DIR):
         return None
     if (source / DEPLOYMENT_FILE).is_file():
         return source / DEPLOYMENT_FILE
-    raise InvalidRequestError(f"{source} holds no model repository (<model>/config.pbtxt), no {REPOSITORY_DIR}/ "
+    raise ConfigError(f"{source} holds no model repository (<model>/config.pbtxt), no {REPOSITORY_DIR}/ "
                               f"and no {DEPLOYMENT_FILE}")
 
 
@@ -67,7 +67,7 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
         return source / REPOSITORY_DIR, False
     deployment_file = find_deployment(source)
     if deployment_file is None:
-        from triton_backend.deployment import DeploymentConfig
+        from triton_backend.deployment_config import DeploymentConfig
 
         deployment = DeploymentConfig()
     else:

@@ -15,7 +15,7 @@ from typing import Any
 
 from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, RemoteResult
 from builder.triton_server import Endpoints, ServerConfig, TritonSource
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 from triton_backend.interface import ServingConfig
 
 DEFAULT_PORTS = {ClientProtocol.GRPC: 8001, ClientProtocol.HTTP: 8000}
@@ -72,7 +72,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
                          restart=restart)
     if a.render_only:
         if a.repository_dir is None:
-            raise InvalidRequestError("--render-only needs --repository-dir")
+            raise ConfigError("--render-only needs --repository-dir")
         print(prepare_repository(config)[0])
         return 0
 

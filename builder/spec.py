@@ -19,11 +19,12 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from builder.errors import BuildSpecError
+from triton_backend.config_io import read_config, to_plain
 
 
 class Precision(str, enum.Enum):
@@ -204,11 +205,6 @@ class TorchRuntimeSpec:
         object.__setattr__(self, "dtype", _enum(TorchDtype, self.dtype, "torch_runtime.dtype"))
 
 
-_SECTIONS: dict[str, type] = {"target": ModelSpec, "draft": ModelSpec, "medusa": MedusaSpec, "eagle": EagleSpec, "gpu": GpuTarget,
-                              "limits": Limits, "parallel": Parallelism, "calibration": CalibrationSpec,
-                              "torch_runtime": TorchRuntimeSpec}
-
-
 @dataclass(frozen=True)
 class BuildSpec:
     target: ModelSpec
@@ -235,29 +231,17 @@ class BuildSpec:
 
     # ---- (de)serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self), default=lambda v: v.value))
+        return to_plain(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "BuildSpec":
+        """From a mapping of sections (a parsed spec file); ``target``/``draft`` may be just a source."""
         if not isinstance(data, Mapping):
             raise BuildSpecError("a build spec must be a mapping of sections")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        _check(not unknown, f"unknown build spec fields: {unknown}; known: {sorted(known)}")
         _check("target" in data, "the build spec needs a target")
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            section = _SECTIONS.get(key)
-            if section is None or value is None:
-                kwargs[key] = value
-            elif key in ("target", "draft") and isinstance(value, str):
-                kwargs[key] = ModelSpec(source=value)
-            else:
-                kwargs[key] = _section(section, value, key)
-        try:
-            return cls(**kwargs)
-        except TypeError as exc:  # a wrong type reached a dataclass constructor
-            raise BuildSpecError(f"invalid build spec: {exc}") from None
+        data = {key: ModelSpec(source=value) if key in ("target", "draft") and isinstance(value, str) else value
+                for key, value in data.items()}
+        return read_config(cls, data, "build spec", BuildSpecError)
 
     @classmethod
     def load(cls, path: str | Path) -> "BuildSpec":
@@ -286,20 +270,6 @@ class BuildSpec:
     def with_overrides(self, **changes: Any) -> "BuildSpec":
         """A copy with top-level fields replaced (``None`` values are ignored)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-
-def _section(cls: type, value: Any, key: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise BuildSpecError(f"{key} must be a mapping, got {type(value).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(value) - known)
-    _check(not unknown, f"unknown fields in {key}: {unknown}; known: {sorted(known)}")
-    try:
-        return cls(**value)
-    except TypeError as exc:
-        raise BuildSpecError(f"invalid {key}: {exc}") from None
 
 
 def _toml_loads(text: str) -> Any:

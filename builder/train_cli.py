@@ -37,10 +37,10 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
 
 def _data_config(a: argparse.Namespace, out_dir: str, prompts: str, *, hidden: bool) -> "TargetDataConfig":
     from builder.target_data import TargetDataConfig
-    from triton_backend.errors import InvalidRequestError
+    from triton_backend.errors import ConfigError
 
     if not out_dir.strip().rstrip("/").removesuffix("-heldout"):
-        raise InvalidRequestError("--data-dir must name a folder for the target-data shards")
+        raise ConfigError("--data-dir must name a folder for the target-data shards")
     return TargetDataConfig(target=a.target, out_dir=out_dir, prompts_file=prompts, max_prompts=a.max_prompts,
                             max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch_size, shard_size=a.shard_size,
                             save_hidden=hidden,

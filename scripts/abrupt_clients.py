@@ -25,7 +25,7 @@ from builder.abrupt_clients import AbruptConfig, markdown, run_abrupt_clients  #
 from builder.bench.headline import HEADLINE_PATH, update_headline  # noqa: E402
 from builder.model_repository import render_model_repository  # noqa: E402
 from builder.triton_server import ServerConfig  # noqa: E402
-from triton_backend.deployment import DeploymentConfig  # noqa: E402
+from triton_backend.deployment_config import DeploymentConfig  # noqa: E402
 from triton_backend.interface import ServingConfig  # noqa: E402
 
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from triton_backend.config import SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, NgramConfig, SpeculationConfig, SpeculationMode
 from triton_backend.controller import controller_for
 from triton_backend.drafters.ngram import NgramDrafter
 from triton_backend.speculation_policy import PassCostModel, current_cost_model
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def replay(prompt: Sequence[int], output: Sequence[int], spec: SpeculationConfig, cost_model: PassCostModel,
            max_tokens: int) -> tuple[int, float, int, int, int]:
     """(tokens after the first round, their cost in steps, passes, drafted, accepted) of one request."""
-    drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    drafter = NgramDrafter(spec.ngram.min_n, spec.ngram.max_n)
     session = drafter.new_session()
     controller = controller_for(spec, SpeculationMode.NGRAM, drafter, session, cost_model)
     output = list(output[:max_tokens])
@@ -63,7 +63,8 @@ def _record(path: Path, max_tokens: int) -> None:
     from spec_ratio import _prompts  # noqa: E402 (the held-out prompt sets)
 
     from triton_backend.config import RuntimeConfig, SamplingParams
-    from triton_backend.deployment import DeploymentConfig, build_decoder
+    from triton_backend.deployment import build_decoder
+    from triton_backend.deployment_config import DeploymentConfig
     from triton_backend.reference_model import DEFAULT_REFERENCE
 
     decoder = build_decoder(DeploymentConfig(target=DEFAULT_REFERENCE, runtime=RuntimeConfig(num_threads=1)))
@@ -74,7 +75,7 @@ def _record(path: Path, max_tokens: int) -> None:
                 templated = decoder.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                                   add_generation_prompt=True, tokenize=False)
                 ids = decoder.encode(templated)
-                result = decoder.generate(ids, SamplingParams(max_tokens=max_tokens), SpeculationConfig(mode="off"))
+                result = decoder.generate(ids, SamplingParams(max_tokens=max_tokens), SpeculationConfig(method="off"))
                 records.append({"set": which, "workload": workload, "prompt": ids, "output": result.token_ids})
     path.write_text(json.dumps(records))
 
@@ -107,8 +108,8 @@ def main() -> None:
     print("| workload | k | x plain (cost) | accept | tok/pass |")
     print("|---|---|---|---|---|")
     for k in (int(x) for x in args.k.split(",")):
-        extra = {} if args.ngram_max is None else {"ngram_max": args.ngram_max}
-        spec = SpeculationConfig(mode="ngram", num_draft_tokens=k, **extra)
+        ngram = NgramConfig() if args.ngram_max is None else NgramConfig(max_n=args.ngram_max)
+        spec = SpeculationConfig(method="ngram", draft_length=DraftLengthConfig(num_draft_tokens=k), ngram=ngram)
         sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0, 0, 0])
         for r in records:
             t, c, p, d, a = replay(r["prompt"], r["output"], spec, model, args.max_tokens)

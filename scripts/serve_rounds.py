@@ -23,8 +23,9 @@ from dataclasses import dataclass, field, replace
 
 from builder.bench.config import DEFAULT_PROMPTS
 from builder.triton_client import GenerateRequest
-from triton_backend.config import RuntimeConfig, SpeculationConfig
-from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig
+from triton_backend.deployment import build_decoder
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.interface import ServingConfig
 from triton_backend.serving import SpecdecService
 
@@ -104,9 +105,9 @@ def instrument(service: SpecdecService, log: RoundLog) -> None:
 
 def run_level(decoder, prompts: list[str], mode: str, c: int, k: int, max_tokens: int,  # noqa: ANN001
               pump: bool = True) -> tuple[float, RoundLog]:
-    spec = SpeculationConfig(num_draft_tokens=k)
+    spec = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=k))
     if mode == "always":
-        spec = replace(spec, fallback=False)
+        spec = replace(spec, fallback=FallbackConfig(enabled=False))
     serving = ServingConfig(max_batch_size=1 if mode == "serial" else max(c, 1), max_queue_size=64,
                             batch_policy="per_request" if mode == "always" else "load_aware",
                             default_max_tokens=max_tokens)
@@ -173,7 +174,7 @@ def main() -> None:
     data = json.loads(DEFAULT_PROMPTS.read_text())["workloads"]
     prompts = [p for w in ("chat", "code", "copy") for p in list(data[w])[:5]]
     deployment = DeploymentConfig(runtime=RuntimeConfig(num_threads=1, max_batch_size=max(16, *levels)),
-                                  speculation=SpeculationConfig(num_draft_tokens=args.draft_k))
+                                  speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=args.draft_k)))
     decoder = build_decoder(deployment)
     run_level(decoder, prompts[:1], "off", 1, args.draft_k, 8)  # warm-up
     rates: dict[tuple[str, int], list[float]] = {}

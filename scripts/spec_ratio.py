@@ -25,8 +25,9 @@ from pathlib import Path
 
 from builder.bench.config import BenchPrompt
 from builder.bench.rows import OursRow, PeerRow, Row
-from triton_backend.config import RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.config import DraftLengthConfig, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.deployment import build_decoder
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.reference_model import DEFAULT_REFERENCE
 from triton_backend.speculation_policy import current_cost_model
 
@@ -51,12 +52,12 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
     for item in spec.split(","):
         name, _, arg = item.partition(":")
         if name == "plain":
-            rows.append(OursRow("plain", decoder, SpeculationConfig(mode=SpeculationMode.OFF)))
+            rows.append(OursRow("plain", decoder, SpeculationConfig(method=SpeculationMode.OFF)))
         elif name == "ngram":
-            rows.append(OursRow(f"ngram k={arg}", decoder, SpeculationConfig(mode=SpeculationMode.NGRAM,
-                                                                            num_draft_tokens=int(arg))))
+            rows.append(OursRow(f"ngram k={arg}", decoder, SpeculationConfig(method=SpeculationMode.NGRAM,
+                                                                             draft_length=DraftLengthConfig(num_draft_tokens=int(arg)))))
         elif name == "medusa":
-            rows.append(OursRow("medusa", decoder, SpeculationConfig(mode=SpeculationMode.MEDUSA)))
+            rows.append(OursRow("medusa", decoder, SpeculationConfig(method=SpeculationMode.MEDUSA)))
         elif name == "hf-lookup":
             rows.append(PeerRow("hf prompt-lookup", peer_model, {"prompt_lookup_num_tokens": 10}, {}))
         else:

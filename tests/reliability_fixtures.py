@@ -21,7 +21,7 @@ from triton_fixtures import RunningTriton
 
 from builder.model_repository import render_model_repository
 from builder.triton_server import ServerConfig, TritonServer
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.interface import ServingConfig
 
 DEPLOYMENT = DeploymentConfig()

@@ -14,7 +14,7 @@ import pytest
 from triton_fixtures import RunningTriton, running_triton
 
 from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.interface import ServingConfig
 from triton_backend.serving import parse_request
 

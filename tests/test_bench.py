@@ -9,7 +9,7 @@ import pytest
 from builder.bench.config import BenchConfig
 from builder.bench.report import summarize, to_markdown, write_report
 from builder.bench.runner import run_bench
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +54,11 @@ def test_bench_through_triton(tmp_path):
 
 
 def test_bench_config_errors(tmp_path):
-    with pytest.raises(InvalidRequestError, match="not found"):
+    with pytest.raises(ConfigError, match="not found"):
         BenchConfig(prompts_file=tmp_path / "none.json")
-    with pytest.raises(InvalidRequestError, match="positive"):
+    with pytest.raises(ConfigError, match="positive"):
         BenchConfig(max_tokens=0)
-    with pytest.raises(InvalidRequestError, match="workloads"):
+    with pytest.raises(ConfigError, match="workloads"):
         BenchConfig(workloads=("poetry",)).load_prompts()
 
 
@@ -72,5 +72,5 @@ def test_pass_cost_profile_tiny_budget(tmp_path):
     assert all(r["ours_ms"] > 0 and r["hf_ms"] > 0 for r in cells.values())
     paths = write_pass_cost(result, tmp_path, "t", headline=False)  # a test never touches the headline figures
     assert "| 2 | 4 |" in pass_cost_markdown(result) and json.loads(paths["json"].read_text())["rows"]
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(ConfigError):
         PassCostConfig(target="x", sizes=(0,))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from builder.bench.concurrency import ConcurrencyConfig, LevelResult, run_concurrency_bench, summarize, write_concurrency_report
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 
 
 def _level(mode: str, c: int, tokens: int, wall: float, text: str = "same") -> LevelResult:
@@ -37,9 +37,9 @@ def test_summary_figures_from_levels(tmp_path) -> None:
 
 
 def test_config_errors() -> None:
-    with pytest.raises(InvalidRequestError, match="modes"):
+    with pytest.raises(ConfigError, match="modes"):
         ConcurrencyConfig(modes=("fast",))
-    with pytest.raises(InvalidRequestError, match="positive"):
+    with pytest.raises(ConfigError, match="positive"):
         ConcurrencyConfig(concurrency=(0, 2))
 
 

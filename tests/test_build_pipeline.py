@@ -110,20 +110,21 @@ def test_checkpoints_hold_the_torch_runtime_weights_quantized(full_build):
 def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_build):
     from dataclasses import replace
 
-    from triton_backend.config import SamplingParams, SpeculationConfig
+    from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
     from triton_backend.deployment import build_decoder
     from triton_backend.serving import load_deployment
 
     out, manifest = full_build
     deployment = load_deployment(out / manifest["model_repo"]["deployment"])
     assert Path(deployment.target) == (out / "weights" / "target").resolve() and deployment.draft is not None
-    assert deployment.speculation.num_draft_tokens == 5
+    assert deployment.speculation.draft_length.num_draft_tokens == 5
     decoder = build_decoder(deployment)
     sampling = SamplingParams(max_tokens=8)
     # fallback off: this checks exactness while drafting; whether drafting pays is the gain rule's call
     spec = decoder.generate("The capital of France is", sampling,
-                            SpeculationConfig(mode="draft", num_draft_tokens=3, fallback=False))
-    plain = decoder.generate("The capital of France is", sampling, replace(deployment.speculation, mode="off"))
+                            SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                                              fallback=FallbackConfig(enabled=False)))
+    plain = decoder.generate("The capital of France is", sampling, replace(deployment.speculation, method="off"))
     assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
 
 

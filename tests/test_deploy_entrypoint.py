@@ -28,7 +28,7 @@ from builder.model_repository import render_model_repository
 from builder.spec import BuildSpec
 from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 from builder.triton_server import Endpoints, ServerConfig, TritonInstallation, free_port
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.serving import parse_request
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_engine
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.eagle import EagleDrafter
 from triton_backend.eagle_model import EagleCheckpoint, EagleInfo, EagleNet, load_eagle, save_eagle
 from triton_backend.errors import ModelLoadError
@@ -86,8 +86,9 @@ def test_greedy_identical_to_plain(k, candidates):
     decoder = _decoder(target, _random_drafter(target, vocab=vocab))
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     for prompt in ([1, 2, 3], [5, 9, 9, 4, 1, 7, 2]):
-        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
-        spec = decoder.generate(prompt, params, SpeculationConfig(mode="eagle", num_draft_tokens=k, fallback=False))
+        plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
+        spec = decoder.generate(prompt, params, SpeculationConfig(method="eagle",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=k), fallback=FallbackConfig(enabled=False)))
         assert spec.token_ids == plain.token_ids
         assert spec.stats.drafted_tokens > 0 and spec.stats.method == "eagle"
         assert spec.stats.target_passes < 40  # every round verified in one pass
@@ -101,9 +102,9 @@ def test_fallback_rounds_keep_features_in_step():
     drafter.relative_cost = 0.01  # as cheap as a real drafter on a real target (here it is as big as the target)
     decoder = _decoder(target, drafter)
     params = SamplingParams(max_tokens=60, ignore_eos=True)
-    plain = decoder.generate([4, 8, 15], params, SpeculationConfig(mode="off"))
-    spec = decoder.generate([4, 8, 15], params, SpeculationConfig(mode="eagle", num_draft_tokens=3, probe_interval=2,
-                                                                                   prior_acceptance=0.9))
+    plain = decoder.generate([4, 8, 15], params, SpeculationConfig(method="off"))
+    spec = decoder.generate([4, 8, 15], params, SpeculationConfig(method="eagle",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(probe_interval=2, prior_acceptance=0.9)))
     assert spec.token_ids == plain.token_ids
     assert 0 < spec.stats.speculative_rounds < spec.stats.target_passes  # some rounds drafted, some did not
 
@@ -114,8 +115,8 @@ def test_constant_drafter_stats_add_up():
     target = tiny_engine(0)
     drafter = _random_drafter(target, scale=0.0)
     decoder = _decoder(target, drafter)
-    res = decoder.generate([1, 2, 3], SamplingParams(max_tokens=30), SpeculationConfig(mode="eagle", num_draft_tokens=2,
-                                                                                      fallback=False))
+    res = decoder.generate([1, 2, 3], SamplingParams(max_tokens=30), SpeculationConfig(method="eagle",
+                                                                                       draft_length=DraftLengthConfig(num_draft_tokens=2), fallback=FallbackConfig(enabled=False)))
     stats = res.stats
     assert stats.accepted_tokens <= stats.drafted_tokens
     assert sum(stats.drafted_per_position) == stats.drafted_tokens
@@ -148,7 +149,8 @@ def test_sampling_matches_target_distribution(params, candidates):
     prompt = [1, 2, 1, 3, 1]
     exact = _exact_joint(target, prompt, 2, LogitsProcessor(**params))
     n, counts, drafted = 2000, {}, 0
-    spec = SpeculationConfig(mode="eagle", num_draft_tokens=2, fallback=False)
+    spec = SpeculationConfig(method="eagle", draft_length=DraftLengthConfig(num_draft_tokens=2),
+                             fallback=FallbackConfig(enabled=False))
     for seed in range(n):
         result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), spec)
         key = tuple(result.token_ids[:2])
@@ -167,7 +169,8 @@ def test_training_smoke_on_tiny_target(tmp_path):
     from build_fixtures import make_tiny_llama
     from builder.eagle_train import EagleTrainConfig, train_eagle
     from builder.target_data import TargetDataConfig, generate_target_data
-    from triton_backend.deployment import DeploymentConfig, build_decoder
+    from triton_backend.deployment import build_decoder
+    from triton_backend.deployment_config import DeploymentConfig
     from triton_backend.reference_model import ensure_reference_model
 
     tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=64, layers=2, intermediate=128)
@@ -188,8 +191,9 @@ def test_training_smoke_on_tiny_target(tmp_path):
     assert resumed.steps == 6  # a finished run resumes to its end: nothing left to train
     decoder = build_decoder(DeploymentConfig(target=str(tiny), eagle=str(out.parent), ngram=False))
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(mode="off"))
-    spec = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(mode="eagle", num_draft_tokens=3, fallback=False))
+    plain = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(method="off"))
+    spec = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(method="eagle",
+                                                                    draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
     assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
     from builder.cli import main as cli_main
 
@@ -214,8 +218,9 @@ def test_reference_drafter_greedy_identical_to_plain(reference, reference_prompt
     params = SamplingParams(max_tokens=32)
     accepted = 0
     for prompt in reference_prompts[:3]:
-        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
-        spec = decoder.generate(prompt, params, SpeculationConfig(mode="eagle", num_draft_tokens=3, fallback=False))
+        plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
+        spec = decoder.generate(prompt, params, SpeculationConfig(method="eagle",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
         assert spec.token_ids == plain.token_ids
         accepted += spec.stats.accepted_tokens
     assert accepted > 0

@@ -15,14 +15,15 @@ import torch
 from conftest import tiny_engine
 from test_eagle import REFERENCE_DRAFTER, _decoder, _exact_joint, _random_drafter
 from test_scheduler import Collector
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.controller import SpeculationController
 from triton_backend.drafters.eagle import EagleDrafter, EagleSession
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.sampling import LogitsProcessor
 from triton_backend.scheduler import BatchScheduler, SchedulerConfig
 
-FIXED = SpeculationConfig(mode="eagle", num_draft_tokens=3, fallback=False)
+FIXED = SpeculationConfig(method="eagle", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                          fallback=FallbackConfig(enabled=False))
 
 
 class ProposalLog:
@@ -112,7 +113,7 @@ def test_tiny_loops_draft_from_scratch(monkeypatch, script):
     drafter = _random_drafter(target, seed=5, scale=0.15)
     decoder = _decoder(target, drafter)
     params = SamplingParams(max_tokens=36, ignore_eos=True)
-    plain = [decoder.generate(p, params, SpeculationConfig(mode="off")).token_ids for p in PROMPTS]
+    plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in PROMPTS]
     if script is not None:
         scripted_draft_lengths(monkeypatch, script)
     log = ProposalLog(monkeypatch)
@@ -181,7 +182,7 @@ def test_reference_drafter_serving_drafts_equal_offline(reference, reference_pro
     decoder = SpeculativeDecoder(engine, tokenizer, drafters={SpeculationMode.EAGLE: drafter})
     prompts = [decoder.encode(p) for p in reference_prompts[:3]]
     params = SamplingParams(max_tokens=24)
-    plain = [decoder.generate(p, params, SpeculationConfig(mode="off")).token_ids for p in prompts]
+    plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in prompts]
     scripted_draft_lengths(monkeypatch, [3, 3, 0, 0, 0, 3, 1, 0, 3])
     log = ProposalLog(monkeypatch)
     alone = [decoder.generate(p, params, FIXED) for p in prompts]

@@ -19,8 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import tiny_engine
-from triton_backend.config import FinishReason, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.config import (
+    DraftLengthConfig, FallbackConfig, FinishReason, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode,
+)
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.errors import InvalidRequestError, SpecbuildError
 from triton_backend.generation import SpeculativeDecoder
@@ -64,16 +66,23 @@ def test_sampling_params_accept_or_raise_a_typed_error(kwargs: dict[str, Any]) -
         assert all(isinstance(s, str) and s for s in params.stop)
 
 
+SECTION = st.one_of(ANY, st.fixed_dictionaries({}, optional={
+    name: st.one_of(ANY, st.sampled_from(["gain", "threshold", "exact", "typical"]))
+    for name in ("num_draft_tokens", "min_draft_tokens", "adaptive", "enabled", "rule", "threshold", "window",
+                 "min_n", "max_n", "tree_acceptance", "typical_alpha", "nonsense")}))
+
+
 @FUZZ
-@given(st.dictionaries(st.sampled_from(["mode", "num_draft_tokens", "adaptive", "min_draft_tokens", "fallback",
+@given(st.dictionaries(st.sampled_from(["method", "draft_length", "fallback", "ngram", "medusa",  # the nested spelling
+                                        "mode", "num_draft_tokens", "adaptive", "min_draft_tokens",  # the flat one
                                         "fallback_window", "fallback_threshold", "fallback_min_drafted",
                                         "ngram_min", "ngram_max", "verify_cost_per_token", "tree_acceptance",
                                         "typical_threshold", "typical_alpha"]),
-                       st.one_of(ANY, st.sampled_from(["auto", "draft", "ngram", "off", "medusa", "exact"]))))
-def test_speculation_config_accepts_or_raises_a_typed_error(kwargs: dict[str, Any]) -> None:
-    config = _build(SpeculationConfig, kwargs)
+                       st.one_of(SECTION, st.sampled_from(["auto", "draft", "ngram", "off", "medusa", "exact"]))))
+def test_speculation_config_accepts_or_raises_a_typed_error(data: dict[str, Any]) -> None:
+    config = _build(SpeculationConfig.from_dict, {"data": data})
     if config is not None:
-        assert isinstance(config.mode, SpeculationMode) and 0 <= config.num_draft_tokens <= 64
+        assert isinstance(config.method, SpeculationMode) and 0 <= config.draft_length.num_draft_tokens <= 64
 
 
 @FUZZ
@@ -135,9 +144,10 @@ SAMPLING = st.builds(
     ignore_eos=st.booleans(),
 )
 SPECULATION = st.builds(
-    SpeculationConfig, mode=st.sampled_from(list(SpeculationMode)), num_draft_tokens=st.integers(0, 8),
-    adaptive=st.booleans(), fallback=st.booleans(), fallback_window=st.just(8), fallback_min_drafted=st.just(4),
-    fallback_threshold=st.floats(0, 1),
+    SpeculationConfig, method=st.sampled_from(list(SpeculationMode)),
+    draft_length=st.builds(DraftLengthConfig, num_draft_tokens=st.integers(0, 8), adaptive=st.booleans()),
+    fallback=st.builds(FallbackConfig, enabled=st.booleans(), window=st.just(8), min_drafted=st.just(4),
+                       threshold=st.floats(0, 1)),
 )
 
 
@@ -162,7 +172,7 @@ def test_decoder_answers_correctly_or_raises_a_typed_error(decoder: SpeculativeD
     for seq in params.stop_token_ids:  # stop sequences never appear in the output
         assert not any(tuple(tokens[i:i + len(seq)]) == seq for i in range(len(tokens)))
     if params.greedy:  # exact speculation: the target's own greedy output
-        plain = decoder.generate(prompt, params, SpeculationConfig(mode=SpeculationMode.OFF))
+        plain = decoder.generate(prompt, params, SpeculationConfig(method=SpeculationMode.OFF))
         assert plain.token_ids == tokens
     elif params.seed is not None:  # seeded sampling is reproducible
         again = decoder.generate(prompt, params, spec)
@@ -173,13 +183,13 @@ def test_a_subnormal_temperature_samples_like_greedy(decoder: SpeculativeDecoder
     """Regression (found by the serving fuzz): temperature=1e-45 crashed the verifier with
     'probability tensor contains either inf, nan'; it must behave as (almost) greedy."""
     params = SamplingParams(max_tokens=8, temperature=1e-45, seed=3)
-    greedy = decoder.generate([1, 2, 3], SamplingParams(max_tokens=8), SpeculationConfig(mode=SpeculationMode.OFF))
+    greedy = decoder.generate([1, 2, 3], SamplingParams(max_tokens=8), SpeculationConfig(method=SpeculationMode.OFF))
     for mode in (SpeculationMode.DRAFT, SpeculationMode.NGRAM, SpeculationMode.OFF):
-        assert decoder.generate([1, 2, 3], params, SpeculationConfig(mode=mode)).token_ids == greedy.token_ids
+        assert decoder.generate([1, 2, 3], params, SpeculationConfig(method=mode)).token_ids == greedy.token_ids
 
 
 def test_decoder_rejects_what_it_cannot_serve(decoder: SpeculativeDecoder) -> None:
     with pytest.raises(InvalidRequestError, match="medusa"):
-        decoder.generate([1, 2], SamplingParams(max_tokens=2), SpeculationConfig(mode="medusa"))
+        decoder.generate([1, 2], SamplingParams(max_tokens=2), SpeculationConfig(method="medusa"))
     with pytest.raises(InvalidRequestError, match="tokenizer"):
         decoder.generate("text", SamplingParams(max_tokens=2))

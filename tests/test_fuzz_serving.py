@@ -209,7 +209,7 @@ def expect(request: list[Tensor], decoder) -> Expected:
         deterministic = parsed.sampling.greedy or parsed.sampling.seed is not None
         if parsed.sampling.max_tokens > HUGE_MAX_TOKENS:
             decoder.encode(prompt)
-            decoder.resolve(parsed.speculation.mode)
+            decoder.resolve(parsed.speculation.method)
             capped = replace(parsed.sampling, max_tokens=HUGE_REFERENCE_TOKENS)
             return Expected(huge=True, deterministic=deterministic, prefix=prefix,
                             capped=lambda: decoder.generate(prompt, capped, parsed.speculation))

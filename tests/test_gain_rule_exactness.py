@@ -8,7 +8,9 @@ import pytest
 
 from conftest import tiny_engine
 from test_loop_tiny import _exact_joint
-from triton_backend.config import FallbackRule, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import (
+    DraftLengthConfig, FallbackConfig, FallbackRule, SamplingParams, SpeculationConfig, SpeculationMode,
+)
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.sampling import LogitsProcessor
@@ -30,9 +32,10 @@ def decoder():
 def test_gain_rule_greedy_is_identical_to_plain(decoder, mode):
     drafted = 0
     for prompt in PROMPTS:
-        plain = decoder.generate(prompt, SamplingParams(max_tokens=48), SpeculationConfig(mode="off"))
-        spec = SpeculationConfig(mode=mode, num_draft_tokens=6, prior_acceptance=0.9)
-        assert spec.fallback_rule is FallbackRule.GAIN
+        plain = decoder.generate(prompt, SamplingParams(max_tokens=48), SpeculationConfig(method="off"))
+        spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=6),
+                                 fallback=FallbackConfig(prior_acceptance=0.9))
+        assert spec.fallback.rule is FallbackRule.GAIN
         result = decoder.generate(prompt, SamplingParams(max_tokens=48), spec)
         assert result.token_ids == plain.token_ids, prompt
         drafted += result.stats.drafted_tokens
@@ -51,7 +54,8 @@ def test_gain_rule_sampling_matches_target_distribution(mode, params):
     exact = _exact_joint(target, prompt, 2, LogitsProcessor(**params))
     n = 2000
     counts: dict[tuple[int, ...], int] = {}
-    spec = SpeculationConfig(mode=mode, num_draft_tokens=2, prior_acceptance=0.8)
+    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=2),
+                             fallback=FallbackConfig(prior_acceptance=0.8))
     drafted = 0
     for seed in range(n):
         result = dec.generate(prompt, SamplingParams(max_tokens=2, seed=seed, **params), spec)
@@ -71,8 +75,9 @@ def test_gain_rule_on_the_reference_model_is_exact_and_drafts_where_text_repeats
             "peaches, apricots, figs, dates.")
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    plain = dec.generate(prompt, params, SpeculationConfig(mode="off"))
-    result = dec.generate(prompt, params, SpeculationConfig(mode="ngram", num_draft_tokens=8))
+    plain = dec.generate(prompt, params, SpeculationConfig(method="off"))
+    result = dec.generate(prompt, params, SpeculationConfig(method="ngram",
+                                                            draft_length=DraftLengthConfig(num_draft_tokens=8)))
     assert result.token_ids == plain.token_ids
     stats = result.stats
     assert stats.accepted_tokens > 10  # the copy was drafted and accepted

@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from conftest import tiny_engine
-from triton_backend.config import FinishReason, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import (
+    DraftLengthConfig, FallbackConfig, FinishReason, SamplingParams, SpeculationConfig, SpeculationMode,
+)
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.errors import ContextLengthError, InvalidRequestError, VocabMismatchError
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.sampling import LogitsProcessor
 
-NO_FALLBACK = dict(fallback=False)
+NO_FALLBACK = dict(fallback=FallbackConfig(enabled=False))
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +63,9 @@ def test_greedy_identical_to_plain(pair, mode, k):
     _, _, decoder = pair
     params = SamplingParams(max_tokens=40)
     for prompt in ([1, 2, 3], [5, 5, 5, 5], [7, 1, 9, 1, 7, 1]):
-        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
-        spec = decoder.generate(prompt, params, SpeculationConfig(mode=mode, num_draft_tokens=k, **NO_FALLBACK))
+        plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
+        spec = decoder.generate(prompt, params, SpeculationConfig(method=mode,
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=k), **NO_FALLBACK))
         assert spec.token_ids == plain.token_ids
         assert plain.stats.target_passes == 40
 
@@ -72,8 +75,9 @@ def test_draft_equal_to_target_accepts_all():
     decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.DRAFT: DraftModelDrafter(tiny_engine(0), target=target)})
     for params in (SamplingParams(max_tokens=31), SamplingParams(max_tokens=31, temperature=0.8, seed=3)):
         # a draft as dear as the target never pays under the gain rule: force drafting
-        spec = decoder.generate([3, 4], params, SpeculationConfig(mode="draft", num_draft_tokens=5, **NO_FALLBACK))
-        plain = decoder.generate([3, 4], params, SpeculationConfig(mode="off"))
+        spec = decoder.generate([3, 4], params, SpeculationConfig(method="draft",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=5), **NO_FALLBACK))
+        plain = decoder.generate([3, 4], params, SpeculationConfig(method="off"))
         assert spec.stats.acceptance_rate == 1.0 and spec.stats.drafted_tokens > 0
         assert spec.stats.target_passes == 31 // 6 + (31 % 6 > 0)
         if params.greedy:
@@ -83,7 +87,7 @@ def test_draft_equal_to_target_accepts_all():
 def test_sampling_is_seeded(pair):
     _, _, decoder = pair
     params = SamplingParams(max_tokens=20, temperature=1.0, seed=1234)
-    spec = SpeculationConfig(mode="draft", num_draft_tokens=3)
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3))
     assert decoder.generate([1, 2], params, spec).token_ids == decoder.generate([1, 2], params, spec).token_ids
 
 
@@ -126,7 +130,8 @@ def test_sampling_matches_target_distribution(params, mode):
     exact = _exact_joint(target, prompt, 2, LogitsProcessor(**params))
     n = 3000
     counts: dict[tuple[int, ...], int] = {}
-    spec = SpeculationConfig(mode=mode, num_draft_tokens=2, fallback=False)
+    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=2),
+                             fallback=FallbackConfig(enabled=False))
     drafted = 0
     for seed in range(n):
         result = decoder.generate(prompt, SamplingParams(max_tokens=2, seed=seed, **params), spec)
@@ -153,31 +158,34 @@ def test_clear_errors(pair):
         DraftModelDrafter(tiny_engine(3, vocab=16), target=target)
     only_ngram = SpeculativeDecoder(target, None, drafters={SpeculationMode.NGRAM: NgramDrafter()})
     with pytest.raises(InvalidRequestError, match="not available"):
-        only_ngram.generate([1, 2], SamplingParams(), SpeculationConfig(mode="draft"))
+        only_ngram.generate([1, 2], SamplingParams(), SpeculationConfig(method="draft"))
 
 
 def test_generation_stops_at_context(pair):
     target, _, decoder = pair
     prompt = [1] * (target.max_context - 5)
-    result = decoder.generate(prompt, SamplingParams(max_tokens=50), SpeculationConfig(mode="draft", num_draft_tokens=4))
+    result = decoder.generate(prompt, SamplingParams(max_tokens=50), SpeculationConfig(method="draft",
+                                                                                       draft_length=DraftLengthConfig(num_draft_tokens=4)))
     assert len(result.token_ids) == 5 and result.finish_reason is FinishReason.LENGTH
 
 
 def test_stop_sequence_inside_accepted_block(pair):
     _, _, decoder = pair
-    plain = decoder.generate([1, 2, 3], SamplingParams(max_tokens=30), SpeculationConfig(mode="off")).token_ids
+    plain = decoder.generate([1, 2, 3], SamplingParams(max_tokens=30), SpeculationConfig(method="off")).token_ids
     stop = tuple(plain[10:12])
     cut = next(i for i in range(len(plain) - 1) if tuple(plain[i:i + 2]) == stop)
     params = SamplingParams(max_tokens=30, stop_token_ids=(stop,))
     for mode in ("off", "draft", "ngram"):
-        chunks = list(decoder.stream([1, 2, 3], params, SpeculationConfig(mode=mode, num_draft_tokens=6, **NO_FALLBACK)))
+        chunks = list(decoder.stream([1, 2, 3], params, SpeculationConfig(method=mode,
+                                                                          draft_length=DraftLengthConfig(num_draft_tokens=6), **NO_FALLBACK)))
         streamed = [t for c in chunks for t in c.token_ids]
         assert streamed == plain[:cut] and chunks[-1].finish_reason is FinishReason.STOP
 
 
 def test_stats_are_consistent(pair):
     _, _, decoder = pair
-    r = decoder.generate([1, 2, 3], SamplingParams(max_tokens=40), SpeculationConfig(mode="draft", num_draft_tokens=4, **NO_FALLBACK))
+    r = decoder.generate([1, 2, 3], SamplingParams(max_tokens=40), SpeculationConfig(method="draft",
+                                                                                     draft_length=DraftLengthConfig(num_draft_tokens=4), **NO_FALLBACK))
     s = r.stats
     assert s.generated_tokens == 40 == len(r.token_ids)
     assert s.generated_tokens == s.accepted_tokens + s.target_passes

@@ -109,9 +109,10 @@ def test_torch_only_build_serves_the_trained_heads(tiny_dir, heads_file, tmp_pat
     deployment = load_deployment(out / manifest["model_repo"]["deployment"])
     assert Path(deployment.medusa).is_file() and Path(deployment.medusa).parent == (out / "weights" / "medusa").resolve()
     decoder = build_decoder(deployment)
-    from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+    from triton_backend.config import FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
 
     assert decoder.resolve(SpeculationMode.AUTO)[0] is SpeculationMode.MEDUSA
     params = SamplingParams(max_tokens=12)
-    medusa = decoder.generate([1, 2, 3], params, SpeculationConfig(mode="medusa", fallback=False))
-    assert medusa.token_ids == decoder.generate([1, 2, 3], params, SpeculationConfig(mode="off")).token_ids
+    medusa = decoder.generate([1, 2, 3], params, SpeculationConfig(method="medusa",
+                                                                   fallback=FallbackConfig(enabled=False)))
+    assert medusa.token_ids == decoder.generate([1, 2, 3], params, SpeculationConfig(method="off")).token_ids

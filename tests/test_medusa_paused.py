@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tiny_engine
 from test_medusa_tree import random_heads
-from triton_backend.config import SamplingParams, SpeculationConfig
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
 from triton_backend.drafters.medusa import MedusaDrafter
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.medusa_model import MedusaCheckpoint
@@ -72,9 +72,10 @@ def test_a_request_that_never_drafts_takes_only_the_chain_path(spied):
     decoder, spy = spied
     params = SamplingParams(max_tokens=30)
     for prompt in PROMPTS:
-        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
+        plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
         spy.tree_passes = spy.chain_passes = 0
-        paused = decoder.generate(prompt, params, SpeculationConfig(mode="medusa", prior_acceptance=0.0))
+        paused = decoder.generate(prompt, params, SpeculationConfig(method="medusa",
+                                                                    fallback=FallbackConfig(prior_acceptance=0.0)))
         assert paused.token_ids == plain.token_ids
         assert paused.stats.drafted_tokens == 0
         assert spy.tree_passes == 0 and spy.chain_passes == paused.stats.target_passes
@@ -86,10 +87,11 @@ def test_probes_and_resumes_get_the_hidden_state_they_need(spied):
     paused stretches run on the chain path, and the output is plain decoding's."""
     decoder, spy = spied
     params = SamplingParams(max_tokens=80)
-    spec = SpeculationConfig(mode="medusa", num_draft_tokens=3, prior_acceptance=0.95, probe_interval=4)
+    spec = SpeculationConfig(method="medusa", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                             fallback=FallbackConfig(prior_acceptance=0.95, probe_interval=4))
     rounds = chain = 0
     for prompt in PROMPTS:
-        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
+        plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
         spy.tree_passes = spy.chain_passes = spy.blind_proposals = 0
         spy.first_length = len(prompt)
         result = decoder.generate(prompt, params, spec)
@@ -105,6 +107,6 @@ def test_probes_and_resumes_get_the_hidden_state_they_need(spied):
 def test_paused_sampling_is_seeded(spied):
     decoder, _ = spied
     params = SamplingParams(max_tokens=20, temperature=0.9, seed=5)
-    spec = SpeculationConfig(mode="medusa", prior_acceptance=0.0)
+    spec = SpeculationConfig(method="medusa", fallback=FallbackConfig(prior_acceptance=0.0))
     a, b = decoder.generate([1, 2], params, spec), decoder.generate([1, 2], params, spec)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 20

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import FallbackConfig, MedusaConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.medusa import MedusaDrafter
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.medusa_model import MedusaCheckpoint, MedusaHeads, load_medusa
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 HEADS = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-medusa" / "heads.safetensors"
 HELD_OUT = ["Tell me something surprising about glaciers.", "How would you teach magnetism to a beginner?",
             "Write an email inviting your team to a lunch on Friday."]
-NO_FALLBACK = SpeculationConfig(mode="medusa", fallback=False)
+NO_FALLBACK = SpeculationConfig(method="medusa", fallback=FallbackConfig(enabled=False))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_medusa_greedy_is_token_identical_to_plain(decoders, reference_prompts):
     params = SamplingParams(max_tokens=40)
     accepted = 0
     for prompt in reference_prompts[1:4]:
-        plain = trained.generate(prompt, params, SpeculationConfig(mode="off"))
+        plain = trained.generate(prompt, params, SpeculationConfig(method="off"))
         tree = trained.generate(prompt, params, NO_FALLBACK)
         assert tree.token_ids == plain.token_ids, prompt
         assert tree.text == plain.text
@@ -86,7 +86,8 @@ def test_sampling_modes_run_and_are_seeded(decoders, reference_prompts):
     trained, _ = decoders
     params = SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, seed=5)
     for acceptance in ("exact", "typical"):
-        spec = SpeculationConfig(mode="medusa", fallback=False, tree_acceptance=acceptance)
+        spec = SpeculationConfig(method="medusa", fallback=FallbackConfig(enabled=False),
+                                 medusa=MedusaConfig(tree_acceptance=acceptance))
         a = trained.generate(reference_prompts[0], params, spec)
         b = trained.generate(reference_prompts[0], params, spec)
         assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 12

@@ -12,10 +12,12 @@ import torch
 from scipy import stats as scipy_stats
 
 from conftest import tiny_engine
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.config import (
+    DraftLengthConfig, FallbackConfig, MedusaConfig, SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance,
+)
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.drafters.medusa import MedusaDrafter
-from triton_backend.errors import InvalidRequestError, ModelLoadError
+from triton_backend.errors import ConfigError, ModelLoadError
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.medusa_model import MedusaCheckpoint, MedusaHeads, MedusaHeadsInfo, load_medusa, save_medusa
 from triton_backend.tree import (ancestor_mask, choices_to_parents, node_depths, normalise_choices, path_to,
@@ -184,8 +186,9 @@ def test_medusa_greedy_identical_to_plain(medusa_decoder):
     params = SamplingParams(max_tokens=40)
     accepted = 0
     for prompt in ([1, 2, 3], [5, 5, 5, 5], [7, 1, 9, 1, 7, 1]):
-        plain = decoder.generate(prompt, params, SpeculationConfig(mode="off"))
-        tree = decoder.generate(prompt, params, SpeculationConfig(mode="medusa", num_draft_tokens=3, fallback=False))
+        plain = decoder.generate(prompt, params, SpeculationConfig(method="off"))
+        tree = decoder.generate(prompt, params, SpeculationConfig(method="medusa",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
         assert tree.token_ids == plain.token_ids
         assert tree.stats.method == "medusa" and tree.stats.drafted_tokens > 0
         assert tree.stats.target_passes < plain.stats.target_passes or tree.stats.accepted_tokens == 0
@@ -195,16 +198,17 @@ def test_medusa_greedy_identical_to_plain(medusa_decoder):
 
 def test_typical_at_near_zero_temperature_is_greedy(medusa_decoder):
     _, decoder = medusa_decoder
-    plain = decoder.generate([4, 2], SamplingParams(max_tokens=24), SpeculationConfig(mode="off"))
+    plain = decoder.generate([4, 2], SamplingParams(max_tokens=24), SpeculationConfig(method="off"))
     typical = decoder.generate([4, 2], SamplingParams(max_tokens=24, temperature=1e-4, seed=1),
-                               SpeculationConfig(mode="medusa", tree_acceptance="typical", fallback=False))
+                               SpeculationConfig(method="medusa", medusa=MedusaConfig(tree_acceptance="typical"),
+                                                 fallback=FallbackConfig(enabled=False)))
     assert typical.token_ids == plain.token_ids
 
 
 def test_sampling_through_the_loop_is_seeded(medusa_decoder):
     _, decoder = medusa_decoder
     params = SamplingParams(max_tokens=20, temperature=0.9, seed=11)
-    spec = SpeculationConfig(mode="medusa", fallback=False)
+    spec = SpeculationConfig(method="medusa", fallback=FallbackConfig(enabled=False))
     a, b = decoder.generate([1, 2], params, spec), decoder.generate([1, 2], params, spec)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 20
 
@@ -214,7 +218,7 @@ def test_choices():
     assert parents == [-1, -1, 0, 0, 2] and slots == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 2)]
     with pytest.raises(ValueError, match="no parent"):
         normalise_choices([(0,), (1, 0)])
-    with pytest.raises(InvalidRequestError, match="medusa_choices"):
+    with pytest.raises(ConfigError, match="medusa_choices"):
         DeploymentConfig(medusa="x.safetensors", medusa_choices=((0, 0),))
 
 
@@ -249,7 +253,8 @@ def test_candidate_vocab_limits_proposals(medusa_decoder):
 
 def test_deployment_round_trip_with_medusa():
     config = DeploymentConfig(medusa="heads.safetensors", medusa_choices=[[0], [0, 0]],
-                              speculation=SpeculationConfig(mode="medusa", tree_acceptance=TreeAcceptance.TYPICAL))
+                              speculation=SpeculationConfig(method="medusa",
+                                                            medusa=MedusaConfig(tree_acceptance=TreeAcceptance.TYPICAL)))
     again = DeploymentConfig.from_dict(json.loads(config.to_json()))
     assert again == config and again.medusa_choices == ((0,), (0, 0))
 

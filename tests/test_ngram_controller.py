@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from triton_backend.config import FallbackRule, SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.controller import SpeculationController, controller_for, expected_tokens_per_round
 from triton_backend.drafters.ngram import NgramDrafter, NgramIndex, find_ngram_continuation
 from triton_backend.speculation_policy import DrafterKind
@@ -38,14 +38,17 @@ def test_expected_tokens_formula():
 
 
 def test_fixed_draft_length():
-    c = SpeculationController(SpeculationConfig(num_draft_tokens=5, fallback=False), draft_cost=0.1)
+    c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=5),
+                                                fallback=FallbackConfig(enabled=False)), draft_cost=0.1)
     assert c.next_draft_length() == 5
-    threshold = SpeculationController(SpeculationConfig(num_draft_tokens=5, fallback_rule="threshold"), draft_cost=0.1)
-    assert threshold.next_draft_length() == 5 and threshold.config.fallback_rule is FallbackRule.THRESHOLD
+    threshold = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=5),
+                                                        fallback=FallbackConfig(rule="threshold")), draft_cost=0.1)
+    assert threshold.next_draft_length() == 5 and threshold.config.fallback.rule is FallbackRule.THRESHOLD
 
 
 def test_adaptive_draft_length_follows_acceptance():
-    cfg = SpeculationConfig(num_draft_tokens=8, adaptive=True, fallback=False)
+    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8, adaptive=True),
+                            fallback=FallbackConfig(enabled=False))
     c = SpeculationController(cfg, draft_cost=0.05)
     for _ in range(20):
         c.record(c.next_draft_length(), c.next_draft_length())  # everything accepted
@@ -53,12 +56,13 @@ def test_adaptive_draft_length_follows_acceptance():
     for _ in range(30):
         c.record(4, 0)
     low = c.next_draft_length()
-    assert high == 8 and low == cfg.min_draft_tokens
+    assert high == 8 and low == cfg.draft_length.min_draft_tokens
 
 
 def test_threshold_rule_triggers_within_window_and_is_sticky():
-    cfg = SpeculationConfig(num_draft_tokens=4, fallback_window=40, fallback_min_drafted=20, fallback_threshold=0.5)
-    assert cfg.fallback_rule is FallbackRule.THRESHOLD  # setting a threshold selects the rule
+    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(window=40,
+                                                                                                        min_drafted=20, threshold=0.5))
+    assert cfg.fallback.rule is FallbackRule.THRESHOLD  # setting a threshold selects the rule
     c = SpeculationController(cfg, draft_cost=0.1)
     triggered_at = None
     for round_ in range(20):
@@ -71,8 +75,9 @@ def test_threshold_rule_triggers_within_window_and_is_sticky():
 
 
 def test_threshold_rule_defaults_to_the_seed_articles_window():
-    cfg = SpeculationConfig(num_draft_tokens=4, fallback_rule="threshold")
-    assert (cfg.fallback_window, cfg.fallback_min_drafted) == (200, 50)
+    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4),
+                            fallback=FallbackConfig(rule="threshold"))
+    assert (cfg.fallback.window, cfg.fallback.min_drafted) == (200, 50)
     c = SpeculationController(cfg, draft_cost=0.0)
     assert not any(c.record(4, 2) for _ in range(100))  # exactly 0.5: keeps speculating
     low = SpeculationController(cfg, draft_cost=0.0)
@@ -81,23 +86,25 @@ def test_threshold_rule_defaults_to_the_seed_articles_window():
 
 
 def test_no_fallback_when_acceptance_is_good_or_disabled():
-    good = SpeculationController(SpeculationConfig(fallback_min_drafted=8, fallback_window=16, fallback_rule="threshold"), 0.1)
+    good = SpeculationController(SpeculationConfig(fallback=FallbackConfig(min_drafted=8, window=16,
+                                                                           rule="threshold")), 0.1)
     for _ in range(50):
         assert not good.record(4, 3)
-    off = SpeculationController(SpeculationConfig(fallback=False, fallback_min_drafted=8, fallback_window=16), 0.1)
+    off = SpeculationController(SpeculationConfig(fallback=FallbackConfig(enabled=False, min_drafted=8, window=16)),
+                                0.1)
     for _ in range(50):
         assert not off.record(4, 0)
     assert not off.fallen_back and off.next_draft_length() == 4
 
 
 def test_empty_rounds_do_not_count():
-    c = SpeculationController(SpeculationConfig(fallback_min_drafted=1, fallback_window=4), 0.0)
+    c = SpeculationController(SpeculationConfig(fallback=FallbackConfig(min_drafted=1, window=4)), 0.0)
     assert not c.record(0, 0)
     assert c.window_acceptance() is None
 
 
 def test_gain_rule_drops_a_costly_draft_within_a_few_rounds_and_keeps_a_free_one_that_pays():
-    cfg = SpeculationConfig(num_draft_tokens=4)
+    cfg = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4))
     costly = SpeculationController(cfg, draft_cost=0.3)
     rounds = 0
     while (k := costly.next_draft_length()) > 0:
@@ -114,7 +121,8 @@ def test_gain_rule_drops_a_costly_draft_within_a_few_rounds_and_keeps_a_free_one
 
 
 def test_gain_rule_is_never_a_permanent_fallback():
-    c = SpeculationController(SpeculationConfig(num_draft_tokens=4, probe_interval=4), draft_cost=0.1)
+    c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4),
+                                                fallback=FallbackConfig(probe_interval=4)), draft_cost=0.1)
     for _ in range(5):
         c.record(c.next_draft_length() or 4, 0)
     ks = []
@@ -173,7 +181,8 @@ def _match_end(tokens, min_n, max_n):
 def test_ngram_session_under_the_gain_rule_sizes_the_draft_by_the_match():
     drafter = NgramDrafter(1, 3)
     session = drafter.new_session()
-    controller = controller_for(SpeculationConfig(mode="ngram", num_draft_tokens=8), SpeculationMode.NGRAM, drafter, session)
+    controller = controller_for(SpeculationConfig(method="ngram", draft_length=DraftLengthConfig(num_draft_tokens=8)),
+                                SpeculationMode.NGRAM, drafter, session)
     assert session.policy is not None and controller.match_policy is session.policy
     copy = list(range(100, 130))
     tokens = [1, 2] + copy + [3, 4] + copy[:12]  # the output is copying the prompt: a 12-token match

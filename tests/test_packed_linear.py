@@ -11,7 +11,7 @@ from conftest import tiny_llama
 from triton_backend.config import RuntimeConfig
 from triton_backend.engines.packed_linear import PackedLinear, pack_linear_layers, packing_available
 from triton_backend.engines.torch_engine import TorchEngine
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 
 needs_mkl = pytest.mark.skipif(not packing_available(), reason="this torch build has no MKL packed GEMM")
 
@@ -77,5 +77,5 @@ def test_engine_packs_cpu_float32_only_when_asked():
 
 @pytest.mark.parametrize("rows", [1, 3, 65, -1, 4.0, "16"])
 def test_runtime_config_rejects_bad_packed_rows(rows):
-    with pytest.raises(InvalidRequestError, match="packed_gemm_rows"):
+    with pytest.raises(ConfigError, match="packed_gemm_rows"):
         RuntimeConfig(packed_gemm_rows=rows)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_engine
 from test_scheduler import submit_all, tiny_decoder_with_every_drafter
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.errors import InvalidRequestError
 from triton_backend.generation import SpeculativeDecoder
@@ -154,7 +154,8 @@ def test_greedy_speculation_with_penalties_equals_the_reference(decoder, p):
     params = SamplingParams(max_tokens=16, ignore_eos=True, **p)
     drafted = 0
     for mode in ("off", "ngram", "draft", "medusa", "eagle"):
-        spec = SpeculationConfig(mode=mode, num_draft_tokens=3, fallback=False)
+        spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=3),
+                                 fallback=FallbackConfig(enabled=False))
         result = decoder.generate(PROMPT, params, spec)
         assert result.token_ids == want, mode
         drafted += result.stats.drafted_tokens
@@ -169,7 +170,8 @@ def test_min_tokens_holds_back_the_end_token(decoder):
     want = _reference_greedy(decoder.target, PROMPT, 5, {"min_tokens": 5, "_end_ids": [first]})
     assert first not in want
     for mode in ("off", "ngram", "draft", "medusa"):
-        result = decoder.generate(PROMPT, params, SpeculationConfig(mode=mode, num_draft_tokens=3, fallback=False))
+        result = decoder.generate(PROMPT, params, SpeculationConfig(method=mode,
+                                                                    draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
         assert result.token_ids[:5] == want and len(result.token_ids) >= 5, mode
     plain = decoder.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True, stop_token_ids=((first,),)))
     assert plain.token_ids == []  # without min_tokens it stops at once
@@ -181,7 +183,8 @@ def test_batched_with_penalties_equals_each_alone(decoder):
         sampling = i % 2 == 1
         params = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.9 if sampling else 0.0,
                                 seed=50 + i if sampling else None, return_log_probs=True, **PENALTIES[i % 3])
-        requests.append((PROMPT[i:] or [5], params, SpeculationConfig(mode=mode, num_draft_tokens=3)))
+        requests.append((PROMPT[i:] or [5], params, SpeculationConfig(method=mode,
+                                                                      draft_length=DraftLengthConfig(num_draft_tokens=3))))
     alone = [decoder.generate(p, params, spec) for p, params, spec in requests]
     scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4))
     try:
@@ -197,7 +200,8 @@ def test_batched_with_penalties_equals_each_alone(decoder):
 def test_log_probs_streamed_per_token_match_the_reference(decoder):
     p = dict(repetition_penalty=1.4)
     params = SamplingParams(max_tokens=8, ignore_eos=True, return_log_probs=True, **p)
-    chunks = list(decoder.stream(PROMPT, params, SpeculationConfig(mode="ngram", num_draft_tokens=3, fallback=False)))
+    chunks = list(decoder.stream(PROMPT, params, SpeculationConfig(method="ngram",
+                                                                   draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False))))
     tokens = [t for c in chunks for t in c.token_ids]
     log_probs = [x for c in chunks for x in (c.log_probs or [])]
     assert len(log_probs) == len(tokens) == 8
@@ -240,7 +244,8 @@ def test_sampling_with_penalties_matches_the_penalised_target(mode, p):
     plain = _exact_joint(target, prompt, 2, 1.0, {})
     assert 0.5 * sum(abs(exact.get(s, 0) - plain.get(s, 0)) for s in set(exact) | set(plain)) > 0.1
     n, counts, drafted = 2000, {}, 0
-    spec = SpeculationConfig(mode=mode, num_draft_tokens=2, fallback=False)
+    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=2),
+                             fallback=FallbackConfig(enabled=False))
     for seed in range(n):
         result = decoder.generate(prompt, SamplingParams(max_tokens=2, seed=seed, temperature=1.0, **p), spec)
         counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1

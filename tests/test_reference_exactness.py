@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.engines.torch_engine import TorchEngine
 from triton_backend.generation import SpeculativeDecoder
@@ -42,7 +42,7 @@ def decoder(reference):
 @pytest.fixture(scope="module")
 def plain_outputs(decoder, reference_prompts):
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    return [decoder.generate(p, params, SpeculationConfig(mode="off")).token_ids for p in reference_prompts]
+    return [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in reference_prompts]
 
 
 def test_plain_matches_transformers_generate(reference, reference_prompts, plain_outputs):
@@ -60,7 +60,8 @@ def test_plain_matches_transformers_generate(reference, reference_prompts, plain
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_speculation_is_token_identical(decoder, reference_prompts, plain_outputs, mode, k):
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    spec = SpeculationConfig(mode=mode, num_draft_tokens=k, fallback=False)
+    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=k),
+                             fallback=FallbackConfig(enabled=False))
     accepted = drafted = 0
     for prompt, plain in zip(reference_prompts, plain_outputs):
         result = decoder.generate(prompt, params, spec)
@@ -76,7 +77,8 @@ def test_draft_equal_to_target_accepts_everything(reference, reference_prompts, 
         SpeculationMode.DRAFT: DraftModelDrafter(target, target=target, target_tokenizer=tokenizer, draft_tokenizer=tokenizer)})
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     for prompt, plain in list(zip(reference_prompts, plain_outputs))[:2]:
-        result = same.generate(prompt, params, SpeculationConfig(mode="draft", num_draft_tokens=4, fallback=False))
+        result = same.generate(prompt, params, SpeculationConfig(method="draft",
+                                                                 draft_length=DraftLengthConfig(num_draft_tokens=4), fallback=FallbackConfig(enabled=False)))
         assert result.token_ids == plain[:24]
         assert result.stats.acceptance_rate == 1.0 and result.stats.target_passes == 5
 
@@ -85,8 +87,8 @@ def test_poor_draft_falls_back_and_stays_exact(reference, reference_prompts, pla
     target, tokenizer = reference
     poor = SpeculativeDecoder(target, tokenizer, drafters={
         SpeculationMode.DRAFT: DraftModelDrafter(_draft_engine(target, POOR_DRAFT_LAYERS), target=target)})
-    spec = SpeculationConfig(mode="draft", num_draft_tokens=4, fallback_window=200, fallback_min_drafted=40,
-                             fallback_rule="threshold")
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4),
+                             fallback=FallbackConfig(window=200, min_drafted=40, rule="threshold"))
     result = poor.generate(reference_prompts[0], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), spec)
     assert result.token_ids == plain_outputs[0]
     stats = result.stats

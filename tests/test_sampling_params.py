@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.errors import InvalidRequestError
+from triton_backend.config import DraftLengthConfig, NgramConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.errors import ConfigError, InvalidRequestError
 from triton_backend.sampling import LogitsProcessor
 
 
@@ -62,10 +62,10 @@ def test_sampling_params_errors(kwargs, message):
 
 
 def test_speculation_config_errors():
-    with pytest.raises(InvalidRequestError, match="unknown speculation mode"):
-        SpeculationConfig(mode="telepathy")
-    with pytest.raises(InvalidRequestError, match="num_draft_tokens"):
-        SpeculationConfig(num_draft_tokens=-1)
-    with pytest.raises(InvalidRequestError, match="ngram"):
-        SpeculationConfig(ngram_min=3, ngram_max=2)
-    assert SpeculationConfig(mode="NGRAM").mode is SpeculationMode.NGRAM
+    with pytest.raises(ConfigError, match="unknown speculation mode"):
+        SpeculationConfig(method="telepathy")
+    with pytest.raises(ConfigError, match="num_draft_tokens"):
+        SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=-1))
+    with pytest.raises(ConfigError, match="ngram"):
+        SpeculationConfig(ngram=NgramConfig(min_n=3, max_n=2))
+    assert SpeculationConfig(method="NGRAM").method is SpeculationMode.NGRAM

@@ -14,7 +14,7 @@ import pytest
 from conftest import tiny_engine
 from test_eagle import _random_drafter as _random_eagle
 from test_medusa_tree import random_heads
-from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.drafters.medusa import MedusaDrafter
 from triton_backend.generation import SpeculativeDecoder
@@ -65,7 +65,8 @@ def tiny_decoder_with_every_drafter() -> SpeculativeDecoder:
         SpeculationMode.MEDUSA: MedusaDrafter(MedusaCheckpoint(random_heads(32, 32)), target),
         SpeculationMode.EAGLE: _random_eagle(target),
     }
-    return SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(num_draft_tokens=3))
+    return SpeculativeDecoder(target, None, drafters=drafters,
+                              speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=3)))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,8 @@ def _requests(n: int) -> list[tuple[list[int], SamplingParams, SpeculationConfig
         sampling = i % 3 == 2
         params = SamplingParams(max_tokens=12 + i, temperature=0.9 if sampling else 0.0, top_k=8 if sampling else 0,
                                 seed=100 + i if sampling else None, ignore_eos=True)
-        out.append((PROMPTS[i % len(PROMPTS)], params, SpeculationConfig(mode=MODES[i % len(MODES)], num_draft_tokens=3)))
+        out.append((PROMPTS[i % len(PROMPTS)], params, SpeculationConfig(method=MODES[i % len(MODES)],
+                                                                         draft_length=DraftLengthConfig(num_draft_tokens=3))))
     return out
 
 
@@ -125,8 +127,9 @@ def test_hf_wrapped_target_batches_exactly() -> None:
     target = hf_engine(0)
     drafters = {SpeculationMode.NGRAM: NgramDrafter(1, 3),
                 SpeculationMode.MEDUSA: MedusaDrafter(MedusaCheckpoint(random_heads(32, 32)), target)}
-    hf = SpeculativeDecoder(target, None, drafters=drafters, speculation=SpeculationConfig(num_draft_tokens=3))
-    requests = [r for r in _requests(8) if r[2].mode.value in ("ngram", "medusa", "off")]
+    hf = SpeculativeDecoder(target, None, drafters=drafters,
+                            speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=3)))
+    requests = [r for r in _requests(8) if r[2].method.value in ("ngram", "medusa", "off")]
     expected = _alone(hf, requests)
     scheduler = BatchScheduler(hf, SchedulerConfig(max_batch_size=4))
     try:
@@ -139,7 +142,7 @@ def test_hf_wrapped_target_batches_exactly() -> None:
 def test_chunked_prefill_matches_alone(decoder) -> None:
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
-    spec = SpeculationConfig(mode="ngram", num_draft_tokens=3)
+    spec = SpeculationConfig(method="ngram", draft_length=DraftLengthConfig(num_draft_tokens=3))
     expected = decoder.generate(prompt, params, spec).token_ids
     scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=2, prefill_chunk_tokens=5))
     try:
@@ -154,7 +157,7 @@ def test_chunked_prefill_matches_alone(decoder) -> None:
 
 def test_cancellation_frees_the_slot_and_a_full_queue_is_refused_at_once(decoder) -> None:
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    spec = SpeculationConfig(mode="off")
+    spec = SpeculationConfig(method="off")
     scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=1, max_queue_size=1))
     try:
         first, second = Collector(cancel_after=2), Collector()
@@ -179,6 +182,6 @@ def test_unknown_mode_is_refused_at_submit(decoder) -> None:
     scheduler = BatchScheduler(bare, SchedulerConfig(max_batch_size=1))
     try:
         with pytest.raises(Exception, match="not available"):
-            scheduler.submit([1], SamplingParams(max_tokens=2), SpeculationConfig(mode="ngram"), Collector())
+            scheduler.submit([1], SamplingParams(max_tokens=2), SpeculationConfig(method="ngram"), Collector())
     finally:
         scheduler.shutdown()

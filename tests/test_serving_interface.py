@@ -14,8 +14,8 @@ from tritonclient.grpc import model_config_pb2
 from builder.model_repository import front_models, render_front_config, RenderError, render_config_pbtxt, render_model_repository, render_template
 from builder.triton_client import GenerateRequest
 from triton_backend.config import SpeculationConfig, SpeculationMode
-from triton_backend.deployment import DeploymentConfig
-from triton_backend.errors import InvalidRequestError
+from triton_backend.deployment_config import DeploymentConfig
+from triton_backend.errors import ConfigError, InvalidRequestError
 from triton_backend.interface import INPUTS, OUTPUTS, ServingConfig
 from triton_backend.serving import load_deployment, parse_request
 
@@ -84,11 +84,11 @@ def test_deployment_round_trips_and_relative_paths_resolve(tmp_path: Path) -> No
 
 
 def test_serving_config_validation() -> None:
-    with pytest.raises(InvalidRequestError, match="max_concurrency"):
+    with pytest.raises(ConfigError, match="max_concurrency"):
         ServingConfig(max_concurrency=0)
-    with pytest.raises(InvalidRequestError, match="differ"):
+    with pytest.raises(ConfigError, match="differ"):
         ServingConfig(model_name="a", unary_model_name="a")
-    with pytest.raises(InvalidRequestError, match="lacks parameters"):
+    with pytest.raises(ConfigError, match="lacks parameters"):
         ServingConfig.from_parameters("specdec", {"deployment_file": "deployment.json"})
 
 
@@ -101,7 +101,7 @@ def test_client_request_parses_back_to_the_same_parameters() -> None:
     s = parsed.sampling
     assert (s.max_tokens, s.top_k, s.seed, s.stop, s.stop_token_ids) == (12, 20, 2**63 + 5, ("\n\n", "END"), ((7,),))
     assert math.isclose(s.temperature, 0.7, rel_tol=1e-6) and math.isclose(s.top_p, 0.9, rel_tol=1e-6)
-    assert parsed.speculation.mode is SpeculationMode.NGRAM and parsed.speculation.num_draft_tokens == 6
+    assert parsed.speculation.method is SpeculationMode.NGRAM and parsed.speculation.draft_length.num_draft_tokens == 6
 
 
 def test_defaults_when_optional_inputs_are_absent() -> None:
@@ -109,7 +109,7 @@ def test_defaults_when_optional_inputs_are_absent() -> None:
     assert parsed.sampling.max_tokens == 33 and parsed.sampling.greedy and not parsed.stream and not parsed.chat
     assert parsed.speculation == SPEC
     off = parse_request(GenerateRequest(prompt="hi", num_draft_tokens=0).arrays(), SPEC)
-    assert off.speculation.num_draft_tokens == 0
+    assert off.speculation.draft_length.num_draft_tokens == 0
 
 
 def _arrays(**overrides: object) -> dict[str, np.ndarray]:
@@ -169,7 +169,7 @@ def test_serve_finds_what_to_serve(tmp_path: Path) -> None:
         served = DeploymentConfig.load(repo / "specdec" / "1" / "deployment.json")
         assert served.target == str((deployment_dir / "weights").resolve())  # relative to the source file
 
-    with pytest.raises(InvalidRequestError, match="no model repository"):
+    with pytest.raises(ConfigError, match="no model repository"):
         prepare_repository(ServeConfig(source=tmp_path / "dep" / "weights"))
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from triton_backend.config import SpeculationConfig
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SpeculationConfig
 from triton_backend.controller import SpeculationController
 from triton_backend.speculation_policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, install_cost_model, plan_round,
@@ -146,16 +146,18 @@ def test_pooled_later_positions_learn_past_the_drafted_length():
 def test_controller_under_the_gain_rule_pauses_and_records_no_permanent_fallback():
     install_cost_model(None)
     assert current_cost_model() == PassCostModel.default()
-    c = SpeculationController(SpeculationConfig(num_draft_tokens=4), draft_cost=0.2)
+    c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4)), draft_cost=0.2)
     assert c.next_draft_length() > 0
     triggered = [c.record(c.next_draft_length() or 1, 0) for _ in range(3)]
     assert not any(triggered) and c.next_draft_length() == 0 and c.fallen_back
-    fixed = SpeculationController(SpeculationConfig(num_draft_tokens=4, fallback=False), draft_cost=0.9)
+    fixed = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4),
+                                                    fallback=FallbackConfig(enabled=False)), draft_cost=0.9)
     assert fixed.next_draft_length() == 4  # fallback off: always draft
 
 
 def test_installed_cost_model_changes_the_decision():
-    c_default = SpeculationController(SpeculationConfig(num_draft_tokens=8, prior_acceptance=0.6), draft_cost=0.05)
+    c_default = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8),
+                                                        fallback=FallbackConfig(prior_acceptance=0.6)), draft_cost=0.05)
     install_cost_model(PassCostModel({1: {1: 1.0, 2: 2.0, 8: 8.0}}, "linear"))  # verifying is as dear as decoding
     try:
         assert c_default.next_draft_length() == 0

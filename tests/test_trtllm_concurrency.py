@@ -11,7 +11,7 @@ import time
 
 from conftest import tiny_engine
 from trtllm_fixtures import TorchRequestEngine
-from triton_backend.config import SamplingParams, SpeculationConfig
+from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
 from triton_backend.drafters import NgramDrafter
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.interface import ServingConfig
@@ -69,14 +69,14 @@ def test_concurrent_requests_reach_the_engine_together_and_stay_exact() -> None:
     modes = ["draft", "ngram", "off", "draft"]
     params = SamplingParams(max_tokens=12)
     plain = SpeculativeDecoder(target, None)
-    expected = [plain.generate(p, params, SpeculationConfig(mode="off")).token_ids for p in prompts]
+    expected = [plain.generate(p, params, SpeculationConfig(method="off")).token_ids for p in prompts]
     results: list = [None] * len(prompts)
     start = threading.Barrier(len(prompts))
 
     def one(i: int) -> None:
         start.wait()
-        results[i] = decoder.generate(prompts[i], params, SpeculationConfig(mode=modes[i], num_draft_tokens=3,
-                                                                            fallback=False)).token_ids
+        results[i] = decoder.generate(prompts[i], params, SpeculationConfig(method=modes[i],
+                                                                            draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False))).token_ids
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for thread in threads:

@@ -25,8 +25,11 @@ import torch
 
 from conftest import tiny_engine
 from trtllm_fixtures import TorchRequestEngine, stand_in_trtllm_build, write_engine_dir
-from triton_backend.config import FinishReason, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.config import (
+    DraftLengthConfig, FallbackConfig, FinishReason, SamplingParams, SpeculationConfig, SpeculationMode,
+)
+from triton_backend.deployment import build_decoder
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.drafters import NgramDrafter
 from triton_backend.engines.trtllm_config import EngineRuntime, TrtllmConfig
 from triton_backend.engines.trtllm_engine import TRTLLM_MISSING, read_engine_info
@@ -34,7 +37,7 @@ from triton_backend.engines.trtllm_requests import (
     NO_END_ID, SeedRole, count_accepted, draft_request, end_ids, executor_spec, plain_request, request_seed,
     sampling_spec, target_request,
 )
-from triton_backend.errors import ContextLengthError, InvalidRequestError, ModelLoadError
+from triton_backend.errors import ConfigError, ContextLengthError, InvalidRequestError, ModelLoadError
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.serving import load_deployment
 from triton_backend.trtllm_generation import EngineDrafter, EngineMedusa, TargetInfo, TrtllmSpeculativeDecoder
@@ -94,7 +97,7 @@ def test_deployment_json_round_trips_the_trtllm_runtime_and_old_files_load_as_to
     ({"engine_runtime": "trtllm", "trtllm": ["t"]}, "trtllm must be an object"),
 ])
 def test_bad_runtime_settings_get_a_clear_typed_error(data: dict, message: str) -> None:
-    with pytest.raises(InvalidRequestError, match=message):
+    with pytest.raises(ConfigError, match=message):
         DeploymentConfig.from_dict(data)
 
 
@@ -247,9 +250,10 @@ PROMPT = [3, 17, 5, 9, 3, 17, 5]
                                                    ("ngram", 3, False), ("off", 4, False)])
 def test_greedy_output_is_plain_decoding_and_requests_fit_the_rounds(tiny, mode, k, draft_is_target) -> None:
     decoder, target_engine, draft_engine = make_decoder(tiny, draft_is_target=draft_is_target)
-    spec = SpeculationConfig(mode=mode, num_draft_tokens=k, fallback=False)
+    spec = SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=k),
+                             fallback=FallbackConfig(enabled=False))
     result = decoder.generate(PROMPT, GREEDY, spec)
-    plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(mode="off"))
+    plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(method="off"))
     assert result.token_ids == plain.token_ids and result.finish_reason is FinishReason.LENGTH
     assert result.stats.method == mode and result.stats.generated_tokens == GREEDY.max_tokens
     if mode == "off":
@@ -271,7 +275,8 @@ def test_greedy_output_is_plain_decoding_and_requests_fit_the_rounds(tiny, mode,
 
 def test_streamed_chunks_add_up_to_the_result(tiny) -> None:
     decoder, _, _ = make_decoder(tiny)
-    spec = SpeculationConfig(mode="draft", num_draft_tokens=3, fallback=False)
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                             fallback=FallbackConfig(enabled=False))
     chunks = list(decoder.stream(PROMPT, GREEDY, spec))
     assert chunks[-1].finished and chunks[-1].stats is not None and not any(c.finished for c in chunks[:-1])
     assert [t for c in chunks for t in c.token_ids] == decoder.generate(PROMPT, GREEDY, spec).token_ids
@@ -279,26 +284,28 @@ def test_streamed_chunks_add_up_to_the_result(tiny) -> None:
 
 @pytest.mark.parametrize("return_end_token", [True, False])
 def test_end_token_stops_with_eos_whether_or_not_the_engine_returns_it(tiny, return_end_token) -> None:
-    plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(mode="off")).token_ids
+    plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(method="off")).token_ids
     eos = plain[10]
     expected = plain[:plain.index(eos)]
     for mode in ("draft", "off"):
         decoder, _, _ = make_decoder(tiny, eos=frozenset({eos}), return_end_token=return_end_token)
-        result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(mode=mode, num_draft_tokens=3, fallback=False))
+        result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(method=mode,
+                                                                    draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
         assert result.token_ids == expected and result.finish_reason is FinishReason.EOS, mode
 
 
 def test_fallback_and_the_input_limit_continue_as_one_plain_stream(tiny) -> None:
-    plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(mode="off")).token_ids
-    always_falls_back = SpeculationConfig(mode="draft", num_draft_tokens=2, fallback_threshold=1.0,
-                                          fallback_min_drafted=1, fallback_window=2)
+    plain = tiny[2].generate(PROMPT, GREEDY, SpeculationConfig(method="off")).token_ids
+    always_falls_back = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=2),
+                                          fallback=FallbackConfig(threshold=1.0, min_drafted=1, window=2))
     decoder, target_engine, _ = make_decoder(tiny)
     result = decoder.generate(PROMPT, GREEDY, always_falls_back)
     if result.stats.accepted_tokens < result.stats.drafted_tokens:  # a rejection happened: the window fell below 1.0
         assert result.stats.fallback and target_engine.requests[-1].streaming
     assert result.token_ids == plain
     decoder, target_engine, _ = make_decoder(tiny, max_input_len=len(PROMPT) + 8)
-    result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(mode="draft", num_draft_tokens=3, fallback=False))
+    result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(method="draft",
+                                                                draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
     assert result.token_ids == plain and target_engine.requests[-1].streaming
     assert max(len(r.input_token_ids) for r in target_engine.requests) <= len(PROMPT) + 8
     with pytest.raises(ContextLengthError, match="at most 8 input tokens"):
@@ -312,12 +319,12 @@ def test_a_medusa_engine_always_speculates_and_refuses_inexact_sampling(tiny) ->
     decoder = TrtllmSpeculativeDecoder(engine, info, medusa=EngineMedusa(depth=3))
     assert decoder.resolve(SpeculationMode.OFF)[0] is SpeculationMode.MEDUSA
     assert decoder.resolve(SpeculationMode.AUTO)[0] is SpeculationMode.MEDUSA
-    result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(mode="off"))
+    result = decoder.generate(PROMPT, GREEDY, SpeculationConfig(method="off"))
     assert result.stats.method == "medusa" and result.token_ids == plain.generate(PROMPT, GREEDY).token_ids
     with pytest.raises(InvalidRequestError, match="Medusa engine verifies its tree with its own acceptance rule"):
         decoder.generate(PROMPT, SAMPLING)
     with pytest.raises(InvalidRequestError, match="not available"):
-        decoder.generate(PROMPT, GREEDY, SpeculationConfig(mode="ngram"))
+        decoder.generate(PROMPT, GREEDY, SpeculationConfig(method="ngram"))
     with pytest.raises(ValueError, match="only its own tree"):
         TrtllmSpeculativeDecoder(engine, info, ngram=NgramDrafter(), medusa=EngineMedusa(depth=3))
 
@@ -392,7 +399,7 @@ def test_deploy_refuses_a_trtllm_build_whose_manifest_does_not_mark_the_engines_
 
     deployment = DeploymentConfig(engine_runtime="trtllm", trtllm=TrtllmConfig(target_engine="../../../engines/target"))
     render_model_repository(deployment, tmp_path / "model_repo")
-    assert deployment_runtimes(tmp_path / "model_repo") == {"trtllm"}
+    assert deployment_runtimes(tmp_path / "model_repo") == {EngineRuntime.TRTLLM}
     (tmp_path / "manifest.json").write_text(json.dumps({"engines": {"target": {"status": "failed"}}}))
     with pytest.raises(DeployError, match="does not mark them all compiled"):
         check_engines_servable(tmp_path)
@@ -438,8 +445,9 @@ def test_real_engines_speculate_exactly(tmp_path) -> None:
     decoder = build_decoder(deployment)
     assert isinstance(decoder, TrtllmSpeculativeDecoder)
     for prompt in ("The capital of France is", "def fibonacci(n):"):
-        spec = decoder.generate(prompt, GREEDY, SpeculationConfig(mode="draft", num_draft_tokens=3, fallback=False))
-        plain = decoder.generate(prompt, GREEDY, SpeculationConfig(mode="off"))
+        spec = decoder.generate(prompt, GREEDY, SpeculationConfig(method="draft",
+                                                                  draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
+        plain = decoder.generate(prompt, GREEDY, SpeculationConfig(method="off"))
         assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
 
 

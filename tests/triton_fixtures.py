@@ -17,7 +17,7 @@ import pytest
 
 from builder.model_repository import render_model_repository
 from builder.triton_server import Endpoints, ServerConfig, TritonServer
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.interface import ServingConfig
 
 # the deployment the server serves and the in-process reference decoder is built from

@@ -5,6 +5,7 @@ Plain Python over tensors; nothing here imports Triton. The Triton adapter
 """
 
 from triton_backend.errors import (
+    ConfigError,
     ContextLengthError,
     InvalidRequestError,
     ModelLoadError,
@@ -13,6 +14,7 @@ from triton_backend.errors import (
 )
 
 __all__ = [
+    "ConfigError",
     "ContextLengthError",
     "InvalidRequestError",
     "ModelLoadError",

@@ -151,7 +151,7 @@ class DraftPlanner:
         for i, seq in enumerate(seqs):
             # the rows the plan does not decide still share the pass: their tokens count
             options[i] = seq.controller.row_option() if i in planned else RowOption(prefix_probs=(0.0,) * ks[i])
-        margin = seqs[planned[0]].controller.config.gain_margin
+        margin = seqs[planned[0]].controller.config.fallback.gain_margin
         chosen = plan_round_fixed(options, ks, planned, self.cost_model or current_cost_model(), margin)
         for i in planned:
             ks[i] = seqs[i].cap_draft_length(chosen[i])

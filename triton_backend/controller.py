@@ -1,6 +1,6 @@
 """The speculation controller: how many tokens to draft next, and when not to speculate.
 
-Rules (``SpeculationConfig.fallback_rule``):
+Rules (``FallbackConfig.rule``, the ``fallback`` section of :class:`~triton_backend.config.SpeculationConfig`):
 
 - ``gain`` (the default): a per-round decision from expected gain
   (:mod:`triton_backend.speculation_policy`). Every round the controller drafts the length
@@ -11,10 +11,10 @@ Rules (``SpeculationConfig.fallback_rule``):
   the match is and how matches of that length fared in this request (a long match is a free
   signal to speculate again). A Medusa round that cannot pay is not run.
 - ``threshold`` (the seed articles' rule): draft ``num_draft_tokens`` (or an adaptive length
-  from an EMA of the acceptance); over a sliding window of the last ``fallback_window``
-  drafted tokens, once ``fallback_min_drafted`` are in it, fall back to plain decoding for
-  good when the window's acceptance is below ``fallback_threshold`` (0.5 when unset).
-- ``fallback=False``: always draft (fixed ``k``, or the adaptive length, never 0).
+  from an EMA of the acceptance); over a sliding window of the last ``window`` drafted
+  tokens, once ``min_drafted`` are in it, fall back to plain decoding for good when the
+  window's acceptance is below ``threshold`` (0.5 when unset).
+- ``enabled=False``: always draft (fixed ``k``, or the adaptive length, never 0).
 
 A batch scheduler calls :func:`~triton_backend.speculation_policy.plan_round` with every
 active request's :meth:`SpeculationController.row_option` once per round.
@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from typing import Callable
 
-from triton_backend.config import FallbackRule, SpeculationConfig, SpeculationMode
+from triton_backend.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.base import Drafter, DrafterSession
 from triton_backend.speculation_policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, prefix_probabilities)
@@ -41,7 +41,7 @@ def expected_tokens_per_round(acceptance: float, k: int) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
-def gain_settings(config: SpeculationConfig) -> GainSettings:
+def gain_settings(config: FallbackConfig) -> GainSettings:
     prior = None if config.prior_acceptance is None else (config.prior_acceptance, config.prior_acceptance)
     return GainSettings(margin=config.gain_margin, prior=prior, prior_strength=config.prior_strength,
                         decay=config.acceptance_decay, probe_interval=config.probe_interval)
@@ -62,20 +62,21 @@ class SpeculationController:
         self._cost_model = cost_model
         self._ema_decay = ema_decay
         self.acceptance_ema = initial_acceptance
-        self._window: deque[bool] = deque(maxlen=config.fallback_window)
+        self._window: deque[bool] = deque(maxlen=config.fallback.window)
         self.fallen_back = False  # threshold rule: for good; gain rule: the last decision was a plain step
-        self.gain_rule = config.fallback and config.fallback_rule is FallbackRule.GAIN and config.num_draft_tokens > 0
+        self.max_k = config.draft_length.num_draft_tokens
+        self.gain_rule = config.fallback.enabled and config.fallback.rule is FallbackRule.GAIN and self.max_k > 0
         self.policy: GainPolicy | None = None
         self.match_policy: MatchLengthPolicy | None = None  # set when an n-gram session decides per match
         if self.gain_rule:
-            self.policy = GainPolicy(self.kind, config.num_draft_tokens, self.draft_cost, gain_settings(config),
+            self.policy = GainPolicy(self.kind, self.max_k, self.draft_cost, gain_settings(config.fallback),
                                      cost_model, verify_tokens)
 
     def attach_match_policy(self) -> MatchLengthPolicy | None:
         """Under the gain rule, the per-match policy an n-gram session applies to each lookup
         (the controller then lets every round look up; the session drafts what pays)."""
         if self.gain_rule and self.kind is DrafterKind.NGRAM and self.match_policy is None:
-            self.match_policy = MatchLengthPolicy(self.config.num_draft_tokens, gain_settings(self.config), self._cost_model)
+            self.match_policy = MatchLengthPolicy(self.max_k, gain_settings(self.config.fallback), self._cost_model)
         return self.match_policy
 
     @property
@@ -89,12 +90,12 @@ class SpeculationController:
             return self.policy.current_option()
         # n-gram under the gain rule (the session sizes each draft by its match) and the other
         # rules: the running acceptance at every position, up to the length the rule allows
-        k = self.next_draft_length() if not self.gain_rule else self.config.num_draft_tokens
+        k = self.next_draft_length() if not self.gain_rule else self.max_k
         return RowOption(tuple(prefix_probabilities([self.acceptance_ema] * k)), self.draft_cost)
 
     def _gain_draft_length(self) -> int:
         if self.match_policy is not None:  # lookup is free: the n-gram session decides per match
-            return self.config.num_draft_tokens
+            return self.max_k
         assert self.policy is not None
         k = self.policy.next_draft_length()
         if k == 0 and not self.fallen_back:
@@ -105,8 +106,7 @@ class SpeculationController:
     def may_draft_next(self) -> bool:
         """Whether the next :meth:`next_draft_length` could be above 0 (nothing changes): a
         paused Medusa request skips the tree pass's hidden state while this is False."""
-        cfg = self.config
-        if cfg.num_draft_tokens == 0:
+        if self.max_k == 0:
             return False
         if self.gain_rule:
             if self.match_policy is not None:
@@ -118,12 +118,11 @@ class SpeculationController:
     # -- the threshold rule and fixed k -----------------------------------------------------
     def round_cost(self, k: int) -> float:
         """A round drafting ``k`` tokens, in target decoding steps (the threshold rule's adaptive k)."""
-        return 1.0 + k * (self.draft_cost + self.config.verify_cost_per_token)
+        return 1.0 + k * (self.draft_cost + self.config.draft_length.verify_cost_per_token)
 
     def _adaptive_length(self) -> int:
-        cfg = self.config
-        best_k, best_rate = cfg.min_draft_tokens, -1.0
-        for k in range(cfg.min_draft_tokens, cfg.num_draft_tokens + 1):
+        best_k, best_rate = self.config.draft_length.min_draft_tokens, -1.0
+        for k in range(best_k, self.max_k + 1):
             rate = expected_tokens_per_round(self.acceptance_ema, k) / self.round_cost(k)
             if rate > best_rate + 1e-9:
                 best_k, best_rate = k, rate
@@ -131,14 +130,13 @@ class SpeculationController:
 
     def next_draft_length(self) -> int:
         """0 means: decode this step plainly."""
-        cfg = self.config
-        if cfg.num_draft_tokens == 0:
+        if self.max_k == 0:
             return 0
         if self.gain_rule:
             return self._gain_draft_length()
         if self.fallen_back:
             return 0
-        return self._adaptive_length() if cfg.adaptive else cfg.num_draft_tokens
+        return self._adaptive_length() if self.config.draft_length.adaptive else self.max_k
 
     def window_acceptance(self) -> float | None:
         return sum(self._window) / len(self._window) if self._window else None
@@ -153,10 +151,10 @@ class SpeculationController:
             self.match_policy.record(num_drafted, num_accepted)
         elif self.policy is not None:
             self.policy.record(num_drafted, num_accepted)
-        cfg = self.config
-        if self.gain_rule or not cfg.fallback or self.fallen_back or len(self._window) < cfg.fallback_min_drafted:
+        cfg = self.config.fallback
+        if self.gain_rule or not cfg.enabled or self.fallen_back or len(self._window) < cfg.min_drafted:
             return False
-        threshold = 0.5 if cfg.fallback_threshold is None else cfg.fallback_threshold
+        threshold = 0.5 if cfg.threshold is None else cfg.threshold
         window_rate = self.window_acceptance()
         if window_rate is None or window_rate >= threshold:
             return False

@@ -13,6 +13,13 @@ class InvalidRequestError(SpecbuildError, ValueError):
     code = "invalid_request"
 
 
+class ConfigError(SpecbuildError, ValueError):
+    """A deployment, config file, config.pbtxt parameter or configuration flag is invalid
+    (found at load time, before any request). Requests get :class:`InvalidRequestError`."""
+
+    code = "config"
+
+
 class ContextLengthError(InvalidRequestError):
     """The prompt (plus what must be generated) does not fit the model's context."""
 

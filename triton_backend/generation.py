@@ -119,7 +119,7 @@ class SpeculativeDecoder:
         params = params or SamplingParams()
         spec = speculation or self.speculation
         prompt_ids = self.encode(prompt)
-        mode, drafter = self.resolve(spec.mode)
+        mode, drafter = self.resolve(spec.method)
         run = _Run(self, prompt_ids, params, spec, mode, drafter)
         try:
             yield from run.chunks()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 from triton_backend.triton_io import TensorSpec, TritonType
 
 T = TritonType
@@ -59,7 +59,7 @@ BATCH_POLICIES = ("load_aware", "per_request")  # triton_backend.batch_plan.Batc
 
 def _positive(value: int, name: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -113,17 +113,17 @@ class ServingConfig:
                      "max_queue_size", "prefill_chunk_tokens"):
             _positive(getattr(self, name), name)
         if self.batch_policy not in BATCH_POLICIES:
-            raise InvalidRequestError(f"batch_policy must be one of {BATCH_POLICIES}, got {self.batch_policy!r}")
+            raise ConfigError(f"batch_policy must be one of {BATCH_POLICIES}, got {self.batch_policy!r}")
         names = [self.model_name, self.unary_model_name or "x"] + (self.trtllm_models.names() if self.trtllm_models else [])
         if len(set(names)) != len(names):
-            raise InvalidRequestError(f"model names must differ, got {names}")
+            raise ConfigError(f"model names must differ, got {names}")
         for name in names:
             if not name.replace("_", "").replace("-", "").isalnum():
-                raise InvalidRequestError(f"model names must be letters, digits, '_' or '-', got {name!r}")
+                raise ConfigError(f"model names must be letters, digits, '_' or '-', got {name!r}")
         if self.unary_model_name == self.model_name:
-            raise InvalidRequestError("unary_model_name must differ from model_name")
+            raise ConfigError("unary_model_name must differ from model_name")
         if Path(self.deployment_file).name != self.deployment_file:
-            raise InvalidRequestError("deployment_file must be a plain file name inside the version folder")
+            raise ConfigError("deployment_file must be a plain file name inside the version folder")
 
     def parameters(self) -> dict[str, str]:
         """What the decoupled model's config.pbtxt carries (and :meth:`from_parameters` reads)."""
@@ -138,7 +138,7 @@ class ServingConfig:
     def from_parameters(cls, model_name: str, params: Mapping[str, str]) -> "ServingConfig":
         missing = sorted({"deployment_file", "max_concurrency", "default_max_tokens"} - set(params))
         if missing:
-            raise InvalidRequestError(f"config.pbtxt of {model_name!r} lacks parameters {missing}")
+            raise ConfigError(f"config.pbtxt of {model_name!r} lacks parameters {missing}")
         try:
             batch = {name: (params[name] if name == "batch_policy" else int(params[name]))
                      for name in cls()._batch_parameters() if name in params}  # older repositories lack them
@@ -146,7 +146,7 @@ class ServingConfig:
                        max_concurrency=int(params["max_concurrency"]),
                        default_max_tokens=int(params["default_max_tokens"]), **batch)
         except ValueError as exc:
-            raise InvalidRequestError(f"bad parameter in config.pbtxt of {model_name!r}: {exc}") from None
+            raise ConfigError(f"bad parameter in config.pbtxt of {model_name!r}: {exc}") from None
 
 
 

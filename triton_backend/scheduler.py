@@ -165,7 +165,7 @@ class BatchScheduler:
                handle: RequestHandle) -> None:
         """Queue a request (validated: ``prompt_ids`` from :meth:`SpeculativeDecoder.encode`).
         Raises at once: InvalidRequestError (mode not deployed), QueueFullError."""
-        mode, _ = self.decoder.resolve(spec.mode)
+        mode, _ = self.decoder.resolve(spec.method)
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the model is shutting down")

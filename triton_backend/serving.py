@@ -18,7 +18,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 
 from triton_backend.config import SamplingParams, SpeculationConfig
-from triton_backend.deployment import DeploymentConfig
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.errors import InvalidRequestError, SpecbuildError
 from triton_backend.generation import GenerationChunk, SpeculativeDecoder
 from triton_backend.interface import (
@@ -82,10 +82,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         ignore_eos=bool(read_scalar(arrays, IGNORE_EOS)),
         **read_penalties(arrays),
     )
-    spec = speculation.with_overrides(mode=read_scalar(arrays, SPECULATION),
-                                      num_draft_tokens=read_scalar(arrays, NUM_DRAFT_TOKENS))
-    if spec.min_draft_tokens > max(1, spec.num_draft_tokens):
-        spec = spec.with_overrides(min_draft_tokens=max(1, spec.num_draft_tokens))
+    spec = speculation.for_request(read_scalar(arrays, SPECULATION), read_scalar(arrays, NUM_DRAFT_TOKENS))
     stream = read_stream(arrays)
     chat = bool(read_scalar(arrays, CHAT))
     if token_level and chat:

@@ -63,8 +63,9 @@ def verify_tree(run: Any, rows: Callable[[int], torch.Tensor], tokens: list[int]
     processed = processed_rows(run, rows, tokens, parents)
     if run.processor.greedy:
         result = verify_tree_greedy(processed, tokens, parents)
-    elif spec.tree_acceptance is TreeAcceptance.TYPICAL:
-        result = verify_tree_typical(processed, tokens, parents, run.rng, spec.typical_threshold, spec.typical_alpha)
+    elif spec.medusa.tree_acceptance is TreeAcceptance.TYPICAL:
+        result = verify_tree_typical(processed, tokens, parents, run.rng, spec.medusa.typical_threshold,
+                                     spec.medusa.typical_alpha)
     else:
         result = verify_tree_sampling(processed, tokens, parents, run.rng)
     if run.log_probs is not None:

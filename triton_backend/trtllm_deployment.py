@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.drafters import NgramDrafter
 from triton_backend.engines.trtllm_config import TrtllmConfig, TrtllmTargetKind
 from triton_backend.engines.trtllm_engine import (
@@ -22,9 +23,6 @@ from triton_backend.engines.trtllm_requests import executor_spec
 from triton_backend.errors import ModelLoadError, VocabMismatchError
 from triton_backend.model_loading import load_tokenizer, resolve_model_path
 from triton_backend.trtllm_generation import EngineDrafter, EngineMedusa, TargetInfo, TrtllmSpeculativeDecoder
-
-if TYPE_CHECKING:
-    from triton_backend.deployment import DeploymentConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +50,7 @@ def _check_pair(target: EngineInfo, draft: EngineInfo | None, config: TrtllmConf
                              "deployment says it is a Medusa engine")
 
 
-def build_trtllm_decoder(config: "DeploymentConfig") -> TrtllmSpeculativeDecoder:
+def build_trtllm_decoder(config: DeploymentConfig) -> TrtllmSpeculativeDecoder:
     trt = config.trtllm
     if trt is None:
         raise ModelLoadError("the trtllm runtime needs the deployment's trtllm section (the engine folders)")
@@ -81,7 +79,7 @@ def build_trtllm_decoder(config: "DeploymentConfig") -> TrtllmSpeculativeDecoder
         logger.warning("the deployment names a draft model but no draft engine: the trtllm runtime drafts without it")
     ngram = None
     if config.ngram and not medusa:
-        ngram = NgramDrafter(config.speculation.ngram_min, config.speculation.ngram_max)
+        ngram = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n)
     elif config.ngram:
         logger.info("n-gram lookup is not offered: the Medusa engine verifies only its own tree")
     heads = None

@@ -112,11 +112,11 @@ class TrtllmSpeculativeDecoder(SpeculativeDecoder):
 
     def check_request(self, mode: SpeculationMode, params: SamplingParams, spec: SpeculationConfig) -> None:
         """Refuse what these engines cannot do exactly as asked."""
-        if mode is SpeculationMode.MEDUSA and not params.greedy and spec.tree_acceptance is TreeAcceptance.EXACT:
+        if mode is SpeculationMode.MEDUSA and not params.greedy and spec.medusa.tree_acceptance is TreeAcceptance.EXACT:
             raise InvalidRequestError(
                 "the TensorRT-LLM Medusa engine verifies its tree with its own acceptance rule, which keeps the "
                 "target's distribution only for greedy requests; send temperature 0, or set the deployment's "
-                "speculation.tree_acceptance to \"typical\" to accept the engine's sampling")
+                "speculation.medusa.tree_acceptance to \"typical\" to accept the engine's sampling")
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                speculation: SpeculationConfig | None = None) -> Iterator[GenerationChunk]:
@@ -124,7 +124,7 @@ class TrtllmSpeculativeDecoder(SpeculativeDecoder):
         params = params or SamplingParams()
         spec = speculation or self.speculation
         prompt_ids = self.encode(prompt)
-        mode, _ = self.resolve(spec.mode)
+        mode, _ = self.resolve(spec.method)
         self.check_request(mode, params, spec)
         yield from _TrtllmRun(self, prompt_ids, params, spec, mode).chunks()
 
@@ -232,7 +232,7 @@ class _TrtllmRun:
             depth = self.drafter.depth if isinstance(self.drafter, EngineMedusa) else 0
             yield from self._streamed(depth)
             return
-        if self.drafter is None or self.spec.num_draft_tokens == 0:
+        if self.drafter is None or self.spec.draft_length.num_draft_tokens == 0:
             yield from self._streamed(0)
             return
         while True:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
 logger = logging.getLogger(__name__)
@@ -59,11 +59,11 @@ class ConcurrencyConfig:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.modes) - set(MODES))
         if unknown or not self.modes:
-            raise InvalidRequestError(f"unknown concurrency modes {unknown}; choose from {MODES}")
+            raise ConfigError(f"unknown concurrency modes {unknown}; choose from {MODES}")
         if not self.concurrency or min(self.concurrency) < 1:
-            raise InvalidRequestError("concurrency levels must be positive integers")
+            raise ConfigError("concurrency levels must be positive integers")
         if self.max_tokens < 1 or self.requests_per_stream < 1:
-            raise InvalidRequestError("max_tokens and requests_per_stream must be positive")
+            raise ConfigError("max_tokens and requests_per_stream must be positive")
 
 
 @dataclass
@@ -95,17 +95,17 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _serving(config: ConcurrencyConfig, mode: str) -> tuple[Any, Any, str]:
     """(deployment, serving config, request speculation mode) of one serving mode."""
-    from triton_backend.config import RuntimeConfig, SpeculationConfig
-    from triton_backend.deployment import DeploymentConfig
+    from triton_backend.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig
+    from triton_backend.deployment_config import DeploymentConfig
     from triton_backend.interface import ServingConfig
 
     def absolute(path: str | None) -> str | None:
         return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
 
     most = max(config.concurrency)
-    spec = SpeculationConfig(num_draft_tokens=config.num_draft_tokens)
+    spec = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=config.num_draft_tokens))
     if mode == "always":
-        spec = replace(spec, fallback=False)
+        spec = replace(spec, fallback=FallbackConfig(enabled=False))
     deployment = DeploymentConfig(target=absolute(config.target) or config.target, draft=absolute(config.draft),
                                   medusa=absolute(config.medusa), runtime=RuntimeConfig(num_threads=config.num_threads,
                                                                                         max_batch_size=max(16, most)),

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.json"
@@ -39,16 +39,16 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0 or self.repeats <= 0 or self.prompts_per_workload <= 0:
-            raise InvalidRequestError("max_tokens, repeats and prompts_per_workload must be positive")
+            raise ConfigError("max_tokens, repeats and prompts_per_workload must be positive")
         if not self.prompts_file.exists():
-            raise InvalidRequestError(f"prompt file {self.prompts_file} not found")
+            raise ConfigError(f"prompt file {self.prompts_file} not found")
 
     def load_prompts(self) -> dict[str, list[str]]:
         data = json.loads(Path(self.prompts_file).read_text())
         workloads = data.get("workloads", {})
         missing = [w for w in self.workloads if w not in workloads]
         if missing:
-            raise InvalidRequestError(f"workloads {missing} not in {self.prompts_file} (has {sorted(workloads)})")
+            raise ConfigError(f"workloads {missing} not in {self.prompts_file} (has {sorted(workloads)})")
         return {w: list(workloads[w])[: self.prompts_per_workload] for w in self.workloads}
 
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from triton_backend.config import RuntimeConfig
 from triton_backend.engines.batch import BatchRow
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +51,9 @@ class PassCostConfig:
 
     def __post_init__(self) -> None:
         if not self.sizes or not self.batch or min(self.sizes) < 1 or min(self.batch) < 1:
-            raise InvalidRequestError("pass sizes and batch sizes must be positive")
+            raise ConfigError("pass sizes and batch sizes must be positive")
         if self.context < 1 or self.repeats < 1:
-            raise InvalidRequestError("context and repeats must be positive")
+            raise ConfigError("context and repeats must be positive")
 
 
 def load_engines(config: PassCostConfig, max_rows: int) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> list[PerfRow]:
     from builder.model_repository import render_model_repository
     from builder.triton_server import ServerConfig, TritonServer
     from triton_backend.config import RuntimeConfig
-    from triton_backend.deployment import DeploymentConfig
+    from triton_backend.deployment_config import DeploymentConfig
     from triton_backend.interface import ServingConfig
 
     prompts = _prompts(config)

@@ -17,8 +17,9 @@ from typing import Iterator
 
 from builder.bench.config import BenchConfig, BenchPrompt, BenchRun
 from builder.bench.rows import OursRow, PeerRow, Row, TritonRow, run_sample
-from triton_backend.config import RuntimeConfig, SpeculationConfig, SpeculationMode
-from triton_backend.deployment import DeploymentConfig, build_decoder
+from triton_backend.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
+from triton_backend.deployment import build_decoder
+from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.model_loading import load_model
 
@@ -27,11 +28,12 @@ logger = logging.getLogger(__name__)
 
 def _plain_and_ngram_rows(config: BenchConfig, decoder: SpeculativeDecoder, suffix: str = "",
                           **info: object) -> list[Row]:
-    rows: list[Row] = [OursRow(f"plain{suffix}", decoder, SpeculationConfig(mode=SpeculationMode.OFF),
+    rows: list[Row] = [OursRow(f"plain{suffix}", decoder, SpeculationConfig(method=SpeculationMode.OFF),
                                {"kind": "ours", "method": "off", **info})]
     for k in config.ngram_k:
         rows.append(OursRow(f"ngram k={k}{suffix}", decoder,
-                            SpeculationConfig(mode=SpeculationMode.NGRAM, num_draft_tokens=k),
+                            SpeculationConfig(method=SpeculationMode.NGRAM,
+                                              draft_length=DraftLengthConfig(num_draft_tokens=k)),
                             {"kind": "ours", "method": "ngram", "k": k, **info}))
     return rows
 
@@ -41,14 +43,16 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     if SpeculationMode.DRAFT in decoder.drafters:
         for k in config.draft_k:
             rows.append(OursRow(f"draft k<={k} adaptive", decoder,
-                                SpeculationConfig(mode=SpeculationMode.DRAFT, num_draft_tokens=k, adaptive=True),
+                                SpeculationConfig(method=SpeculationMode.DRAFT,
+                                                  draft_length=DraftLengthConfig(num_draft_tokens=k, adaptive=True)),
                                 {"kind": "ours", "method": "draft", "k": k}))
     medusa = getattr(SpeculationMode, "MEDUSA", None)
     if medusa is not None and medusa in decoder.drafters:
-        rows.append(OursRow("medusa", decoder, SpeculationConfig(mode=medusa), {"kind": "ours", "method": "medusa"}))
+        rows.append(OursRow("medusa", decoder, SpeculationConfig(method=medusa), {"kind": "ours", "method": "medusa"}))
     if SpeculationMode.EAGLE in decoder.drafters:
         for k in config.eagle_k:
-            rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(mode=SpeculationMode.EAGLE, num_draft_tokens=k),
+            rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE,
+                                                                           draft_length=DraftLengthConfig(num_draft_tokens=k)),
                                 {"kind": "ours", "method": "eagle", "k": k}))
     if config.peer:
         # the peer runs stock transformers: its own copy of the same weights (load_model never

@@ -1,6 +1,3 @@
-"""Engines: a causal LM behind one protocol, with per-sequence KV sessions."""
-
-from triton_backend.engines.base import CausalLMEngine, EngineSession
-from triton_backend.engines.torch_engine import TorchEngine, TorchSession
-
-__all__ = ["CausalLMEngine", "EngineSession", "TorchEngine", "TorchSession"]
+"""Engines: a causal LM behind one protocol (:mod:`~triton_backend.engines.base`), with
+per-sequence KV sessions. Import the modules themselves: the package imports nothing, so that
+plain-data modules here (:mod:`~triton_backend.engines.trtllm_config`) load without torch."""

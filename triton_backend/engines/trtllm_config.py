@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Callable
 
-from triton_backend.errors import InvalidRequestError
+from triton_backend.errors import ConfigError
 
 
 class EngineRuntime(str, enum.Enum):
@@ -36,7 +36,7 @@ class EngineRuntime(str, enum.Enum):
         try:
             return cls(str(value).strip().lower())
         except ValueError:
-            raise InvalidRequestError(f"unknown engine runtime {value!r}; expected torch or trtllm") from None
+            raise ConfigError(f"unknown engine runtime {value!r}; expected torch or trtllm") from None
 
 
 class TrtllmTargetKind(str, enum.Enum):
@@ -71,35 +71,19 @@ class TrtllmConfig:
             object.__setattr__(self, "target_kind", TrtllmTargetKind(self.target_kind))
         except ValueError:
             kinds = ", ".join(k.value for k in TrtllmTargetKind)
-            raise InvalidRequestError(f"trtllm target_kind must be one of: {kinds}; got {self.target_kind!r}") from None
+            raise ConfigError(f"trtllm target_kind must be one of: {kinds}; got {self.target_kind!r}") from None
         if not isinstance(self.target_engine, str) or not self.target_engine:
-            raise InvalidRequestError("trtllm target_engine must name the target's engine folder")
+            raise ConfigError("trtllm target_engine must name the target's engine folder")
         if self.draft_engine is not None and (not isinstance(self.draft_engine, str) or not self.draft_engine):
-            raise InvalidRequestError("trtllm draft_engine must name the draft's engine folder (or be left out)")
+            raise ConfigError("trtllm draft_engine must name the draft's engine folder (or be left out)")
         if self.target_kind is TrtllmTargetKind.MEDUSA and self.draft_engine is not None:
-            raise InvalidRequestError("a Medusa target engine drafts for itself; it takes no draft engine")
+            raise ConfigError("a Medusa target engine drafts for itself; it takes no draft engine")
         fraction = self.kv_cache_free_gpu_memory_fraction
         if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-            raise InvalidRequestError(f"kv_cache_free_gpu_memory_fraction must be in (0, 1), got {fraction!r}")
+            raise ConfigError(f"kv_cache_free_gpu_memory_fraction must be in (0, 1), got {fraction!r}")
         timeout = self.response_timeout_s
         if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-            raise InvalidRequestError(f"response_timeout_s must be a positive number, got {timeout!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["target_kind"] = self.target_kind.value
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrtllmConfig":
-        if not isinstance(data, dict):
-            raise InvalidRequestError(f"trtllm must be an object, got {type(data).__name__}")
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise InvalidRequestError(f"unknown trtllm fields: {sorted(unknown)}")
-        if "target_engine" not in data:
-            raise InvalidRequestError("trtllm needs target_engine (the target's engine folder)")
-        return cls(**data)
+            raise ConfigError(f"response_timeout_s must be a positive number, got {timeout!r}")
 
     def with_paths(self, resolve: Callable[[str | None], str | None]) -> "TrtllmConfig":
         """A copy whose engine folders went through ``resolve`` (e.g. made absolute)."""
