@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from triton_backend.config import RuntimeConfig, SamplingParams, SpeculationConfig
 from triton_backend.deployment import DeploymentConfig, build_decoder
-from triton_backend.generation import GenerationResult
+from triton_backend.decoding import GenerationResult
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
 DEFAULT_PROMPT = "Rewrite this sentence in the past tense: 'The quick brown fox jumps over the lazy dog and runs into the forest.'"

@@ -17,6 +17,7 @@ from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.drafters.base import Drafter
 from triton_backend.engines.trtllm_config import EngineRuntime, TrtllmConfig
 from triton_backend.errors import InvalidRequestError
+from triton_backend.decoding import Decoder
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine
 from triton_backend.reference_model import DEFAULT_REFERENCE
@@ -111,7 +112,7 @@ def _check_fields(what: str, data: Any, cls: type) -> dict[str, Any]:
     return data
 
 
-def build_decoder(config: DeploymentConfig) -> SpeculativeDecoder:
+def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         from triton_backend.trtllm_deployment import build_trtllm_decoder
 
