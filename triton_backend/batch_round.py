@@ -152,11 +152,9 @@ def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow
         for r, out in zip(active, engine.forward(batch)):
             seq = r.seq
             history = seq.processor.rows(seq.tokens, [drafted[id(r)]])  # penalties as the target applies them
-            if seq.processor.greedy:
-                token = int(seq.processor.argmax(out.logits[:1], history)[0].item())
-            else:
-                q = seq.processor.probs(out.logits[:1], history)[0]
-                token = int(torch.multinomial(q, 1, generator=seq.rng).item())
+            assert out.logits is not None
+            token, q = seq.processor.draw(out.logits[:1], None if history is None else history[0], seq.rng)
+            if q is not None:
                 probs[id(r)].append(q)
             drafted[id(r)].append(token)
         passes += 1
