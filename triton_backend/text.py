@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from triton_backend.config import FinishReason, SamplingParams
+from triton_backend.eos import stopping_eos
 
 REPLACEMENT = "\ufffd"
 
@@ -24,7 +25,7 @@ class StopChecker:
 
     def __init__(self, params: SamplingParams, eos_token_ids: frozenset[int], tokenizer: Any) -> None:
         self._params = params
-        self._eos = frozenset() if params.ignore_eos else eos_token_ids
+        self._eos = stopping_eos(params, eos_token_ids)
         self._tokenizer = tokenizer
         self._stop_tail = max((len(s) for s in params.stop), default=0) + 4
         self.text_cut: int | None = None  # where the output text ends (a stop string starts)
