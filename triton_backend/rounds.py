@@ -57,6 +57,14 @@ def repeat(round_: Round) -> Iterator[RoundOutcome]:
         yield round_()
 
 
+def cap_draft_length(commit: Commit, controller: SpeculationController, k: int) -> int:
+    """``k`` cut so the round never drafts past what may still be generated (it adds
+    ``k + 1`` tokens at most); records a fallback the controller has decided."""
+    if controller.fallen_back:  # counts when the adaptive controller decided it (break-even)
+        commit.stats.record_fallback(len(commit.generated))
+    return max(0, min(k, commit.remaining - 1))
+
+
 def record_round(commit: Commit, controller: SpeculationController, outcome: RoundOutcome) -> None:
     """Statistics and (when it decided the round) the controller, before the block is
     committed; a fallback is recorded where it triggers."""
@@ -85,4 +93,4 @@ def generation_loop(commit: Commit, controller: SpeculationController,
                 return
 
 
-__all__ = ["Round", "RoundOutcome", "RoundStrategy", "generation_loop", "record_round", "repeat"]
+__all__ = ["Round", "RoundOutcome", "RoundStrategy", "cap_draft_length", "generation_loop", "record_round", "repeat"]

@@ -18,7 +18,7 @@ from triton_backend.drafters.base import DraftProposal, Drafter
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.eos import min_tokens_end_ids
 from triton_backend.errors import InvalidRequestError
-from triton_backend.rounds import RoundOutcome, record_round
+from triton_backend.rounds import RoundOutcome, cap_draft_length, record_round
 from triton_backend.sampling import LogitsProcessor, RowHistory, make_generator
 from triton_backend.verifier import verify_greedy, verify_rejection
 
@@ -69,11 +69,8 @@ class RunState:
         return self.cap_draft_length(self.controller.next_draft_length())
 
     def cap_draft_length(self, k: int) -> int:
-        """``k`` cut so the round never drafts past what may still be generated (it adds
-        ``k + 1`` tokens at most); records a fallback the controller has decided."""
-        if self.controller.fallen_back:  # counts when the adaptive controller decided it (break-even)
-            self.commit.stats.record_fallback(len(self.commit.generated))
-        return max(0, min(k, self.commit.remaining - 1))
+        """``k`` cut to what may still be generated (:func:`~triton_backend.rounds.cap_draft_length`)."""
+        return cap_draft_length(self.commit, self.controller, k)
 
     def verify_chain(self, logits: torch.Tensor, proposal: DraftProposal) -> Accepted:
         """Verify a chain proposal against the target's ``[len(proposal) + 1, vocab]`` logits."""

@@ -38,7 +38,7 @@ from triton_backend.engines.trtllm_requests import (
     RequestSpec, SeedRole, count_accepted, draft_request, end_ids, plain_request, request_seed, target_request,
 )
 from triton_backend.errors import ContextLengthError, InvalidRequestError
-from triton_backend.rounds import RoundOutcome, generation_loop
+from triton_backend.rounds import RoundOutcome, cap_draft_length, generation_loop
 
 logger = logging.getLogger(__name__)
 
@@ -242,9 +242,8 @@ class _TrtllmRun:
             yield from self._streamed(0)
             return
         while True:
-            k = max(0, min(self.controller.next_draft_length(), self.commit.remaining - 1))
+            k = cap_draft_length(self.commit, self.controller, self.controller.next_draft_length())
             if self.controller.fallen_back:
-                self.commit.stats.record_fallback(len(self.commit.generated))  # when the adaptive controller decided it
                 yield from self._streamed(0)
                 return
             if len(self.commit.tokens) + k + 1 > self.info.max_input_len:
