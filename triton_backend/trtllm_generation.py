@@ -32,7 +32,7 @@ from triton_backend.config import SamplingParams, SpeculationConfig, Speculation
 from triton_backend.controller import controller_for
 from triton_backend.decoding import GenerationResult, collect, encode_prompt, resolve_mode
 from triton_backend.drafters.base import DraftCost
-from triton_backend.drafters.ngram import NgramDrafter, find_ngram_continuation
+from triton_backend.drafters.ngram import NgramDrafter, NgramIndex
 from triton_backend.engines.trtllm_engine import EngineOutput, TrtllmEngineError
 from triton_backend.engines.trtllm_requests import (
     RequestSpec, SeedRole, count_accepted, draft_request, end_ids, plain_request, request_seed, target_request,
@@ -164,6 +164,8 @@ class _TrtllmRun:
         self.ids = end_ids(params, self.info.eos_token_ids)
         self.base_seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.requests = 0
+        ngram = decoder.ngram if mode is SpeculationMode.NGRAM else None
+        self.ngram_index = NgramIndex(ngram.min_n, ngram.max_n) if ngram is not None else None  # follows the commits
 
     # -- requests ---------------------------------------------------------------------------
     def _seed(self, role: SeedRole) -> int | None:
@@ -174,9 +176,10 @@ class _TrtllmRun:
 
     def _propose(self, k: int) -> tuple[list[int], Any]:
         tokens = self.commit.tokens
-        if self.mode is SpeculationMode.NGRAM and self.decoder.ngram is not None:
-            ngram = self.decoder.ngram
-            return find_ngram_continuation(tokens, k, ngram.min_n, ngram.max_n), None
+        if self.ngram_index is not None:
+            self.ngram_index.update(tokens)
+            found = self.ngram_index.lookup(k)
+            return (found.continuation if found is not None else []), None
         draft = self.decoder.draft
         assert draft is not None  # rounds() drafts only where the mode's drafter is deployed
         want_logits = self.decoder.use_draft_logits and not self.params.greedy
