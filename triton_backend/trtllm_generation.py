@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Generator, Iterator, Protocol, Sequence
 
 from triton_backend.commit import Commit, GenerationChunk
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance
@@ -211,7 +211,7 @@ class _TrtllmRun:
             raise TrtllmEngineError("the target engine returned no token")
         return RoundOutcome(block, len(drafts), accepted, t1 - t0, t2 - t1)
 
-    def _streamed(self, depth: int) -> Iterator[RoundOutcome]:
+    def _streamed(self, depth: int) -> Generator[RoundOutcome, None, None]:
         """The rest as one streaming request; ``depth > 0``: a Medusa engine, whose every
         response is one step that drafted ``depth`` positions and accepted all but one token.
         No controller decides these rounds."""
@@ -235,7 +235,7 @@ class _TrtllmRun:
         if returned < asked:
             yield RoundOutcome(self._end_token(), passes=0, controller=False)
 
-    def rounds(self) -> Iterator[RoundOutcome]:
+    def rounds(self) -> Generator[RoundOutcome, None, None]:
         """Engine-verified rounds while the controller drafts; then (or when there is nothing
         to draft with) the rest as one streaming request."""
         if self.mode is SpeculationMode.MEDUSA:

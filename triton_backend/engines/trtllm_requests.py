@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from triton_backend.config import SamplingParams
 from triton_backend.engines.trtllm_config import TrtllmConfig
@@ -147,7 +147,7 @@ class EndIds:
     pad_id: int
 
 
-def end_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> EndIds:
+def end_ids(params: SamplingParams, eos_token_ids: Iterable[int]) -> EndIds:
     """The engine stops at the model's (first) EOS token unless the request ignores EOS; the
     runtime checks every EOS id and stop sequence itself as it commits tokens."""
     eos = sorted(int(t) for t in eos_token_ids)
