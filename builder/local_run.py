@@ -10,7 +10,7 @@ from triton_backend.config import (
 )
 from triton_backend.deployment import build_decoder
 from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.generation import GenerationResult
+from triton_backend.decoding import GenerationResult
 from triton_backend.reference_model import DEFAULT_REFERENCE
 
 DEFAULT_PROMPT = "Rewrite this sentence in the past tense: 'The quick brown fox jumps over the lazy dog and runs into the forest.'"

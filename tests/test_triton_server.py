@@ -25,7 +25,7 @@ from builder.demo import DemoConfig, run_demo
 from builder.model_repository import render_model_repository
 from builder.triton_client import ClientConfig, ClientError, ClientProtocol, GenerateRequest, RemoteResult, generate
 from builder.triton_server import ServerConfig, ServerError, TritonServer, free_port
-from triton_backend.generation import GenerationResult
+from triton_backend.decoding import GenerationResult
 from triton_backend.serving import parse_request
 
 pytestmark = pytest.mark.slow

@@ -142,8 +142,8 @@ class DraftPlanner:
         if planned and self.chooser is not None:
             self.regime = self.chooser.choose(len(seqs))
             if self.regime is Regime.OWN:
-                return [seq._draft_length() for seq in seqs]
-        ks = [0 if i in planned else seq._draft_length() for i, seq in enumerate(seqs)]
+                return [seq.draft_length() for seq in seqs]
+        ks = [0 if i in planned else seq.draft_length() for i, seq in enumerate(seqs)]
         if not planned or self.regime is Regime.PLAIN:
             return ks
         self.regime = self.regime or Regime.PLAN

@@ -1,16 +1,18 @@
 """One round of the batch scheduler: every active sequence drafts, ONE ragged target pass
 verifies all rows, each row is verified and committed on its own.
 
-A :class:`BatchSequence` is one request's generation (a :class:`RunState`: tokens, seeded
-RNG, controller, stats, stop checker) plus its slot(s) and what its caches hold. Rows
+A :class:`BatchSequence` is one request's generation (a :class:`RunState`: committed output,
+seeded RNG, controller, stop checker) plus its slot(s) and what its caches hold. Rows
 follow the engine contract (:mod:`triton_backend.engines.batch`): a row starts at what
 the slot holds that is still committed (``valid``, at most the committed length minus 1,
 so the last committed token is re-fed and yields the first logits row), so rollback of
 rejected drafts is only the next row starting earlier. Per row the steps are those of the
-single-request loop (:class:`~triton_backend.generation._Run`, :func:`~triton_backend.tree_round.tree_round`)
-in the same order, so each sequence consumes its RNG exactly as it would alone:
-draft (n-gram per row; a draft model batched across rows, one pass per draft position;
-Medusa trees and EAGLE chains from the hidden states of the previous pass), then verification.
+single-request loop's rounds (:mod:`triton_backend.generation`, :mod:`triton_backend.tree_round`,
+:mod:`triton_backend.eagle_round`, whose verification they call) in the same order, so each
+sequence consumes its RNG exactly as it would alone: draft (n-gram per row; a draft model
+batched across rows, one pass per draft position; Medusa trees and EAGLE chains from the
+hidden states of the previous pass), then verification; the round is recorded and committed
+as the single loop does (:meth:`RunState.record`, :meth:`~triton_backend.commit.Commit.commit`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import torch
 
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.drafters.eagle import EagleSession
+from triton_backend.drafters.medusa import MedusaSession
+from triton_backend.eagle_round import accept_eagle
+from triton_backend.engines.base import CausalLMEngine
 from triton_backend.engines.batch import BatchedEngine, BatchRow, RowOutput
-from triton_backend.generation import GenerationChunk, RunState, SpeculativeDecoder, commit_block
-from triton_backend.tree import node_depths
-from triton_backend.tree_round import _rows, verify_tree
+from triton_backend.run_state import Accepted, RunState
+from triton_backend.tree_round import accept_tree
 
 logger = logging.getLogger(__name__)
 
@@ -44,20 +49,20 @@ class BatchSequence(RunState):
     the request drafts with one (its own slot there), else None (the drafter's session
     proposes)."""
 
-    def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], params: SamplingParams,
+    def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *, started: float,
                  drafter_session: bool = True) -> None:
-        super().__init__(decoder, prompt_ids, params, spec, mode, drafter, drafter_session=drafter_session)
+        super().__init__(target, tokenizer, prompt_ids, params, spec, mode, drafter, started=started,
+                         drafter_session=drafter_session)
         self.mode = mode if drafter is not None else SpeculationMode.OFF
         self.drafter = drafter
-        self.tree = self.mode is SpeculationMode.MEDUSA
-        self.eagle = self.mode is SpeculationMode.EAGLE  # chain rows that return hidden states (the drafter's features)
-        self.started = started
+        session = self.drafter_session
+        self.medusa = session if isinstance(session, MedusaSession) else None  # tree rows
+        self.eagle = session if isinstance(session, EagleSession) else None  # chain rows that return hidden states
         self.slot: int | None = None
         self.valid = 0  # leading committed tokens the target slot holds
         self.draft_slot: int | None = None
         self.draft_valid = 0
-        self.finished = False
         self.plain_rounds = 0  # consecutive rounds the plan gave no draft (load-aware probing)
 
     @property
@@ -70,8 +75,8 @@ class BatchSequence(RunState):
         return len(self.tokens) - self._start()
 
     def _start(self) -> int:
-        if self.eagle:  # re-fed from the first position whose feature the drafter lacks (its target row ends there)
-            return min(self.drafter_session.feature_end, len(self.tokens) - 1)
+        if self.eagle is not None:  # re-fed from the first position whose feature the drafter lacks (its row ends there)
+            return min(self.eagle.feature_end, len(self.tokens) - 1)
         return min(self.valid, len(self.tokens) - 1)
 
     def prefill_row(self, budget: int) -> BatchRow:
@@ -106,8 +111,8 @@ class PlannedRow:
     def target_row(self) -> BatchRow:
         seq, start = self.seq, self.seq._start()
         tokens = seq.tokens[start:] + self.proposal.tokens
-        if seq.tree or seq.eagle:  # EAGLE: the chain after the root as a one-branch tree, as eagle_round runs it
-            parents = self.proposal.parents if seq.tree else list(range(-1, len(tokens) - 2))
+        if seq.medusa is not None or seq.eagle is not None:  # EAGLE: the chain after the root as a one-branch tree
+            parents = self.proposal.parents if seq.medusa is not None else list(range(-1, len(tokens) - 2))
             parents = parents if parents is not None else []
             return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
                             return_hidden=True, return_logits=False)
@@ -147,11 +152,9 @@ def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow
         for r, out in zip(active, engine.forward(batch)):
             seq = r.seq
             history = seq.processor.rows(seq.tokens, [drafted[id(r)]])  # penalties as the target applies them
-            if seq.processor.greedy:
-                token = int(seq.processor.argmax(out.logits[:1], history)[0].item())
-            else:
-                q = seq.processor.probs(out.logits[:1], history)[0]
-                token = int(torch.multinomial(q, 1, generator=seq.rng).item())
+            assert out.logits is not None
+            token, q = seq.processor.draw(out.logits[:1], None if history is None else history[0], seq.rng)
+            if q is not None:
                 probs[id(r)].append(q)
             drafted[id(r)].append(token)
         passes += 1
@@ -164,47 +167,30 @@ def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow
     return passes
 
 
-def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> tuple[list[int], int, int]:
-    """Verify one row of the target pass: the block it commits (accepted drafts + one
-    token), the positions it drafted and how many were accepted. Updates the bookkeeping of
-    the sequence's caches."""
+def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> Accepted:
+    """Verify one row of the target pass: what it keeps (the block to commit, the positions
+    it drafted and accepted). Updates the bookkeeping of the sequence's caches."""
     seq, proposal = row.seq, row.proposal
     length = len(seq.tokens)
-    if seq.tree:
+    if seq.medusa is not None:
+        assert out.hidden is not None
         parents = proposal.parents if proposal.parents is not None else []
-        result = verify_tree(seq, _rows(engine, out.hidden, seq.processor), proposal.tokens, parents)
-        engine.keep_tree_path(seq.slot, length, result.path)
-        seq.valid = length + len(result.path)
-        end = result.path[-1] + 1 if result.path else 0
-        seq.drafter_session.observe(length + len(result.path) + 1, out.hidden[end])
-        block = [proposal.tokens[i] for i in result.path] + [result.next_token]
-        drafted = max(node_depths(parents), default=0)
-    elif seq.eagle:
+        accepted = accept_tree(seq, seq.medusa, engine.head_logits, out.hidden, proposal, parents)
+        engine.keep_tree_path(seq.slot, length, accepted.path)
+        seq.valid = length + len(accepted.path)
+    elif seq.eagle is not None:
+        assert out.hidden is not None
         start = seq._start()
-        known = length - 1 - start  # committed tokens after the root whose features the drafter lacks
-        result = seq.verify_chain(engine.head_logits(out.hidden[known:]), proposal)
-        kept = known + result.num_accepted
-        engine.keep_tree_path(seq.slot, start + 1, list(range(kept)))
-        seq.valid = start + 1 + kept
-        seq.drafter_session.observe(start, out.hidden[: kept + 1])
-        block = proposal.tokens[: result.num_accepted] + [result.next_token]
-        drafted = len(proposal)
+        accepted = accept_eagle(seq, seq.eagle, engine.head_logits, out.hidden, proposal, start)
+        engine.keep_tree_path(seq.slot, start + 1, accepted.path)
+        seq.valid = start + 1 + len(accepted.path)
     else:
-        result = seq.verify_chain(out.logits, proposal)
-        block = proposal.tokens[: result.num_accepted] + [result.next_token]
-        seq.valid = length + _common_prefix(proposal.tokens, block)
+        assert out.logits is not None
+        accepted = seq.verify_chain(out.logits, proposal)
+        seq.valid = length + _common_prefix(proposal.tokens, accepted.block)
         if seq.draft_slot is not None and row.k > 0:
-            seq.draft_valid = length + _common_prefix(proposal.tokens[:-1], block)
-        drafted = len(proposal)
-    return block, drafted, result.num_accepted
-
-
-def commit(seq: BatchSequence, block: list[int]) -> GenerationChunk | None:
-    """Commit a verified block through the stop checker; the chunk to stream, if any."""
-    chunk = commit_block(seq, block, seq.started)
-    if chunk is not None and chunk.finished:
-        seq.finished = True
-    return chunk
+            seq.draft_valid = length + _common_prefix(proposal.tokens[:-1], accepted.block)
+    return accepted
 
 
 def drafted_tokens(planned: Sequence[PlannedRow]) -> int:
@@ -217,5 +203,5 @@ def describe(planned: Sequence[PlannedRow], prefill: int) -> dict[str, Any]:
             "methods": [r.seq.mode.value for r in planned]}
 
 
-__all__ = ["BatchSequence", "PlannedRow", "commit", "describe", "drafted_tokens", "propose_per_row",
+__all__ = ["BatchSequence", "PlannedRow", "describe", "drafted_tokens", "propose_per_row",
            "propose_with_draft_model", "verify_row"]

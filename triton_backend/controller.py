@@ -27,7 +27,7 @@ from collections import deque
 from typing import Callable
 
 from triton_backend.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
-from triton_backend.drafters.base import Drafter, DrafterSession
+from triton_backend.drafters.base import DraftCost, DrafterSession
 from triton_backend.speculation_policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, prefix_probabilities)
 
@@ -164,7 +164,7 @@ class SpeculationController:
         return True
 
 
-def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None,
+def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: DraftCost | None,
                    session: DrafterSession | None = None, cost_model: PassCostModel | None = None) -> SpeculationController:
     """The controller for one request of ``mode``: the drafter type's prior, a Medusa round's
     cost counting its tree's nodes, n-gram lookup's per-match decision hooked into ``session``."""

@@ -13,6 +13,7 @@ from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.drafters import DraftModelDrafter, NgramDrafter
 from triton_backend.drafters.base import Drafter
 from triton_backend.engines.trtllm_config import EngineRuntime
+from triton_backend.decoding import Decoder
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine
 from triton_backend.trtllm_deployment import build_trtllm_decoder
@@ -20,7 +21,7 @@ from triton_backend.trtllm_deployment import build_trtllm_decoder
 logger = logging.getLogger(__name__)
 
 
-def build_decoder(config: DeploymentConfig) -> SpeculativeDecoder:
+def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         return build_trtllm_decoder(config)
     target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name)

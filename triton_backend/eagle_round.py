@@ -1,4 +1,5 @@
-"""One round of EAGLE chain speculation inside :class:`triton_backend.generation._Run`.
+"""EAGLE chain speculation: one round on the torch runtime, and the verification the batch
+scheduler's EAGLE rows share with it.
 
 The drafter proposes ``k`` tokens (none on the first round: it has no target features
 yet); ONE target pass over the positions whose features the drafter lacks (the whole prompt
@@ -12,34 +13,50 @@ rounds make), and the drafter gets the target's features at every position it ke
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from triton_backend.drafters.base import EMPTY_PROPOSAL
-from triton_backend.errors import InvalidRequestError
+import torch
+
+from triton_backend.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.drafters.eagle import EagleSession
+from triton_backend.engines.base import EngineSession
+from triton_backend.rounds import RoundOutcome
+from triton_backend.run_state import Accepted, RunState
+from triton_backend.tree_round import Head
 
 
-def eagle_round(run: Any) -> list[int]:
-    """The tokens this round commits (accepted drafts + one target token)."""
-    session, drafter_session = run.target_session, run.drafter_session
-    if not hasattr(session, "tree_hidden"):
-        raise InvalidRequestError("this target engine cannot return hidden states (EAGLE needs the torch runtime)")
-    k = run._draft_length()
-    t0 = time.perf_counter()
-    proposal = drafter_session.propose(run.tokens, k, run.processor, run.rng) if k > 0 else EMPTY_PROPOSAL
-    t1 = time.perf_counter()
-    start = drafter_session.feature_end  # <= len(run.tokens) - 1
+def accept_eagle(run: RunState, drafter: EagleSession, head: Head, hidden: torch.Tensor, proposal: DraftProposal,
+                 start: int) -> Accepted:
+    """Verify an EAGLE pass whose rows start at the drafter's root ``start`` (``hidden``:
+    ``[1 + known + k, H]``) and hand the drafter the target's features at every position
+    kept. ``path``: the chain's nodes to keep after the root (the committed tokens the
+    drafter lacked, then the accepted drafts)."""
     known = len(run.tokens) - 1 - start  # committed tokens after the drafter's root, before the last one
-    chain = list(run.tokens[start + 1:]) + proposal.tokens
-    hidden = session.tree_hidden(run.tokens[: start + 1], chain, list(range(-1, len(chain) - 1)))  # [1 + len(chain), H]
-    logits = session.head_logits(hidden[known:])  # [k + 1, vocab]
-    result = run.verify_chain(logits, proposal)  # penalties per row's history, log probs when asked
-    accepted = result.num_accepted
-    session.keep_tree_path(list(range(known + accepted)))
-    drafter_session.observe(start, hidden[: known + accepted + 1])
-    t2 = time.perf_counter()
-    run.stats.draft_time_s += t1 - t0
-    run.stats.verify_time_s += t2 - t1
-    run.stats.record_round(len(proposal), accepted)
-    if run.controller.record(len(proposal), accepted):
-        run.stats.record_fallback(len(run.generated) + accepted + 1)
-    return proposal.tokens[:accepted] + [result.next_token]
+    accepted = run.verify_chain(head(hidden[known:]), proposal)  # [k + 1, vocab]: penalties per row, log probs
+    kept = known + accepted.accepted
+    drafter.observe(start, hidden[: kept + 1])
+    return Accepted(accepted.block, accepted.drafted, accepted.accepted, list(range(kept)))
+
+
+class EagleRound:
+    """One EAGLE round on a target session (see the module docstring)."""
+
+    def __init__(self, run: RunState, session: EngineSession, drafter: EagleSession) -> None:
+        self.run = run
+        self.session = session
+        self.drafter = drafter
+
+    def __call__(self) -> RoundOutcome:
+        run, drafter = self.run, self.drafter
+        k = run.draft_length()
+        t0 = time.perf_counter()
+        proposal = drafter.propose(run.tokens, k, run.processor, run.rng) if k > 0 else EMPTY_PROPOSAL
+        t1 = time.perf_counter()
+        start = drafter.feature_end  # <= len(run.tokens) - 1
+        chain = run.tokens[start + 1:] + proposal.tokens
+        hidden = self.session.tree_hidden(run.tokens[: start + 1], chain, list(range(-1, len(chain) - 1)))
+        accepted = accept_eagle(run, drafter, self.session.head_logits, hidden, proposal, start)
+        self.session.keep_tree_path(accepted.path)
+        return accepted.outcome(t1 - t0, time.perf_counter() - t1)
+
+
+__all__ = ["EagleRound", "accept_eagle"]

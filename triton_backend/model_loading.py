@@ -14,6 +14,7 @@ from triton_backend.config import RuntimeConfig
 from triton_backend.engines.llama_engine import LlamaEngine
 from triton_backend.engines.llama_forward import unsupported_reason
 from triton_backend.engines.torch_engine import TorchEngine
+from triton_backend.eos import eos_token_ids
 from triton_backend.errors import ModelLoadError
 from triton_backend.reference_model import REFERENCE_MODELS, ensure_reference_model
 
@@ -101,16 +102,8 @@ def weight_file_problem(folder: Path) -> str | None:
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif eos:
-            ids.update(int(t) for t in eos)
-    if tokenizer is not None and tokenizer.eos_token_id is not None and not ids:
-        ids.add(int(tokenizer.eos_token_id))
-    return sorted(ids)
+    """The model's EOS ids (its generation config and config, else its tokenizer's)."""
+    return sorted(eos_token_ids(getattr(model, "generation_config", None), model.config, tokenizer=tokenizer))
 
 
 def make_torch_engine(model: PreTrainedModel, *, name: str = "model", runtime: RuntimeConfig | None = None,

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from triton_backend.generation import GenerationChunk
+from triton_backend.commit import GenerationChunk
 
 logger = logging.getLogger(__name__)
 

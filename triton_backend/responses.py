@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from triton_backend.generation import GenerationChunk
+from triton_backend.commit import GenerationChunk
 from triton_backend.stats import GenerationStats
 from triton_backend.triton_io import TritonType as T
 from triton_backend.triton_io import array_tensor, scalar_tensor, string_tensor

@@ -172,6 +172,17 @@ class LogitsProcessor:
         """Greedy choice per row: the argmax of the penalised logits ``[n]``."""
         return self.scores(logits, histories).argmax(dim=-1)
 
+    def draw(self, logits: torch.Tensor, history: RowHistory | None,
+             generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+        """One token from one row of ``logits`` (``[1, vocab]``) after ``history``: the argmax
+        when greedy (no distribution), else a sample from the processed distribution ``q``
+        ``[vocab]``, returned with it (a drafter's proposal carries it to the verifier)."""
+        histories = None if history is None else [history]
+        if self.greedy:
+            return int(self.argmax(logits, histories)[0].item()), None
+        q = self.probs(logits, histories)[0]
+        return sample(q, generator), q
+
     def probs(self, logits: torch.Tensor, histories: Sequence[RowHistory] | None = None) -> torch.Tensor:
         """``logits`` [n, vocab] -> probabilities [n, vocab] (float32), after each row's
         history-dependent processing (``histories``, from :meth:`rows`).
@@ -203,7 +214,8 @@ class LogitsProcessor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from a probability vector [vocab]."""
+    """One token from a probability vector (or unnormalised weights) ``[vocab]``: every
+    sampled token of the loop is drawn here."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 

@@ -20,15 +20,16 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 from triton_backend.batch_plan import BatchPolicy, DraftPlanner
-from triton_backend.batch_round import (BatchSequence, PlannedRow, commit, describe, drafted_tokens, propose_per_row,
+from triton_backend.batch_round import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_per_row,
                                         propose_with_draft_model, verify_row)
+from triton_backend.commit import GenerationChunk
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.draft_model import DraftModelDrafter
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
 from triton_backend.engines.hf_batched import HFBatchedEngine
 from triton_backend.engines.torch_engine import TorchEngine
 from triton_backend.errors import InvalidRequestError, SpecbuildError
-from triton_backend.generation import GenerationChunk, SpeculativeDecoder
+from triton_backend.generation import SpeculativeDecoder
 from triton_backend.speculation_policy import PassCostModel
 
 logger = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class BatchScheduler:
     def _start(self, job: _Job) -> BatchSequence:
         mode, drafter = self.decoder.resolve(job.mode)
         batched_draft = isinstance(drafter, DraftModelDrafter) and self.draft_engine is not None
-        seq = BatchSequence(self.decoder, job.prompt_ids, job.params, job.spec, mode, drafter,
+        seq = BatchSequence(self.decoder.target, self.decoder.tokenizer, job.prompt_ids, job.params, job.spec, mode, drafter,
                             started=job.submitted, drafter_session=not batched_draft)
         seq.slot = self.target.allocate()
         if batched_draft:
@@ -291,7 +292,7 @@ class BatchScheduler:
         planned: list[PlannedRow] = []
         for seq in active:
             pending = seq.pending()
-            if pending <= 1 or seq.eagle:  # an EAGLE prompt feeds the drafter's features whole (no chunks)
+            if pending <= 1 or seq.eagle is not None:  # an EAGLE prompt feeds the drafter's features whole (no chunks)
                 budget -= pending if pending > 1 else 0
                 planned.append(PlannedRow(seq, 0))
             elif pending <= budget:
@@ -307,18 +308,18 @@ class BatchScheduler:
         """Verify, commit and stream one row; returns the tokens it committed."""
         seq = row.seq
         try:
-            block, drafted, accepted = verify_row(self.target, row, out)
-            seq.record_verification(drafted, accepted, row.draft_s, verify_s)
-            chunk = commit(seq, block)
+            outcome = verify_row(self.target, row, out).outcome(row.draft_s, verify_s)
+            seq.record(outcome)
+            chunk = seq.commit.commit(outcome.block)
         except SpecbuildError as exc:
             self._finish(seq, error=exc)
             return 0
         if chunk is not None and not self._tell(self._handles[id(seq)].on_chunk, chunk):
             self._finish(seq, cancelled=True)
-            return len(block)
-        if seq.finished:
+            return len(outcome.block)
+        if seq.commit.finished:
             self._finish(seq)
-        return len(block)
+        return len(outcome.block)
 
     def _finish(self, seq: BatchSequence, *, error: BaseException | None = None, cancelled: bool = False) -> None:
         """Take a sequence out of the batch and give its slots back; tell the client why."""

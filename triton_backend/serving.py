@@ -20,7 +20,9 @@ import numpy as np
 from triton_backend.config import SamplingParams, SpeculationConfig
 from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.errors import InvalidRequestError, SpecbuildError
-from triton_backend.generation import GenerationChunk, SpeculativeDecoder
+from triton_backend.commit import GenerationChunk
+from triton_backend.decoding import Decoder
+from triton_backend.generation import SpeculativeDecoder
 from triton_backend.interface import (
     ACCEPTANCE_RATE, CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, FALLBACK, FINISH_REASON, METHOD, NUM_DRAFT_TOKENS,
     NUM_OUTPUT_TOKENS, SPECULATION, STOP_WORDS, TARGET_PASSES, TEMPERATURE,
@@ -45,7 +47,7 @@ logger = logging.getLogger(__name__)
 class ServingRequest:
     """One parsed request. ``prompt`` is text, or token ids for the token-level interface
     (``token_level``: ``input_ids`` in, ``output_ids`` out); both go to
-    :meth:`SpeculativeDecoder.encode` as they are."""
+    :meth:`Decoder.encode` as they are."""
 
     prompt: str | tuple[int, ...]
     sampling: SamplingParams
@@ -228,7 +230,7 @@ class SpecdecService:
     in flight themselves (TensorRT-LLM's Executor): each request runs its own loop on a
     thread pool of ``max_concurrency`` threads, handed to the Executor concurrently."""
 
-    def __init__(self, decoder: SpeculativeDecoder, config: ServingConfig, speculation: SpeculationConfig,
+    def __init__(self, decoder: Decoder, config: ServingConfig, speculation: SpeculationConfig,
                  observer: RequestObserver | None = None) -> None:
         self.decoder = decoder
         self.config = config
@@ -237,7 +239,7 @@ class SpecdecService:
         self.scheduler: BatchScheduler | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pump: ResponsePump | None = None
-        if batchable(decoder.target):
+        if isinstance(decoder, SpeculativeDecoder) and batchable(decoder.target):
             rounds = observer if isinstance(observer, RoundObserver) else None
             # responses, cancellation queries and metrics off the scheduler thread
             self._pump = ResponsePump(flush=rounds.flush if rounds is not None else None)

@@ -26,6 +26,7 @@ from typing import Callable, Sequence, Union
 
 import torch
 
+from triton_backend.sampling import sample
 from triton_backend.tree import check_parents, node_depths, path_to
 
 
@@ -92,7 +93,7 @@ def verify_tree_sampling(
     children = _children(parents)
     node, path = -1, []
     while True:
-        x = int(torch.multinomial(row(node + 1), 1, generator=generator).item())
+        x = sample(row(node + 1), generator)
         match = next((c for c in children.get(node, []) if tree_tokens[c] == x), None)
         if match is None:
             return TreeVerifyResult(tuple(path), x)
@@ -123,5 +124,5 @@ def verify_tree_typical(
         reachable.append(float(probs[t]) > bars[p])
     depths = node_depths(parents)
     best = max((i for i in range(len(parents)) if reachable[i]), key=lambda i: (depths[i], -i), default=-1)
-    next_token = int(torch.multinomial(row(best + 1), 1, generator=generator).item())
+    next_token = sample(row(best + 1), generator)
     return TreeVerifyResult(tuple(path_to(best, parents)), next_token)

@@ -20,6 +20,7 @@ from triton_backend.engines.trtllm_engine import (
     EngineInfo, TrtllmEngine, check_engine_dir, executor_bindings, read_engine_info,
 )
 from triton_backend.engines.trtllm_requests import executor_spec
+from triton_backend.eos import eos_token_ids as read_eos
 from triton_backend.errors import ModelLoadError, VocabMismatchError
 from triton_backend.model_loading import load_tokenizer, resolve_model_path
 from triton_backend.trtllm_generation import EngineDrafter, EngineMedusa, TargetInfo, TrtllmSpeculativeDecoder
@@ -30,15 +31,8 @@ logger = logging.getLogger(__name__)
 def eos_token_ids(source: str, tokenizer: Any) -> frozenset[int]:
     """The target's end-of-sequence ids: its config, its generation config and its tokenizer."""
     folder, _ = resolve_model_path(source)
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = folder / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            ids.update([value] if isinstance(value, int) else [int(v) for v in value or ()])
-    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
+    files = [folder / name for name in ("config.json", "generation_config.json")]
+    return read_eos(*(json.loads(path.read_text()) for path in files if path.is_file()), tokenizer=tokenizer)
 
 
 def _check_pair(target: EngineInfo, draft: EngineInfo | None, config: TrtllmConfig) -> None:

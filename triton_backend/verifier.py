@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from triton_backend.sampling import sample
+
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -78,7 +80,7 @@ def verify_rejection(
     u = torch.rand(k, generator=generator, dtype=torch.float32)
     m = _first_false(u * q_d < p_d)  # accept d_i with probability min(1, p/q)
     if m == k:
-        return VerifyResult(k, k, _draw(target_probs[k], generator))
+        return VerifyResult(k, k, sample(target_probs[k], generator))
     p = target_probs[m]
     if draft_probs is None:
         residual = p.clone()
@@ -87,8 +89,4 @@ def verify_rejection(
         residual = torch.clamp(p - draft_probs[m], min=0.0)
     if float(residual.sum()) <= 0.0:  # p == q here (up to rounding): the residual is undefined, p itself is exact
         residual = p
-    return VerifyResult(k, m, _draw(residual, generator))
-
-
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(weights, 1, generator=generator).item())
+    return VerifyResult(k, m, sample(residual, generator))

@@ -11,6 +11,7 @@ import torch
 
 from builder.bench.config import BenchPrompt, Sample
 from triton_backend.config import SamplingParams, SpeculationConfig
+from triton_backend.eos import eos_token_ids
 from triton_backend.generation import SpeculativeDecoder
 
 
@@ -84,9 +85,7 @@ class PeerRow:
         latency = time.perf_counter() - start
         ttft = (clock.first - start) if clock.first is not None else latency
         tokens = out[0, len(prompt.ids):].tolist()
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
-        if not ignore_eos and tokens and tokens[-1] in eos_ids:
+        if not ignore_eos and tokens and tokens[-1] in eos_token_ids(self.model.generation_config):
             tokens.pop()  # transformers returns the EOS it stopped at; ours reports it as the finish reason
         return RowResult(tokens, latency, ttft)
 

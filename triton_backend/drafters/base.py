@@ -44,6 +44,18 @@ class DrafterSession(Protocol):
     def release(self) -> None: ...
 
 
+class DraftCost(Protocol):
+    """What the speculation controller needs of a drafter: its name and cost (the TensorRT-LLM
+    runtime's draft engines are this, without sessions of their own)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def relative_cost(self) -> float:
+        """Cost of drafting one token, relative to one target decoding step (for adaptive k)."""
+
+
 @runtime_checkable
 class Drafter(Protocol):
     name: str

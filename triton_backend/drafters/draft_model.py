@@ -42,11 +42,8 @@ class _DraftModelSession:
         for _ in range(k):
             logits = self._session.logits(seq, 1)  # [1, vocab]
             history = processor.rows(tokens, [drafted])  # the target's history at this position
-            if processor.greedy:
-                token = int(processor.argmax(logits, history)[0].item())
-            else:
-                q = processor.probs(logits, history)[0]
-                token = int(torch.multinomial(q, 1, generator=generator).item())
+            token, q = processor.draw(logits, None if history is None else history[0], generator)
+            if q is not None:
                 rows.append(q)
             drafted.append(token)
             seq.append(token)

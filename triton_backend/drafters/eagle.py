@@ -103,14 +103,11 @@ class EagleDrafter:
                 sampling: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         tokens, rows = [], []
         for b, (proc, gen) in enumerate(zip(processors, generators)):
-            if proc.greedy:
-                token = int(logits[b].argmax())
-                if sampling:
-                    rows.append(torch.nn.functional.one_hot(torch.tensor(token), logits.shape[-1]).float())
-            else:
-                q = proc.probs(logits[b:b + 1])[0]
-                token = int(torch.multinomial(q, 1, generator=gen))
+            token, q = proc.draw(logits[b:b + 1], None, gen)
+            if q is not None:
                 rows.append(q)
+            elif sampling:
+                rows.append(torch.nn.functional.one_hot(torch.tensor(token), logits.shape[-1]).float())
             tokens.append(token)
         return torch.tensor(tokens, device=logits.device), (torch.stack(rows) if sampling else None)
 

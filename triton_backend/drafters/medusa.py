@@ -1,7 +1,7 @@
 """Drafting with Medusa heads: a token tree from the target's own last hidden state.
 
 After each verification round the tree round hands the session the target's hidden state
-at the last accepted position (:meth:`_MedusaSession.observe`): the target's LM head turned
+at the last accepted position (:meth:`MedusaSession.observe`): the target's LM head turned
 it into the token just committed, and head ``i`` ranks candidates for ``i + 1`` positions
 after that token. The proposal is the tree of ``medusa_choices`` cut to depth ``k``: node
 ``(r_0, ..., r_d)`` holds head ``d``'s rank-``r_d`` candidate. ``DraftProposal.parents``
@@ -24,7 +24,7 @@ from triton_backend.tree import Choices, choices_to_parents, normalise_choices
 EMPTY_TREE = DraftProposal(tokens=[], parents=[])
 
 
-class _MedusaSession:
+class MedusaSession:
     def __init__(self, drafter: "MedusaDrafter") -> None:
         self._drafter = drafter
         self._hidden: torch.Tensor | None = None  # [H]
@@ -87,5 +87,5 @@ class MedusaDrafter:
         tokens = [int(ranked[head][rank]) for head, rank in self.slots[:count]]
         return DraftProposal(tokens=tokens, parents=list(self.parents[:count]))
 
-    def new_session(self) -> _MedusaSession:
-        return _MedusaSession(self)
+    def new_session(self) -> MedusaSession:
+        return MedusaSession(self)

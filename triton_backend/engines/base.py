@@ -4,7 +4,8 @@ An engine holds the weights; a session holds one sequence's KV cache. A session 
 asked for logits of the last ``num_last`` positions of a token sequence; it keeps
 whatever prefix of its cache still matches and runs only the rest, so rolling back
 rejected draft tokens is bookkeeping (a committed length), never a recomputation of
-the accepted prefix.
+the accepted prefix. The torch runtime's sessions also verify draft trees in one pass
+(Medusa; EAGLE passes its chain as a one-branch tree): every session offers those calls.
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ class EngineSession(Protocol):
 
     def release(self) -> None:
         """Free the KV cache."""
+
+    def tree_hidden(self, tokens: Sequence[int], tree_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """One pass over the committed ``tokens`` and a draft tree (``parents``: see
+        :mod:`triton_backend.tree`): last hidden states ``[1 + n, hidden]`` for the last
+        committed token then each node. The nodes stay cached until :meth:`keep_tree_path`."""
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head: float32 ``[r, vocab]`` logits for last hidden states ``[r, hidden]``."""
+
+    def keep_tree_path(self, path: Sequence[int]) -> None:
+        """After :meth:`tree_hidden`: keep the committed tokens plus the nodes ``path``
+        (root to leaf); drop the other nodes."""
 
 
 @runtime_checkable

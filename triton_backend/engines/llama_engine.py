@@ -24,6 +24,7 @@ from triton_backend.engines.kv_cache import SlotKVCache
 from triton_backend.engines.llama_forward import LlamaForward, RowPlan, run_layers
 from triton_backend.engines.row_gemm import RowGemm, load_row_gemm
 from triton_backend.engines.torch_engine import configure_threads
+from triton_backend.eos import eos_token_ids as model_eos
 from triton_backend.errors import ContextLengthError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -40,13 +41,6 @@ def _row_kernel(runtime: RuntimeConfig, device: torch.device) -> RowGemm | None:
         logger.info("row-invariant CPU kernel is single-threaded: %d threads keep torch's kernels", runtime.num_threads)
         return None
     return load_row_gemm()
-
-
-def _eos_set(config: object, eos_token_ids: Sequence[int] | None) -> frozenset[int]:
-    if eos_token_ids is None:
-        eos = getattr(config, "eos_token_id", None)
-        eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    return frozenset(int(t) for t in eos_token_ids)
 
 
 class LlamaEngine:
@@ -78,7 +72,8 @@ class LlamaEngine:
         self.num_slots = runtime.max_batch_size
         self.cache = SlotKVCache(shape.num_layers, self.num_slots, shape.num_kv_heads, self.max_context,
                                  shape.head_dim, self.model.dtype, self.device)
-        self.eos_token_ids = _eos_set(model.config, eos_token_ids)
+        self.eos_token_ids = (model_eos(model.config) if eos_token_ids is None
+                              else frozenset(int(t) for t in eos_token_ids))
         self.forward_calls = 0
         logger.info("slot engine %r: %d slots x %d positions, KV cache %.1f MiB (%s, %s), matmul kernel %s", name,
                     self.num_slots, self.max_context, self.kv_cache_bytes() / 2**20, self.model.dtype, self.device,

@@ -10,6 +10,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from triton_backend.config import RuntimeConfig
 from triton_backend.engines.packed_linear import pack_linear_layers
+from triton_backend.eos import eos_token_ids as model_eos
 from triton_backend.errors import ContextLengthError
 
 logger = logging.getLogger(__name__)
@@ -150,10 +151,7 @@ class TorchEngine:
         head = model.get_output_embeddings()  # a reduced-vocabulary draft head still emits full-width logits
         self.vocab_size = int(getattr(head, "full_vocab_size", None) or head.weight.shape[0])
         self.max_context = int(max_context or getattr(config, "max_position_embeddings", 2048))
-        if eos_token_ids is None:
-            eos = getattr(config, "eos_token_id", None)
-            eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.eos_token_ids = model_eos(config) if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
 
     def new_session(self) -> TorchSession:
         return TorchSession(self)

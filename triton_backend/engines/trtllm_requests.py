@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from triton_backend.config import SamplingParams
 from triton_backend.engines.trtllm_config import TrtllmConfig
+from triton_backend.eos import stopping_eos
 
 NO_END_ID = -1  # TensorRT-LLM's end_id for "never stop at an end token" (ignore_eos)
 _MASK64 = (1 << 64) - 1
@@ -146,14 +147,12 @@ class EndIds:
     pad_id: int
 
 
-def end_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> EndIds:
+def end_ids(params: SamplingParams, eos_token_ids: Iterable[int]) -> EndIds:
     """The engine stops at the model's (first) EOS token unless the request ignores EOS; the
     runtime checks every EOS id and stop sequence itself as it commits tokens."""
     eos = sorted(int(t) for t in eos_token_ids)
-    pad = eos[0] if eos else 0
-    if params.ignore_eos or not eos:
-        return EndIds(NO_END_ID, pad)
-    return EndIds(eos[0], pad)
+    stops = sorted(stopping_eos(params, eos))
+    return EndIds(stops[0] if stops else NO_END_ID, eos[0] if eos else 0)
 
 
 def draft_request(tokens: Sequence[int], k: int, params: SamplingParams, ids: EndIds, seed: int | None,
