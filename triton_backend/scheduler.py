@@ -294,8 +294,9 @@ class BatchScheduler:
         if not prefill:  # the planner measures its regimes on decode/verify rounds only
             self.planner.record_round(len(rows), committed, time.perf_counter() - started)
         speculating = sum(1 for r in planned if len(r.proposal))
-        logger.debug("round %d: %s, regime %s", self.rounds, describe(planned, len(prefill)),
-                     self.planner.regime.value if self.planner.regime is not None else "-")
+        if logger.isEnabledFor(logging.DEBUG):  # the round's shape is built only for the decision log
+            logger.debug("round %d: %s, regime %s", self.rounds, describe(planned, len(prefill)),
+                         self.planner.regime.value if self.planner.regime is not None else "-")
         if self.observer is not None:
             self.observer.round_done(len(rows), speculating, drafted_tokens(planned), len(self._queue))
         self.timing.add(len(rows), speculating, verify_s, time.perf_counter() - started)
