@@ -50,7 +50,9 @@ def test_a_regime_that_turns_worse_is_dropped_and_buckets_are_separate() -> None
 def test_a_regime_that_keeps_losing_is_probed_ever_less_and_found_again_once_it_wins() -> None:
     chooser = RegimeChooser(probe_every=16, max_probe_every=256, backoff_margin=0.1)
     rate = {Regime.PLAIN: 100.0, Regime.PLAN: 60.0, Regime.OWN: 50.0}
-    chosen = _run(chooser, 8, 1024, rate)
+    chosen = _run(chooser, 8, len(Regime), rate)  # the warmup: each regime's first probe
+    assert chooser.probe_intervals(8) == {"plan": 32, "own": 32, "plain": 16}
+    chosen += _run(chooser, 8, 1024 - len(Regime), rate)
     # fixed probing every 16 rounds would run each loser ~64 times; backing off: 16, 32, .., 256
     assert chosen.count(Regime.PLAN) <= 9 and chosen.count(Regime.OWN) <= 9
     assert sum(rate[r] for r in chosen) / len(chosen) >= 0.99 * rate[Regime.PLAIN]

@@ -83,7 +83,7 @@ class RegimeChooser:
     runs the best, and probes each other regime once its interval has passed since it last
     ran (``probe_every`` rounds at first). A probe that measures the regime more than
     ``backoff_margin`` below the best doubles its interval (at most ``max_probe_every``); a
-    probe within the margin (or better) resets it. Old figures weigh ``decay`` per round of the
+    probe within the margin (or better) resets it; the warmup counts as a first probe. Old figures weigh ``decay`` per round of the
     bucket since they were measured, so a probe's sample mostly replaces a stale figure (a
     regime that starts winning shows it at its next probe) while the running regime's figure
     averages over its recent rounds."""
@@ -142,6 +142,15 @@ class RegimeChooser:
             losing = rate < (1.0 - self.backoff_margin) * best
             entry.interval = min(2 * self._interval(entry), self.max_probe_every) if losing else self.probe_every
             b.probe = None
+        elif entry.samples == self.warmup and all(v.samples >= self.warmup for v in b.rates.values()):
+            self._after_warmup(b)
+
+    def _after_warmup(self, b: _Bucket) -> None:
+        """The warmup was each regime's first probe: one well below the best waits twice as long."""
+        best = max(v.rate for v in b.rates.values())
+        for entry in b.rates.values():
+            if entry.rate < (1.0 - self.backoff_margin) * best:
+                entry.interval = min(2 * self.probe_every, self.max_probe_every)
 
     def rates(self, rows: int) -> dict[str, float]:
         """The measured rates of ``rows``'s bucket (for the decision log)."""
