@@ -83,10 +83,10 @@ class RegimeChooser:
     runs the best, and probes each other regime once its interval has passed since it last
     ran (``probe_every`` rounds at first). A probe that measures the regime more than
     ``backoff_margin`` below the best doubles its interval (at most ``max_probe_every``); a
-    probe within the margin (or better) resets it; the warmup counts as a first probe. Old figures weigh ``decay`` per round of the
-    bucket since they were measured, so a probe's sample mostly replaces a stale figure (a
-    regime that starts winning shows it at its next probe) while the running regime's figure
-    averages over its recent rounds."""
+    probe within the margin (or better) resets it; the warmup counts as a first probe. Old
+    figures weigh ``decay`` per round of the bucket since they were measured, so a probe's
+    sample mostly replaces a stale figure (a regime that starts winning shows it at its next
+    probe) while the running regime's figure averages over its recent rounds."""
 
     def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
                  backoff_margin: float = 0.1) -> None:
