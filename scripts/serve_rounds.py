@@ -104,7 +104,7 @@ def instrument(service: SpecdecService, log: RoundLog) -> None:
 
 
 def run_level(decoder, prompts: list[str], mode: str, c: int, k: int, max_tokens: int,  # noqa: ANN001
-              pump: bool = True) -> tuple[float, RoundLog]:
+              pump: bool = True, share_prefix: bool = True) -> tuple[float, RoundLog]:
     spec = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=k))
     if mode == "always":
         spec = replace(spec, fallback=FallbackConfig(enabled=False))
@@ -114,6 +114,8 @@ def run_level(decoder, prompts: list[str], mode: str, c: int, k: int, max_tokens
     service = SpecdecService(decoder, serving, spec)
     if not pump:  # the scheduler thread talks to the clients itself (as before the response pump)
         service._pump.wrap = lambda inner: inner
+    if not share_prefix:  # every prompt prefilled whole (as before prompt prefixes were shared)
+        service.scheduler._share_prefix = lambda seq, engine: None
     log = RoundLog()
     instrument(service, log)
     speculation = "off" if mode in ("serial", "off") else "ngram"
@@ -158,6 +160,8 @@ def main() -> None:
     parser.add_argument("--verbose-rounds", action="store_true")
     parser.add_argument("--compare-pump", action="store_true",
                         help="also run each level with the scheduler thread sending responses itself")
+    parser.add_argument("--compare-prefix", action="store_true",
+                        help="also run each level with every prompt prefilled whole (no prefix sharing)")
     parser.add_argument("--sink-latency-ms", type=float, default=0.0,
                         help="each response send / cancellation query waits this long (Triton's IPC)")
     parser.add_argument("--profile", action="store_true", help="cProfile the rounds; print the top functions")
@@ -181,9 +185,11 @@ def main() -> None:
     for _ in range(args.repeats):
         for c in levels:
             for mode in modes:
-                for pump in ((True, False) if args.compare_pump else (True,)):
-                    rate, log = run_level(decoder, prompts, mode, c, args.draft_k, args.max_tokens, pump)
-                    name = mode if pump else f"{mode}-nopump"
+                variants = [(True, True)] + ([(False, True)] if args.compare_pump else []) + \
+                    ([(True, False)] if args.compare_prefix else [])
+                for pump, share in variants:
+                    rate, log = run_level(decoder, prompts, mode, c, args.draft_k, args.max_tokens, pump, share)
+                    name = mode if pump and share else f"{mode}-nopump" if share else f"{mode}-noprefix"
                     rates.setdefault((name, c), []).append(rate)
                     print(f"{name:>16} x{c:<3} {rate:6.1f} tok/s  {summarize_rounds(log)}", flush=True)
                 if args.verbose_rounds:
@@ -195,7 +201,7 @@ def main() -> None:
         pstats.Stats(PROFILE).sort_stats("tottime").print_stats(25)
     best = {key: max(v) for key, v in rates.items()}
     print("\nmedian tok/s:", {f"{m}x{c}": round(statistics.median(v), 1) for (m, c), v in rates.items()})
-    for name in ("off", "off-nopump"):
+    for name in ("off", "off-nopump", "off-noprefix"):
         if (name, 1) in best and (name, 8) in best:
             print(f"{name} 8-over-1: {statistics.median(rates[(name, 8)]) / statistics.median(rates[(name, 1)]):.2f}")
     for c in levels:

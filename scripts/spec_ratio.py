@@ -11,6 +11,7 @@ repeats interleaved in a shuffled order, in one process. Two figures per row and
 Every row's greedy output is checked against plain's. Example::
 
     .venv/bin/python scripts/spec_ratio.py --set tune --rows plain,ngram:8,medusa --repeats 2
+    .venv/bin/python scripts/spec_ratio.py --rows plain,eagle,eagle-params  # measured draft cost vs parameter ratio
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import logging
 import random
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder.bench.config import BenchPrompt
-from builder.bench.rows import OursRow, PeerRow, Row
+from builder.bench.rows import OursRow, PeerRow, Row, RowResult
 from triton_backend.config import DraftLengthConfig, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.deployment import build_decoder
 from triton_backend.deployment_config import DeploymentConfig
@@ -35,6 +37,23 @@ ROOT = Path(__file__).resolve().parents[1]
 COPY_PROMPTS = ROOT / "builder" / "data" / "heldout_copy_prompts.json"
 HELDOUT = ROOT / "builder" / "data" / "heldout_prompts.txt"
 MEDUSA = ROOT / "artifacts" / "smollm2-135m-medusa" / "heads.safetensors"
+EAGLE = ROOT / "artifacts" / "smollm2-135m-eagle"
+
+
+@dataclass
+class DraftCostRow(OursRow):
+    """A row whose drafter is priced at ``draft_cost`` target steps per drafted token (its
+    measured cost, or the parameter ratio the gain rule used before) while the row runs."""
+
+    draft_cost: float = 0.0
+
+    def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
+        drafter = self.decoder.drafters[self.speculation.method]
+        measured, drafter.relative_cost = drafter.relative_cost, self.draft_cost
+        try:
+            return super().run(prompt, max_tokens, ignore_eos)
+        finally:
+            drafter.relative_cost = measured
 
 
 def _prompts(which: str, per_workload: int) -> dict[str, list[str]]:
@@ -58,11 +77,20 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
                                                                              draft_length=DraftLengthConfig(num_draft_tokens=int(arg)))))
         elif name == "medusa":
             rows.append(OursRow("medusa", decoder, SpeculationConfig(method=SpeculationMode.MEDUSA)))
+        elif name in ("eagle", "eagle-params"):  # the measured draft cost; the parameter ratio
+            drafter = decoder.drafters[SpeculationMode.EAGLE]
+            cost = drafter.relative_cost if name == "eagle" else _parameter_ratio(drafter, decoder.target)
+            rows.append(DraftCostRow(f"{name} ({cost:.3f})", decoder, SpeculationConfig(method=SpeculationMode.EAGLE),
+                                     draft_cost=cost))
         elif name == "hf-lookup":
             rows.append(PeerRow("hf prompt-lookup", peer_model, {"prompt_lookup_num_tokens": 10}, {}))
         else:
             raise SystemExit(f"unknown row {item!r}")
     return rows
+
+
+def _parameter_ratio(drafter, target) -> float:
+    return (sum(p.numel() for p in drafter.net.parameters()) + drafter.head.numel()) / max(1, target.num_parameters())
 
 
 def _cost_units(stats: dict) -> float:
@@ -94,6 +122,8 @@ def main() -> None:
 
         choices = tuple(load_medusa(str(MEDUSA)).heads.info.medusa_choices[:7])  # as the bench cuts it
         fields.update(medusa=str(MEDUSA), medusa_choices=choices)
+    if "eagle" in args.rows:
+        fields.update(eagle=str(EAGLE))
     decoder = build_decoder(DeploymentConfig(**fields))
     if args.costs is not None:  # a busy machine's measurement may fall back to the default table
         from triton_backend.speculation_policy import PassCostModel, install_cost_model

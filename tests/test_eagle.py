@@ -244,3 +244,28 @@ def test_planner_counts_the_eagle_nets():
     with pytest.raises(BuildSpecError, match="EAGLE"):
         BuildSpec(target=ModelSpec("llama-3-8b"), eagle=EagleSpec(), medusa=MedusaSpec())
     assert BuildSpec.from_dict({"target": {"source": "llama-3-8b"}, "eagle": {"num_eagle_layers": 3}}).eagle == EagleSpec(3)
+
+
+def test_the_drafters_cost_per_token_is_measured_on_this_machine_and_cached(tmp_path):
+    """What the gain rule prices an EAGLE draft token at: the cost measured against the
+    target's step (cached per machine and kernel), not the parameter ratio."""
+    from triton_backend.pass_cost_measure import MAX_DRAFT_COST, install_measured_draft_costs
+
+    target = tiny_engine(0)
+    drafter = _random_drafter(target)
+    by_parameters = drafter.relative_cost
+    install_measured_draft_costs(target, {SpeculationMode.EAGLE: drafter}, "test", cache_dir=tmp_path)
+    assert 0.0 < drafter.relative_cost <= MAX_DRAFT_COST and drafter.relative_cost != by_parameters
+    slots = [target.allocate() for _ in range(target.num_slots)]  # the measurement gave its slot back
+    for slot in slots:
+        target.release(slot)
+    (cached,) = (tmp_path / "pass_cost").glob("*.json")
+    data = json.loads(cached.read_text())
+    assert data["draft_cost"] == drafter.relative_cost
+    cached.write_text(json.dumps({**data, "draft_cost": 0.25}))
+    again = _random_drafter(target, seed=1)  # the same architecture on the same machine: read, not measured
+    install_measured_draft_costs(target, {SpeculationMode.EAGLE: again}, "test", cache_dir=tmp_path)
+    assert again.relative_cost == 0.25
+    other_settings = _random_drafter(target, seed=2)
+    install_measured_draft_costs(target, {SpeculationMode.EAGLE: other_settings}, "other", cache_dir=tmp_path)
+    assert other_settings.relative_cost != 0.25 and len(list((tmp_path / "pass_cost").glob("*.json"))) == 2

@@ -4,8 +4,10 @@ after a cancellation. The real-server side is tests/test_abrupt_clients.py."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -114,3 +116,87 @@ def test_threads_sending_for_one_request_never_overlap_and_one_final_wins() -> N
         t.join(10)
     assert wire.overlaps == 0
     assert [final for _, final in wire.sent].count(True) == 1 and wire.sent[-1][1]
+
+
+# -- the Triton sink: one cancellation query per response ---------------------------------------
+class FakeTritonRequest:
+    """Triton's side of one decoupled request: what its response sender saw, and how often
+    the model asked whether it is cancelled (each ask is a round trip to the server)."""
+
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.sent: list[tuple[object, int]] = []
+        self.asked = 0
+        self.cancel_after = cancel_after
+
+    def get_response_sender(self) -> "FakeTritonRequest":
+        return self
+
+    def send(self, response: object = "FINAL-FLAG", flags: int = 0) -> None:
+        self.sent.append((response, flags))
+
+    def is_cancelled(self) -> bool:
+        self.asked += 1
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
+
+
+@pytest.fixture
+def pb_utils(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """A stand-in for Triton's ``triton_python_backend_utils`` (only importable inside Triton)."""
+
+    class TritonError:
+        INTERNAL, INVALID_ARG, UNAVAILABLE = 13, 3, 14
+
+        def __init__(self, message: str, code: int = 13) -> None:
+            self.message = message
+
+    module = types.SimpleNamespace(
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=1, TritonError=TritonError,
+        Tensor=lambda name, array: (name, array),
+        InferenceResponse=lambda output_tensors=(), error=None: error.message if error else dict(output_tensors))
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
+    return module
+
+
+def _stream_through_pump(request: FakeTritonRequest, partials: int) -> None:
+    """``partials`` partial chunks and a final one, through the service's response pump."""
+    from builder.triton_client import GenerateRequest
+    from triton_backend.config import SpeculationConfig
+    from triton_backend.generation import GenerationChunk
+    from triton_backend.response_pump import ResponsePump
+    from triton_backend.serving import NullObserver, _Responder, parse_request
+    from triton_backend.triton_io import TritonResponseSink
+
+    parsed = parse_request(GenerateRequest(prompt="p", stream=True).arrays(), SpeculationConfig(), 8)
+    pump = ResponsePump(poll_interval_s=60)
+    try:
+        handle = pump.wrap(_Responder(parsed, TritonResponseSink(request), NullObserver(), time.perf_counter()))
+        for i in range(partials):
+            handle.on_chunk(GenerationChunk([i], f"t{i}"))
+            deadline = time.monotonic() + 10
+            while pump._queue and time.monotonic() < deadline:  # one at a time: no merging
+                time.sleep(0.001)
+        handle.on_chunk(GenerationChunk([99], "end", finished=True))
+    finally:
+        pump.close()
+
+
+def test_each_streamed_response_asks_triton_once_whether_the_request_is_cancelled(pb_utils) -> None:
+    request = FakeTritonRequest()
+    _stream_through_pump(request, partials=4)
+    assert [flags for _, flags in request.sent] == [0, 0, 0, 0, 1]
+    assert request.asked == 5
+
+
+def test_a_cancelled_stream_gets_nothing_more_and_ends_with_the_final_flag_alone(pb_utils) -> None:
+    request = FakeTritonRequest(cancel_after=2)
+    _stream_through_pump(request, partials=4)
+    assert [flags for _, flags in request.sent] == [0, 0, 1] and request.sent[-1][0] == "FINAL-FLAG"
+    assert request.asked == 3  # once per response until the cancellation was seen
+
+
+def test_an_error_after_a_cancellation_sends_only_the_final_flag(pb_utils) -> None:
+    from triton_backend.triton_io import TritonResponseSink
+
+    request = FakeTritonRequest(cancel_after=0)
+    TritonResponseSink(request).fail(RuntimeError("late"))
+    assert request.sent == [("FINAL-FLAG", 1)]

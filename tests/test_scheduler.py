@@ -185,3 +185,31 @@ def test_unknown_mode_is_refused_at_submit(decoder) -> None:
             scheduler.submit([1], SamplingParams(max_tokens=2), SpeculationConfig(method="ngram"), Collector())
     finally:
         scheduler.shutdown()
+
+
+def test_a_prompt_prefix_another_sequence_holds_is_shared_not_prefilled_and_outputs_stay_exact() -> None:
+    """Requests whose prompts start like an active one's (a chat template's system prompt) copy
+    that sequence's keys and values: outputs equal each request alone, in every mode (EAGLE
+    prefills its own: its drafter needs the prompt's features)."""
+    decoder = tiny_decoder_with_every_drafter()
+    system = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    first = (system + [3, 2], SamplingParams(max_tokens=60, ignore_eos=True), SpeculationConfig(method="off"))
+    later = [(system + tail, params, SpeculationConfig(method=mode, draft_length=DraftLengthConfig(num_draft_tokens=3)))
+             for tail, mode, params in [([1, 1], "off", SamplingParams(max_tokens=14, ignore_eos=True)),
+                                        ([2], "ngram", SamplingParams(max_tokens=12, ignore_eos=True)),
+                                        ([4, 4, 4], "medusa", SamplingParams(max_tokens=13, ignore_eos=True)),
+                                        ([6], "draft", SamplingParams(max_tokens=12, temperature=0.9, top_k=8, seed=7,
+                                                                      ignore_eos=True)),
+                                        ([8, 8], "eagle", SamplingParams(max_tokens=12, ignore_eos=True))]]
+    expected = _alone(decoder, [first, *later])
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=6))
+    try:
+        leader = submit_all(scheduler, [first])[0]
+        deadline = time.monotonic() + 60
+        while not leader.chunks and time.monotonic() < deadline:  # prefilled and decoding
+            time.sleep(0.001)
+        clients = submit_all(scheduler, later)
+        assert [c.tokens() for c in [leader, *clients]] == expected
+    finally:
+        scheduler.shutdown()
+    assert scheduler.shared_prefix_tokens == 4 * len(system)  # all but EAGLE

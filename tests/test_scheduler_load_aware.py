@@ -47,6 +47,32 @@ def test_a_regime_that_turns_worse_is_dropped_and_buckets_are_separate() -> None
     assert chooser.rates(4) == {}  # nothing measured at 3-4 rows yet
 
 
+def test_a_regime_that_keeps_losing_is_probed_ever_less_and_found_again_once_it_wins() -> None:
+    chooser = RegimeChooser(probe_every=16, max_probe_every=256, backoff_margin=0.1)
+    rate = {Regime.PLAIN: 100.0, Regime.PLAN: 60.0, Regime.OWN: 50.0}
+    chosen = _run(chooser, 8, len(Regime), rate)  # the warmup: each regime's first probe
+    assert chooser.probe_intervals(8) == {"plan": 32, "own": 32, "plain": 16}
+    chosen += _run(chooser, 8, 1024 - len(Regime), rate)
+    # fixed probing every 16 rounds would run each loser ~64 times; backing off: 16, 32, .., 256
+    assert chosen.count(Regime.PLAN) <= 9 and chosen.count(Regime.OWN) <= 9
+    assert sum(rate[r] for r in chosen) / len(chosen) >= 0.99 * rate[Regime.PLAIN]
+    assert chooser.probe_intervals(8) == {"plan": 256, "own": 256, "plain": 16}
+    rate[Regime.OWN] = 200.0  # the batch changed: the rows' own drafts now pay
+    after = _run(chooser, 8, 256 + 64, rate)
+    found = after.index(Regime.OWN)
+    assert found <= 256
+    assert after[found:].count(Regime.OWN) / len(after[found:]) >= 0.9
+    assert chooser.probe_intervals(8)["own"] == 16
+
+
+def test_a_regime_close_to_the_best_keeps_being_probed_every_probe_every_rounds() -> None:
+    chooser = RegimeChooser(probe_every=16, backoff_margin=0.1)
+    rate = {Regime.PLAIN: 100.0, Regime.PLAN: 95.0, Regime.OWN: 40.0}
+    chosen = _run(chooser, 8, 512, rate)
+    assert 512 // 16 - 2 <= chosen.count(Regime.PLAN) <= 512 // 16 + 2
+    assert chooser.probe_intervals(8)["plan"] == 16 and chooser.probe_intervals(8)["own"] == 256
+
+
 def test_the_pass_cost_plan_alone_can_lose_to_plain_when_the_table_is_wrong() -> None:
     """Why the planner measures: a table that prices one extra token per row at 16 rows as
     almost free picks drafts for every row; a pass that actually costs twice a plain one
@@ -69,6 +95,8 @@ def test_bad_settings_are_refused() -> None:
         RegimeChooser(probe_every=1)
     with pytest.raises(ValueError):
         RegimeChooser(decay=1.0)
+    with pytest.raises(ValueError):
+        RegimeChooser(probe_every=16, max_probe_every=8)
 
 
 class ScriptedChooser(RegimeChooser):

@@ -19,9 +19,12 @@ a plan makes (an engine whose attention takes a slower path as soon as one row c
 several tokens) and it leaves out what a round costs besides the pass. So the load-aware
 planner also measures: per batch size (powers of two) it keeps the committed tokens per
 second of whole rounds run under each :class:`Regime` (every planned row plain, the
-pass-cost plan, each row's own controller as alone) and runs the best one, trying the others
-every ``probe_every`` rounds (:class:`RegimeChooser`). Rounds that prefill a prompt are not
-measured. Greedy outputs do not depend on draft lengths, so exactness is untouched.
+pass-cost plan, each row's own controller as alone) and runs the best one, probing each of
+the others every ``probe_every`` rounds; a probe that loses by a clear margin doubles that
+regime's interval (up to ``max_probe_every``), one that comes close or wins resets it, so a
+regime that keeps losing costs ever fewer probe rounds and one that starts winning is still
+found (:class:`RegimeChooser`). Rounds that prefill a prompt are not measured. Greedy outputs
+do not depend on draft lengths, so exactness is untouched.
 """
 
 from __future__ import annotations
@@ -61,27 +64,38 @@ class Regime(str, enum.Enum):
 
 @dataclass
 class _RegimeRate:
-    rate: float = 0.0  # committed tokens per second of round (decaying mean)
+    rate: float = 0.0  # committed tokens per second of round (mean whose weight decays per bucket round)
     samples: int = 0
-    last_round: int = -1
+    last_round: int = -1  # the bucket's round of the latest sample
+    interval: int = 0  # bucket rounds from one probe of this regime to the next
 
 
 @dataclass
 class _Bucket:
     rounds: int = 0
     rates: dict[Regime, _RegimeRate] = field(default_factory=lambda: {r: _RegimeRate() for r in Regime})
+    probe: Regime | None = None  # the regime the latest choice probed (not the best)
 
 
 class RegimeChooser:
     """Per batch-size bucket (powers of two), the measured committed tokens per second of the
-    rounds each :class:`Regime` ran; :meth:`choose` tries every regime ``warmup`` times, then
-    runs the best, and every ``probe_every`` rounds of the bucket the regime measured longest
-    ago (so a stale figure is refreshed: the requests in the batch change)."""
+    rounds each :class:`Regime` ran. :meth:`choose` tries every regime ``warmup`` times, then
+    runs the best, and probes each other regime once its interval has passed since it last
+    ran (``probe_every`` rounds at first). A probe that measures the regime more than
+    ``backoff_margin`` below the best doubles its interval (at most ``max_probe_every``); a
+    probe within the margin (or better) resets it; the warmup counts as a first probe. Old
+    figures weigh ``decay`` per round of the bucket since they were measured, so a probe's
+    sample mostly replaces a stale figure (a regime that starts winning shows it at its next
+    probe) while the running regime's figure averages over its recent rounds."""
 
-    def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8) -> None:
+    def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
+                 backoff_margin: float = 0.1) -> None:
         if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
             raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
+        if max_probe_every < probe_every or not 0.0 <= backoff_margin < 1.0:
+            raise ValueError("need max_probe_every >= probe_every and 0 <= backoff_margin < 1")
         self.probe_every, self.warmup, self.decay = probe_every, warmup, decay
+        self.max_probe_every, self.backoff_margin = max_probe_every, backoff_margin
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -94,13 +108,20 @@ class RegimeChooser:
     def choose(self, rows: int) -> Regime:
         b = self._bucket(rows)
         b.rounds += 1
+        b.probe = None
         rates = b.rates
         cold = [r for r in Regime if rates[r].samples < self.warmup]
         if cold:
             return min(cold, key=lambda r: rates[r].samples)
-        if b.rounds % self.probe_every == 0:
-            return min(Regime, key=lambda r: rates[r].last_round)
-        return max(Regime, key=lambda r: rates[r].rate)
+        best = max(Regime, key=lambda r: rates[r].rate)
+        due = [r for r in Regime if r is not best and b.rounds - rates[r].last_round >= self._interval(rates[r])]
+        if due:  # the longest overdue first
+            b.probe = max(due, key=lambda r: (b.rounds - rates[r].last_round) / self._interval(rates[r]))
+            return b.probe
+        return best
+
+    def _interval(self, entry: _RegimeRate) -> int:
+        return entry.interval or self.probe_every
 
     def record(self, rows: int, regime: Regime, tokens: int, seconds: float) -> None:
         """A round of ``rows`` rows under ``regime`` committed ``tokens`` in ``seconds``."""
@@ -109,13 +130,35 @@ class RegimeChooser:
         b = self._bucket(rows)
         entry = b.rates[regime]
         rate = tokens / seconds
-        entry.rate = rate if entry.samples == 0 else self.decay * entry.rate + (1 - self.decay) * rate
+        if entry.samples == 0:
+            entry.rate = rate
+        else:
+            weight = self.decay ** max(1, b.rounds - entry.last_round)
+            entry.rate = weight * entry.rate + (1 - weight) * rate
         entry.samples += 1
         entry.last_round = b.rounds
+        if regime is b.probe:
+            best = max(v.rate for r, v in b.rates.items() if r is not regime)
+            losing = rate < (1.0 - self.backoff_margin) * best
+            entry.interval = min(2 * self._interval(entry), self.max_probe_every) if losing else self.probe_every
+            b.probe = None
+        elif entry.samples == self.warmup and all(v.samples >= self.warmup for v in b.rates.values()):
+            self._after_warmup(b)
+
+    def _after_warmup(self, b: _Bucket) -> None:
+        """The warmup was each regime's first probe: one well below the best waits twice as long."""
+        best = max(v.rate for v in b.rates.values())
+        for entry in b.rates.values():
+            if entry.rate < (1.0 - self.backoff_margin) * best:
+                entry.interval = min(2 * self.probe_every, self.max_probe_every)
 
     def rates(self, rows: int) -> dict[str, float]:
         """The measured rates of ``rows``'s bucket (for the decision log)."""
         return {r.value: round(v.rate, 2) for r, v in self._bucket(rows).rates.items() if v.samples}
+
+    def probe_intervals(self, rows: int) -> dict[str, int]:
+        """Rounds between probes of each regime in ``rows``'s bucket (for the decision log)."""
+        return {r.value: self._interval(v) for r, v in self._bucket(rows).rates.items()}
 
 
 class DraftPlanner:

@@ -25,7 +25,7 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         return build_trtllm_decoder(config)
     target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name)
-    from triton_backend.pass_cost_measure import install_measured_cost_model
+    from triton_backend.pass_cost_measure import install_measured_cost_model, install_measured_draft_costs
 
     install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
     drafters: dict[SpeculationMode, Drafter] = {}
@@ -51,5 +51,6 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
         drafters[SpeculationMode.EAGLE] = EagleDrafter.from_file(config.eagle, target)
     if config.ngram:
         drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n)
+    install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)

@@ -6,6 +6,13 @@ on top of it (each pass starts at the same position: rollback by start position)
 cells first, until the time budget is spent. The result is cached as JSON under
 ``$SPECBUILD_CACHE_DIR/pass_cost/`` keyed by model, runtime settings and CPU model, so only
 the first load on a machine pays for it.
+
+An EAGLE drafter's cost per drafted token is measured the same way (:func:`install_measured_draft_costs`):
+a round's drafting (the target's features of two committed positions fed, then a chain of
+``DRAFT_K`` tokens) timed against the target's 1-row 1-token step, interleaved, and cached
+beside the pass costs. Its parameter ratio (0.066 of a step for the reference drafter)
+understates it: the drafter's small matmuls, attention and per-token bookkeeping cost far
+more per parameter than the target's pass.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from triton_backend.engines.batch import BatchRow, SlotsExhaustedError
 from triton_backend.reference_model import cache_dir as default_cache_dir
@@ -44,6 +51,17 @@ def _cache_path(cache_dir: Path | None, engine: Any, settings: str) -> Path:
     root = cache_dir if cache_dir is not None else default_cache_dir()
     kernel = getattr(engine, "kernel_name", "")  # a changed matmul kernel has other costs: measured anew
     return root / "pass_cost" / f"{machine_key(str(engine.name), settings + kernel)}.json"
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    """A read-only cache (an image's baked-in cache, a locked-down host) only costs the next load a re-measure."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        logger.warning("measured but not cached (%s: %s)", path, exc)
 
 
 def _allocate(engine: Any, want: int) -> list[int]:
@@ -143,14 +161,95 @@ def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings
     table = {rows: dict(curve) for rows, curve in cls.default().table.items() if rows not in measured.table}
     model = cls({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
     logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
-    try:  # a read-only cache (an image's baked-in cache, a locked-down host) only costs the next load a re-measure
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(model.to_json(), indent=1) + "\n")
-        tmp.replace(path)
-    except OSError as exc:
-        logger.warning("pass costs measured but not cached (%s: %s)", path, exc)
+    _write_cache(path, model.to_json())
     return model
 
 
-__all__ = ["NoisyMeasurementError", "install_measured_cost_model", "measure_pass_cost_model", "measure_seconds"]
+# -- an EAGLE drafter's cost per drafted token --------------------------------------------------
+DRAFT_K = 4  # drafted tokens a timed round chains
+NEW_PAIRS = 2  # target features a round hands the drafter (the accepted drafts and the bonus token's root)
+MAX_DRAFT_COST = 3.0  # per drafted token, in target steps: beyond it the measurement is not believed
+
+
+def measure_eagle_draft_seconds(drafter: Any, engine: Any) -> tuple[float, float]:
+    """(seconds per drafted token, seconds per 1-row 1-token target pass) of an
+    :class:`~triton_backend.drafters.eagle.EagleDrafter` on ``engine``'s machine: the fastest of
+    a few rounds each, the two timed in turn so a busy machine slows both alike."""
+    import torch
+
+    from triton_backend.sampling import LogitsProcessor
+
+    slot = engine.allocate()
+    try:
+        context = [(13 * i + 5) % engine.vocab_size for i in range(CONTEXT)]
+        engine.forward([BatchRow(slot=slot, start=0, tokens=context)])
+        device = drafter.device
+        generator = torch.Generator().manual_seed(0)
+        features = torch.randn(1, CONTEXT, int(drafter.embed.shape[1]), generator=generator).to(device, drafter.dtype)
+        tokens = torch.tensor([context], dtype=torch.long, device=device)
+        kv = drafter.new_cache(1, CONTEXT + NEW_PAIRS + DRAFT_K)
+        greedy = [LogitsProcessor()]
+        drafter.draft_chain(kv, torch.tensor([0], device=device), features, tokens,
+                            torch.tensor([CONTEXT], device=device), 1, greedy, [None])  # the context, once
+        start, count = torch.tensor([CONTEXT], device=device), torch.tensor([NEW_PAIRS], device=device)
+
+        def one_round() -> float:  # each round drafts from the same position (rollback by start)
+            t0 = time.perf_counter()
+            drafter.draft_chain(kv, start, features[:, :NEW_PAIRS], tokens[:, :NEW_PAIRS], count, DRAFT_K, greedy, [None])
+            return time.perf_counter() - t0
+
+        drafts, steps = [], []
+        for i in range(WARMUP + 2 * REPEATS):
+            draft, step = one_round(), _time_pass(engine, [slot], 1)
+            if i >= WARMUP:
+                drafts.append(draft)
+                steps.append(step)
+        return min(drafts) / DRAFT_K, min(steps)
+    finally:
+        engine.release(slot)
+
+
+def measured_eagle_draft_cost(drafter: Any, engine: Any, settings: str = "", cache_dir: Path | None = None) -> float | None:
+    """The drafter's cost per drafted token in target steps: this machine's cached measurement,
+    else measured now and cached; None when the measurement is not believable (a busy machine)."""
+    identity = f"eagle:{sum(p.numel() for p in drafter.net.parameters())}:{int(drafter.head.shape[0])}"
+    path = _cache_path(cache_dir, engine, settings + identity)
+    if path.is_file():
+        try:
+            return float(json.loads(path.read_text())["draft_cost"])
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring the unreadable draft-cost cache %s: %s", path, exc)
+    per_token, step = measure_eagle_draft_seconds(drafter, engine)
+    cost = per_token / step
+    if not 0.0 < cost <= MAX_DRAFT_COST:
+        logger.warning("EAGLE draft cost of %.3f target steps per token is not believable; keeping %.3f",
+                       cost, drafter.relative_cost)
+        return None
+    logger.info("EAGLE drafter on %s: %.3f target steps per drafted token (%.2f ms per token, %.2f ms per step; "
+                "parameter ratio %.3f)", engine.name, cost, 1e3 * per_token, 1e3 * step, drafter.relative_cost)
+    _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
+    return cost
+
+
+def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], settings: str = "",
+                                 cache_dir: Path | None = None) -> None:
+    """At load: each EAGLE drafter's ``relative_cost`` (what the gain rule prices a drafted
+    token at) becomes its measured cost per drafted token on this machine. Other drafters, and
+    targets outside the batched engine contract, keep their parameter ratios."""
+    from triton_backend.drafters.eagle import EagleDrafter
+    from triton_backend.engines.batch import BatchedEngine
+
+    if not isinstance(target, BatchedEngine):
+        return
+    for drafter in drafters.values():
+        if isinstance(drafter, EagleDrafter):
+            try:
+                cost = measured_eagle_draft_cost(drafter, target, settings, cache_dir)
+            except SlotsExhaustedError:
+                cost = None
+            if cost is not None:
+                drafter.relative_cost = cost
+
+
+__all__ = ["NoisyMeasurementError", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
+           "measure_pass_cost_model", "measure_seconds", "measured_eagle_draft_cost"]

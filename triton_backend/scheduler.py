@@ -6,8 +6,11 @@ or failed, and their slots go back at once. Each round (:mod:`triton_backend.bat
 drop cancelled requests, pick every row's draft length (:mod:`triton_backend.batch_plan`),
 draft, run ONE ragged target pass over all rows (prefill chunks of new prompts beside
 decode/verify rows, at most ``prefill_chunk_tokens`` prompt tokens a round so a long prompt
-cannot stall everyone), then verify, commit and stream each row on its own. Everything runs
-on the scheduler's thread; clients are told through their :class:`RequestHandle`.
+cannot stall everyone), then verify, commit and stream each row on its own. A new request
+whose prompt starts with tokens an active sequence has committed (a chat template's system
+prompt) takes their keys and values from that sequence's slot instead of prefilling them,
+where the engine can share a prefix exactly (:class:`~triton_backend.engines.batch.PrefixSharing`).
+Everything runs on the scheduler's thread; clients are told through their :class:`RequestHandle`.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from triton_backend.batch_round import (BatchSequence, PlannedRow, describe, dra
 from triton_backend.commit import GenerationChunk
 from triton_backend.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.drafters.draft_model import DraftModelDrafter
-from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
+from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing, SlotsExhaustedError
 from triton_backend.engines.hf_batched import HFBatchedEngine
-from triton_backend.engines.torch_engine import TorchEngine
+from triton_backend.engines.torch_engine import TorchEngine, common_prefix_length
 from triton_backend.errors import InvalidRequestError, SpecbuildError
 from triton_backend.generation import SpeculativeDecoder
 from triton_backend.speculation_policy import PassCostModel
@@ -98,6 +101,7 @@ def as_batched(engine: object, num_slots: int) -> BatchedEngine:
 
 
 TIMING_LOG_ROUNDS = 256  # rounds between two timing lines in the log
+SHARED_PREFIX_MIN = 4  # prompt tokens another sequence's slot must hold for a new one to copy them
 
 
 @dataclass
@@ -149,6 +153,7 @@ class BatchScheduler:
                              if isinstance(drafter, DraftModelDrafter) else None)
         self.planner = DraftPlanner(self.config.policy, cost_model)
         self.rounds = 0
+        self.shared_prefix_tokens = 0  # prompt tokens copied from another slot instead of prefilled
         self.timing = RoundTiming()
         self._queue: deque[_Job] = deque()
         self._active: list[BatchSequence] = []
@@ -240,6 +245,8 @@ class BatchScheduler:
         seq = BatchSequence(self.decoder.target, self.decoder.tokenizer, job.prompt_ids, job.params, job.spec, mode, drafter,
                             started=job.submitted, drafter_session=not batched_draft)
         seq.slot = self.target.allocate()
+        if not seq.eagle and isinstance(self.target, PrefixSharing):  # EAGLE needs the prompt's features
+            self._share_prefix(seq, self.target)
         if batched_draft:
             try:
                 seq.draft_slot = self.draft_engine.allocate()
@@ -247,6 +254,21 @@ class BatchScheduler:
                 self.target.release(seq.slot)
                 raise
         return seq
+
+    def _share_prefix(self, seq: BatchSequence, engine: PrefixSharing) -> None:
+        """Start ``seq`` with the longest prefix of its prompt that an active sequence's slot
+        holds committed: those keys and values are copied, so its prefill skips them."""
+        donor, length = None, 0
+        for other in self._active:
+            if other.slot is not None:
+                n = common_prefix_length(other.tokens[:other.valid], seq.tokens)
+                if n > length:
+                    donor, length = other, n
+        length = min(length, len(seq.tokens) - 1)  # the last prompt token is fed: its logits start decoding
+        if donor is not None and length >= SHARED_PREFIX_MIN:
+            engine.copy_prefix(donor.slot, seq.slot, length)
+            seq.valid = length
+            self.shared_prefix_tokens += length
 
     def _drop_cancelled(self) -> None:
         for seq in list(self._active):
@@ -273,15 +295,17 @@ class BatchScheduler:
         if not prefill:  # the planner measures its regimes on decode/verify rounds only
             self.planner.record_round(len(rows), committed, time.perf_counter() - started)
         speculating = sum(1 for r in planned if len(r.proposal))
-        logger.debug("round %d: %s, regime %s", self.rounds, describe(planned, len(prefill)),
-                     self.planner.regime.value if self.planner.regime is not None else "-")
+        if logger.isEnabledFor(logging.DEBUG):  # the round's shape is built only for the decision log
+            logger.debug("round %d: %s, regime %s", self.rounds, describe(planned, len(prefill)),
+                         self.planner.regime.value if self.planner.regime is not None else "-")
         if self.observer is not None:
             self.observer.round_done(len(rows), speculating, drafted_tokens(planned), len(self._queue))
         self.timing.add(len(rows), speculating, verify_s, time.perf_counter() - started)
         if self.timing.rounds >= TIMING_LOG_ROUNDS:
             chooser = self.planner.chooser
-            logger.info("batch scheduler: %s; measured tokens/s by regime at %d rows: %s", self.timing.summary(),
-                        len(rows), chooser.rates(len(rows)) if chooser is not None else "-")
+            logger.info("batch scheduler: %s; measured tokens/s by regime at %d rows: %s; prompt tokens shared "
+                        "so far: %d", self.timing.summary(), len(rows),
+                        chooser.rates(len(rows)) if chooser is not None else "-", self.shared_prefix_tokens)
             self.timing = RoundTiming()
 
     def _split(self, active: Sequence[BatchSequence]) -> tuple[list[BatchRow], list[PlannedRow]]:

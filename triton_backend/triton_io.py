@@ -12,6 +12,7 @@ Arrays follow Triton's batched layout: with ``max_batch_size > 0`` every tensor 
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -20,6 +21,8 @@ import numpy as np
 
 from triton_backend.errors import InvalidRequestError, SpecbuildError
 from triton_backend.response_fence import FencedSender
+
+logger = logging.getLogger(__name__)
 
 
 class TritonType(str, enum.Enum):
@@ -186,23 +189,37 @@ def error_response(exc: BaseException | str) -> Any:
 class TritonResponseSink:
     """Sends a decoupled request's responses through its response sender
     (:mod:`triton_backend.response_fence`): one at a time, the final flag exactly once,
-    nothing but the final flag after a cancellation."""
+    nothing but the final flag after a cancellation.
+
+    Asking Triton whether the request is cancelled is a blocking round trip to the server
+    process, so it is asked once per response, by the caller: the service asks
+    :meth:`cancelled` before handing over each chunk (the response pump, or a request's own
+    loop). The fence reads the answer remembered from that question (a cancellation, once
+    seen, stays); only an error response asks again here, as errors are rare."""
 
     def __init__(self, request: Any) -> None:
         self._request = request
+        self._cancelled = False
         sender = request.get_response_sender()
         final_flag = _pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         self._out = FencedSender(lambda response, final: sender.send(response, flags=final_flag if final else 0),
-                                 lambda: sender.send(flags=final_flag), self.cancelled)
+                                 lambda: sender.send(flags=final_flag), lambda: self._cancelled)
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool) -> None:
         self._out.respond(inference_response(outputs), final)
 
     def fail(self, exc: BaseException | str) -> None:
+        try:
+            self.cancelled()
+        except Exception:  # answer as if not cancelled: the error still ends the request
+            logger.exception("could not ask whether a request is cancelled")
         self._out.fail(error_response(exc))
 
     def cancelled(self) -> bool:
-        return bool(self._request.is_cancelled())
+        """Asks Triton (unless a cancellation was seen already) and remembers the answer."""
+        if not self._cancelled:
+            self._cancelled = bool(self._request.is_cancelled())
+        return self._cancelled
 
     def close(self) -> None:
         """End the request with no further response (after cancellation)."""

@@ -111,4 +111,14 @@ class BatchedEngine(Protocol):
         """Bytes the preallocated KV cache holds."""
 
 
-__all__ = ["BatchRow", "BatchedEngine", "RowOutput", "SlotsExhaustedError"]
+@runtime_checkable
+class PrefixSharing(Protocol):
+    """A batched engine whose slots can share a prompt prefix: a new sequence whose prompt
+    starts with another's committed tokens takes their keys and values instead of computing
+    them again (a chat template's system prompt, shared by every request)."""
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        """Positions ``0 .. length - 1`` of slot ``source`` into slot ``destination`` (both allocated)."""
+
+
+__all__ = ["BatchRow", "BatchedEngine", "PrefixSharing", "RowOutput", "SlotsExhaustedError"]

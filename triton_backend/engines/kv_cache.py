@@ -81,6 +81,11 @@ class SlotKVCache:
         """Keys and values ``[kv_heads, length, head_dim]`` of positions ``0 .. length - 1``."""
         return self.keys[layer, slot, :, :length], self.values[layer, slot, :, :length]
 
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        """Every layer: positions ``0 .. length - 1`` of slot ``source`` into slot ``destination``."""
+        for cache in (self.keys, self.values):
+            cache[:, destination, :, :length] = cache[:, source, :, :length]
+
     def move_positions(self, slot: int, sources: Sequence[int], destination: int) -> None:
         """Every layer: positions ``sources`` (ascending) to ``destination, destination + 1, ...``."""
         if not sources:

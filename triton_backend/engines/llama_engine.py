@@ -105,6 +105,15 @@ class LlamaEngine:
         if list(path) != list(range(len(path))):  # nodes already in place need no move
             self.cache.move_positions(slot, [root_length + i for i in path], root_length)
 
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        """Exact: a position's keys and values depend only on the tokens up to it (the same
+        property that lets a long prompt prefill in chunks)."""
+        self.cache.check_taken(source)
+        self.cache.check_taken(destination)
+        if not 0 <= length <= self.max_context:
+            raise ValueError(f"cannot copy {length} positions of a {self.max_context}-position slot")
+        self.cache.copy_prefix(source, destination, length)
+
     def forward(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
         if not rows:
             return []
