@@ -27,7 +27,7 @@ from pathlib import Path
 
 from builder.bench.config import BenchPrompt
 from builder.bench.rows import OursRow, PeerRow, Row, RowResult
-from triton_backend.config import DraftLengthConfig, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
 from triton_backend.deployment import build_decoder
 from triton_backend.deployment_config import DeploymentConfig
 from triton_backend.reference_model import DEFAULT_REFERENCE
