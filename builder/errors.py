@@ -2,7 +2,7 @@
 
 Each carries a short message that names the problem and what to change."""
 
-from triton_backend.errors import ConfigError, SpecbuildError
+from triton_backend.core.errors import ConfigError, SpecbuildError
 
 
 class BuildSpecError(ConfigError):

@@ -186,7 +186,7 @@ ensure_model_cache() {
 # -- 4. row-invariant matmul kernel -----------------------------------------------------------
 ensure_kernel_cache() {
     if SPECBUILD_CACHE_DIR="$OFFLINE/cache" PYTHONPATH="$REPO" "$PYTHON" -c \
-        "import sys; from triton_backend.engines.row_gemm import load_row_gemm; sys.exit(load_row_gemm() is None)"; then
+        "import sys; from triton_backend.engines.torch.row_gemm import load_row_gemm; sys.exit(load_row_gemm() is None)"; then
         say "row-invariant matmul kernel in $OFFLINE/cache/kernels"
     else
         say "the row-invariant matmul kernel could not be built here: the image will run torch's kernels"

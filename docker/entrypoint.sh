@@ -12,6 +12,6 @@
 set -eu
 PYTHON="${SPECBUILD_PYTHON:-python3}"
 if [ "$#" -eq 0 ] || [ "${1#-}" != "$1" ]; then
-    exec "$PYTHON" -m builder.deploy_cli "$@"
+    exec "$PYTHON" -m builder.cli.deploy "$@"
 fi
 exec "$@"

@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.abrupt_clients import AbruptConfig, markdown, run_abrupt_clients  # noqa: E402
-from builder.bench.headline import HEADLINE_PATH, update_headline  # noqa: E402
-from builder.model_repository import render_model_repository  # noqa: E402
-from builder.triton_server import ServerConfig  # noqa: E402
-from triton_backend.deployment_config import DeploymentConfig  # noqa: E402
-from triton_backend.interface import ServingConfig  # noqa: E402
+from builder.loadtest.abrupt_clients import AbruptConfig, markdown, run_abrupt_clients  # noqa: E402
+from builder.headline import HEADLINE_PATH, update_headline  # noqa: E402
+from builder.stages.model_repository import render_model_repository  # noqa: E402
+from builder.ops.triton_server import ServerConfig  # noqa: E402
+from triton_backend.deployment.config import DeploymentConfig  # noqa: E402
+from triton_backend.serving.interface import ServingConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 # NVIDIA's perf_analyzer, as the tritonclient 2.51.0 x86_64 wheel ships it (data/bin/), with the
 # two libraries it loads: libb64.so.0d (Debian package libb64-0d) and libcudart.so.12 (wheel
 # nvidia-cuda-runtime-cu12). Installed into $SPECBUILD_PERF_ANALYZER_DIR (default
-# ~/.cache/specbuild/perf_analyzer): bin/perf_analyzer and lib/. builder/perf_analyzer.py finds it there.
+# ~/.cache/specbuild/perf_analyzer): bin/perf_analyzer and lib/. builder/ops/perf_analyzer.py finds it there.
 set -euo pipefail
 DEST="${SPECBUILD_PERF_ANALYZER_DIR:-$HOME/.cache/specbuild/perf_analyzer}"
 PY="${PYTHON:-$(dirname "$0")/../.venv/bin/python}"

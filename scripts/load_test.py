@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.loadtest import LoadConfig  # noqa: E402
-from builder.loadtest_session import SessionConfig, markdown, run_session, write  # noqa: E402
-from triton_backend.interface import ServingConfig  # noqa: E402
+from builder.loadtest.streams import LoadConfig  # noqa: E402
+from builder.loadtest.session import SessionConfig, markdown, run_session, write  # noqa: E402
+from triton_backend.serving.interface import ServingConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ process (min over repeats: a busy machine only ever adds time):
 - ``packed``: MKL's packed GEMM on weights reordered for 8 rows (the engine's previous path,
   rows padded to >= 4);
 - ``mm_t``: ``torch.mm`` against a pre-transposed contiguous ``[in, out]`` weight;
-- ``row``: :mod:`triton_backend.engines.row_gemm` (row-invariant by construction).
+- ``row``: :mod:`triton_backend.engines.torch.row_gemm` (row-invariant by construction).
 
 ``--floor`` also times a plain read of every weight (``sum``; the memory-bandwidth floor of a
 decode step) and prints whether each candidate is row-invariant (row i of an M-row call equals
@@ -26,15 +26,15 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from triton_backend.engines.packed_linear import packed_matmul, packed_weight, packing_available
-from triton_backend.engines.row_gemm import load_row_gemm
+from triton_backend.engines.torch.packed_linear import packed_matmul, packed_weight, packing_available
+from triton_backend.engines.torch.row_gemm import load_row_gemm
 
 
 def model_weights(target: str | None) -> list[torch.Tensor]:
     """The model's linear weights (real ones when ``target`` resolves, else SmolLM2-135M shapes)."""
     if target:
-        from triton_backend.engines.llama_forward import load_safetensors_weights
-        from triton_backend.model_loading import resolve_model_path
+        from triton_backend.engines.torch.llama_forward import load_safetensors_weights
+        from triton_backend.engines.torch.model_loading import resolve_model_path
 
         _, tensors = load_safetensors_weights(resolve_model_path(target)[0])
         names = [k for k in tensors if k.endswith("proj.weight")]
@@ -62,8 +62,7 @@ def candidates(weights: list[torch.Tensor]) -> dict[str, object]:
     out["mm_t"] = lambda x, i: torch.mm(x, transposed[i])
     import os
 
-    from triton_backend.engines import row_gemm
-
+    from triton_backend.engines.torch import row_gemm
     for isa in ("avx2", "avx512"):
         os.environ["SPECBUILD_ROW_KERNEL_ISA"] = isa
         if row_gemm.cpu_isa() == isa:

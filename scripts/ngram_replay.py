@@ -21,10 +21,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from triton_backend.config import DraftLengthConfig, NgramConfig, SpeculationConfig, SpeculationMode
-from triton_backend.controller import controller_for
-from triton_backend.drafters.ngram import NgramDrafter
-from triton_backend.speculation_policy import PassCostModel, current_cost_model
+from triton_backend.core.config import DraftLengthConfig, NgramConfig, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.controller import controller_for
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.speculation.policy import PassCostModel, current_cost_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,10 +62,10 @@ def _record(path: Path, max_tokens: int) -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     from spec_ratio import _prompts  # noqa: E402 (the held-out prompt sets)
 
-    from triton_backend.config import RuntimeConfig, SamplingParams
-    from triton_backend.deployment import build_decoder
-    from triton_backend.deployment_config import DeploymentConfig
-    from triton_backend.reference_model import DEFAULT_REFERENCE
+    from triton_backend.core.config import RuntimeConfig, SamplingParams
+    from triton_backend.deployment.torch_deployment import build_decoder
+    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
     decoder = build_decoder(DeploymentConfig(target=DEFAULT_REFERENCE, runtime=RuntimeConfig(num_threads=1)))
     records = []

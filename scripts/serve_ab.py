@@ -26,14 +26,14 @@ import urllib.request
 from pathlib import Path
 
 from builder.bench.concurrency import ConcurrencyConfig, _prompts, run_level
-from builder.triton_server import free_port
+from builder.ops.triton_server import free_port
 
 
 def start_server(tree: Path, log: Path, batch_policy: str, max_batch_size: int) -> tuple[subprocess.Popen, str]:
     """``specbuild serve`` from ``tree``; returns the process and its gRPC address once ready."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "builder.cli", "serve", "--http-port", str(http), "--grpc-port", str(grpc),
+    cmd = [sys.executable, "-m", "builder.cli.main", "serve", "--http-port", str(http), "--grpc-port", str(grpc),
            "--metrics-port", str(metrics), "--max-batch-size", str(max_batch_size), "--batch-policy", batch_policy,
            "--restart-limit", "0"]
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,

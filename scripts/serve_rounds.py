@@ -2,7 +2,7 @@
 
 Builds the bench's deployment (SmolLM2-135M, n-gram, ``k`` drafts), then for each concurrency
 and mode runs ``c`` requests (the bench prompts, chat, ``ignore_eos``) through a
-:class:`~triton_backend.serving.SpecdecService` (parse, chat template, scheduler, response
+:class:`~triton_backend.serving.service.SpecdecService` (parse, chat template, scheduler, response
 building: everything the Triton model does except gRPC), interleaving the modes ``repeats``
 times so a busy machine's noise falls on all of them alike. Prints aggregate tok/s per mode
 and concurrency, the ratios the headline keys use, and per round: engine pass time against
@@ -22,12 +22,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from builder.bench.config import DEFAULT_PROMPTS
-from builder.triton_client import GenerateRequest
-from triton_backend.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig
-from triton_backend.deployment import build_decoder
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.interface import ServingConfig
-from triton_backend.serving import SpecdecService
+from builder.ops.triton_client import GenerateRequest
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig
+from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.serving.interface import ServingConfig
+from triton_backend.serving.service import SpecdecService
 
 
 class Sink:

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from builder.bench.config import BenchPrompt
 from builder.bench.rows import OursRow, PeerRow, Row, RowResult
-from triton_backend.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
-from triton_backend.deployment import build_decoder
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.reference_model import DEFAULT_REFERENCE
-from triton_backend.speculation_policy import current_cost_model
+from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
+from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
+from triton_backend.speculation.policy import current_cost_model
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY_PROMPTS = ROOT / "builder" / "data" / "heldout_copy_prompts.json"
@@ -118,7 +118,7 @@ def main() -> None:
     choices = None
     fields = {"target": DEFAULT_REFERENCE, "runtime": RuntimeConfig(num_threads=1)}
     if "medusa" in args.rows:
-        from triton_backend.medusa_model import load_medusa
+        from triton_backend.speculation.drafters.medusa_model import load_medusa
 
         choices = tuple(load_medusa(str(MEDUSA)).heads.info.medusa_choices[:7])  # as the bench cuts it
         fields.update(medusa=str(MEDUSA), medusa_choices=choices)
@@ -126,13 +126,13 @@ def main() -> None:
         fields.update(eagle=str(EAGLE))
     decoder = build_decoder(DeploymentConfig(**fields))
     if args.costs is not None:  # a busy machine's measurement may fall back to the default table
-        from triton_backend.speculation_policy import PassCostModel, install_cost_model
+        from triton_backend.speculation.policy import PassCostModel, install_cost_model
 
         table = {int(t): float(c) for t, c in (p.split(":") for p in args.costs.split(","))}
         install_cost_model(PassCostModel({1: table}, "given"))
     peer = None
     if "hf-lookup" in args.rows:
-        from triton_backend.model_loading import load_model
+        from triton_backend.engines.torch.model_loading import load_model
 
         peer = load_model(DEFAULT_REFERENCE, RuntimeConfig(num_threads=1)).eval()
     rows = _rows(args.rows, decoder, peer)

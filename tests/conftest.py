@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from triton_backend.config import RuntimeConfig
-from triton_backend.engines.torch_engine import TorchEngine
+from triton_backend.core.config import RuntimeConfig
+from triton_backend.engines.torch.hf_engine import TorchEngine
 
 # Prompts for the real model: chat, code, and input-copying tasks (where n-gram lookup matches).
 REFERENCE_PROMPTS = [
@@ -40,7 +40,7 @@ def tiny_llama(seed: int, *, vocab: int = 32, layers: int = 2, hidden: int = 32,
 
 def tiny_engine(seed: int, **kwargs: object) -> TorchEngine:
     """The torch runtime's default engine (the slot engine) over a tiny random Llama."""
-    from triton_backend.model_loading import make_torch_engine
+    from triton_backend.engines.torch.model_loading import make_torch_engine
 
     return make_torch_engine(tiny_llama(seed, **kwargs), name=f"tiny{seed}", runtime=RuntimeConfig(), eos_token_ids=[])
 
@@ -49,7 +49,7 @@ def tiny_engine(seed: int, **kwargs: object) -> TorchEngine:
 def default_pass_costs():
     """The default pass-cost table for the test, whatever another test's deployment measured and
     installed process-wide before it ran (tests that script the gain rule's decisions)."""
-    from triton_backend.speculation_policy import PassCostModel, current_cost_model, install_cost_model
+    from triton_backend.speculation.policy import PassCostModel, current_cost_model, install_cost_model
 
     before = current_cost_model()
     install_cost_model(PassCostModel.default())
@@ -60,7 +60,7 @@ def default_pass_costs():
 @pytest.fixture(scope="session")
 def reference():
     """(engine, tokenizer) of the real SmolLM2-135M-Instruct, float32, 1 thread."""
-    from triton_backend.model_loading import load_engine
+    from triton_backend.engines.torch.model_loading import load_engine
 
     return load_engine("smollm2-135m-instruct", RuntimeConfig())
 

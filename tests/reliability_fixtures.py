@@ -19,10 +19,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from triton_fixtures import RunningTriton
 
-from builder.model_repository import render_model_repository
-from builder.triton_server import ServerConfig, TritonServer
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.interface import ServingConfig
+from builder.stages.model_repository import render_model_repository
+from builder.ops.triton_server import ServerConfig, TritonServer
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.serving.interface import ServingConfig
 
 DEPLOYMENT = DeploymentConfig()
 SERVING = ServingConfig(max_concurrency=4, unary_instance_count=2, default_max_tokens=4)
@@ -50,7 +50,7 @@ def reliable_triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 def reliable_decoder():
     """The served deployment, in-process: what the server must reproduce exactly."""
     if "decoder" not in _SHARED:
-        from triton_backend.deployment import build_decoder
+        from triton_backend.deployment.torch_deployment import build_decoder
 
         _SHARED["decoder"] = build_decoder(DEPLOYMENT)
     return _SHARED["decoder"]

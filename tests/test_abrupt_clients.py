@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.triton_server import ServerConfig, free_port, process_group_members
-from builder.triton_supervisor import RestartPolicy, TritonSupervisor
+from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+from builder.ops.triton_server import ServerConfig, free_port, process_group_members
+from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def test_serve_restarts_triton_after_a_crash_and_leaves_no_stub_behind(tmp_path:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "serve", str(REPO_ROOT / "model_repo"),
+        proc = subprocess.Popen([sys.executable, "-m", "builder.cli.main", "serve", str(REPO_ROOT / "model_repo"),
                                  "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--exit-timeout", "5",
                                  "--log-file", str(tmp_path / "log.txt")],
                                 stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=REPO_ROOT)

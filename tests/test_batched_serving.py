@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from triton_fixtures import RunningTriton, running_triton
 
-from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.interface import ServingConfig
-from triton_backend.serving import parse_request
+from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.serving.interface import ServingConfig
+from triton_backend.serving.service import parse_request
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def _requests() -> list[GenerateRequest]:
 
 @pytest.fixture(scope="module")
 def decoder():
-    from triton_backend.deployment import build_decoder
+    from triton_backend.deployment.torch_deployment import build_decoder
 
     return build_decoder(DEPLOYMENT)
 
@@ -110,7 +110,7 @@ def test_concurrent_mixed_requests_equal_each_request_alone(batched_triton, deco
 
 
 def test_full_queue_is_refused_at_once_and_one_request_equals_stream(decoder) -> None:
-    from triton_backend.serving import SpecdecService
+    from triton_backend.serving.service import SpecdecService
 
     class Sink:
         def __init__(self) -> None:

@@ -9,7 +9,7 @@ import pytest
 from builder.bench.config import BenchConfig
 from builder.bench.report import summarize, to_markdown, write_report
 from builder.bench.runner import run_bench
-from triton_backend.errors import ConfigError
+from triton_backend.core.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from builder.bench.concurrency import ConcurrencyConfig, LevelResult, run_concurrency_bench, summarize, write_concurrency_report
-from triton_backend.errors import ConfigError
+from triton_backend.core.errors import ConfigError
 
 
 def _level(mode: str, c: int, tokens: int, wall: float, text: str = "same") -> LevelResult:

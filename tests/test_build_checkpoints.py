@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from build_fixtures import check_checkpoint, make_tiny_llama, unpack_int4
-from builder.architecture import load_architecture
-from builder.calibration import load_calibration_texts, make_forward_loop
-from builder.export import export_checkpoint
-from builder.quantize import quantize_model
-from builder.spec import CalibrationSpec, KVCacheDtype, Precision
+from builder.plan.architecture import load_architecture
+from builder.stages.calibration import load_calibration_texts, make_forward_loop
+from builder.stages.checkpoint_export import export_checkpoint
+from builder.stages.quantize import quantize_model
+from builder.plan.spec import CalibrationSpec, KVCacheDtype, Precision
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ CALIBRATION = CalibrationSpec(num_samples=4, max_length=64)
 
 @pytest.fixture(scope="module")
 def reference_dir() -> Path:
-    from triton_backend.reference_model import ensure_reference_model
+    from triton_backend.core.reference_model import ensure_reference_model
 
     return ensure_reference_model()
 
@@ -36,8 +36,8 @@ def tiny_dir(tmp_path_factory, reference_dir) -> Path:
 
 def quantize_and_export(source: str, precision: Precision, kv: KVCacheDtype, out: Path, tp: int = 1):
     """(original float32 state dict, checkpoint folder, checkpoint config)."""
-    from triton_backend.config import RuntimeConfig
-    from triton_backend.model_loading import load_model, load_tokenizer
+    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
 
     torch.set_num_threads(1)
     model = load_model(source, RuntimeConfig()).eval()

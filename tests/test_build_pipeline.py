@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from build_fixtures import check_checkpoint, make_tiny_llama
-from builder.cli import main as cli_main
-from builder.compile import TRTLLM_BUILD
-from builder.manifest import verify_manifest
+from builder.cli.main import main as cli_main
+from builder.stages.compile import TRTLLM_BUILD
+from builder.stages.manifest import verify_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def reference_dir() -> Path:
-    from triton_backend.reference_model import ensure_reference_model
+    from triton_backend.core.reference_model import ensure_reference_model
 
     return ensure_reference_model()
 
@@ -110,9 +110,9 @@ def test_checkpoints_hold_the_torch_runtime_weights_quantized(full_build):
 def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_build):
     from dataclasses import replace
 
-    from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
-    from triton_backend.deployment import build_decoder
-    from triton_backend.serving import load_deployment
+    from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
+    from triton_backend.deployment.torch_deployment import build_decoder
+    from triton_backend.serving.service import load_deployment
 
     out, manifest = full_build
     deployment = load_deployment(out / manifest["model_repo"]["deployment"])
@@ -129,8 +129,8 @@ def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_b
 
 
 def test_rendered_repository_loads_in_real_triton(full_build, tmp_path):
-    from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-    from builder.triton_server import ServerConfig, TritonServer
+    from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+    from builder.ops.triton_server import ServerConfig, TritonServer
 
     out, _ = full_build
     server = TritonServer(ServerConfig(out / "model_repo", exit_timeout_s=5, startup_timeout_s=300,

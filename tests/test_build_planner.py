@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from builder.architecture import load_architecture
+from builder.plan.architecture import load_architecture
 from builder.errors import DoesNotFitError
-from builder.memory import weight_bytes
-from builder.planner import plan_deployment
-from builder.spec import BuildSpec, GpuTarget, KVCacheDtype, MedusaSpec, ModelSpec, Parallelism, Precision
+from builder.plan.memory import weight_bytes
+from builder.plan.planner import plan_deployment
+from builder.plan.spec import BuildSpec, GpuTarget, KVCacheDtype, MedusaSpec, ModelSpec, Parallelism, Precision
 
 GIB = 2**30
 H100 = 81_559 * 2**20
@@ -160,7 +160,7 @@ def test_medusa_heads_are_planned_with_the_target():
 
 
 def test_the_cpu_torch_runtime_note_counts_the_row_kernels_packed_copy():
-    from builder.spec import TorchRuntimeSpec
+    from builder.plan.spec import TorchRuntimeSpec
 
     cpu = plan_deployment(spec("llama-3.2-1b", None, "h100"))
     packed = (L1_LINEAR + 128256 * 2048) * 4 / 2**30  # every decoder linear + the LM head, float32

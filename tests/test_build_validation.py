@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.architecture import ModelArchitecture
+from builder.plan.architecture import ModelArchitecture
 from builder.errors import (BuildSpecError, DoesNotFitError, PlanError, PrecisionError, UnknownGpuError,
                             UnsupportedModelError)
-from builder.planner import int4_problems, plan_deployment
-from builder.spec import BuildSpec, GpuTarget, Limits, MedusaSpec, ModelSpec, Parallelism, Precision
-from triton_backend.errors import VocabMismatchError
+from builder.plan.planner import int4_problems, plan_deployment
+from builder.plan.spec import BuildSpec, GpuTarget, Limits, MedusaSpec, ModelSpec, Parallelism, Precision
+from triton_backend.core.errors import VocabMismatchError
 
 
 def arch(**kw) -> ModelArchitecture:
@@ -25,7 +25,7 @@ def arch(**kw) -> ModelArchitecture:
 
 @pytest.fixture(scope="module")
 def reference_dir() -> Path:
-    from triton_backend.reference_model import ensure_reference_model
+    from triton_backend.core.reference_model import ensure_reference_model
 
     return ensure_reference_model()
 
@@ -193,7 +193,7 @@ def test_spec_file_errors(tmp_path):
 
 # ---- the command ----------------------------------------------------------------------------
 def test_plan_command_prints_the_table_and_writes_json(tmp_path, capsys):
-    from builder.cli import main
+    from builder.cli.main import main
 
     out = tmp_path / "plan.json"
     assert main(["plan", "--target", "llama-3-70b", "--draft", "llama-3-8b", "--gpu", "h100", "--json", str(out)]) == 0
@@ -205,7 +205,7 @@ def test_plan_command_prints_the_table_and_writes_json(tmp_path, capsys):
 
 
 def test_plan_command_errors_are_short(capsys):
-    from builder.cli import main
+    from builder.cli.main import main
 
     assert main(["plan", "--target", "llama-3-8b", "--gpu", "v100", "--json", ""]) == 2
     err = capsys.readouterr().err
@@ -224,7 +224,7 @@ def test_example_specs_plan(name):
 
 
 def test_draft_precision_needs_a_draft(capsys):
-    from builder.cli import main
+    from builder.cli.main import main
 
     assert main(["plan", "--target", "llama-3-8b", "--draft-precision", "fp8", "--json", ""]) == 2
     assert "--draft-precision needs a draft model" in capsys.readouterr().err

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from triton_backend.config import (
+from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, FallbackRule, MedusaConfig, NgramConfig, SpeculationConfig, SpeculationMode,
     TreeAcceptance,
 )
-from triton_backend.config_io import descriptions, read_config
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.errors import ConfigError, InvalidRequestError
+from triton_backend.core.config_io import descriptions, read_config
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.core.errors import ConfigError, InvalidRequestError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FLAT = {  # a deployment's speculation section as written before the per-method configs
@@ -104,9 +104,9 @@ def test_read_config_names_missing_fields() -> None:
 
 
 def test_the_deployment_config_loads_without_torch_and_without_cycles() -> None:
-    code = ("import sys; import triton_backend.deployment_config, triton_backend.engines.trtllm_config; "
+    code = ("import sys; import triton_backend.deployment.config, triton_backend.engines.trtllm.config; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
     # trtllm_deployment first: it imports deployment_config, which imports neither of the builders
-    subprocess.run([sys.executable, "-c", "import triton_backend.trtllm_deployment, triton_backend.deployment"],
+    subprocess.run([sys.executable, "-c", "import triton_backend.deployment.trtllm_deployment, triton_backend.deployment.torch_deployment"],
                    check=True, cwd=REPO_ROOT)

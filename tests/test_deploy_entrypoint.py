@@ -21,15 +21,15 @@ from typing import Iterator
 import pytest
 from triton_fixtures import local_decoder  # noqa: F401 (fixture)
 
-from builder.deploy import (BuildMode, DeployConfig, DeployError, MpiTritonServer, cache_key, launch_world_size,
+from builder.ops.deploy import (BuildMode, DeployConfig, DeployError, MpiTritonServer, cache_key, launch_world_size,
                             mpi_command)
-from builder.deploy_cli import config_from_settings, resolve_settings
-from builder.model_repository import render_model_repository
-from builder.spec import BuildSpec
-from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.triton_server import Endpoints, ServerConfig, TritonInstallation, free_port
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.serving import parse_request
+from builder.cli.deploy import config_from_settings, resolve_settings
+from builder.stages.model_repository import render_model_repository
+from builder.plan.spec import BuildSpec
+from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, free_port
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.serving.service import parse_request
 
 REPO = Path(__file__).resolve().parent.parent
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
@@ -198,7 +198,7 @@ def test_other_arguments_run_as_a_command(tmp_path: Path) -> None:
 def _args(**flags: str | None):
     import argparse
 
-    from builder.deploy_cli import SETTINGS
+    from builder.cli.deploy import SETTINGS
 
     return argparse.Namespace(**{s.dest: flags.get(s.dest) for s in SETTINGS})
 

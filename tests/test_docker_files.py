@@ -18,8 +18,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from builder.deploy_cli import SETTINGS
-from builder.spec import BuildSpec
+from builder.cli.deploy import SETTINGS
+from builder.plan.spec import BuildSpec
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
@@ -248,7 +248,7 @@ def test_copy_sources_exist_and_reach_the_build_context(kind: str) -> None:
 def test_dockerignore_keeps_the_venv_and_caches_out() -> None:
     for rel in (".venv/bin/python", ".git/config", "tests/test_docker_files.py", "builder/__pycache__/x.pyc"):
         assert dockerignore_excludes(rel), rel
-    for rel in ("builder/deploy.py", "docker/offline/wheels/torch.whl", "docker/offline/cache/models/m/config.json"):
+    for rel in ("builder/ops/deploy.py", "docker/offline/wheels/torch.whl", "docker/offline/cache/models/m/config.json"):
         assert not dockerignore_excludes(rel), rel
 
 
@@ -393,7 +393,7 @@ def test_compose_gpu_profile_reserves_gpus_and_cpu_profile_does_not() -> None:
 
 @pytest.mark.parametrize("kind", ["gpu", "cpu"])
 def test_compose_client_waits_for_a_healthy_server_and_is_a_valid_generate_command(kind: str) -> None:
-    from builder.cli import build_parser
+    from builder.cli.main import build_parser
 
     services = _compose()["services"]
     client = services[f"client-{kind}"]

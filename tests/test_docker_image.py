@@ -27,8 +27,8 @@ import pytest
 from test_deploy_entrypoint import PROMPT, SPEC_TEXT, _local_text  # the same spec, prompt and oracle
 from triton_fixtures import local_decoder  # noqa: F401 (fixture)
 
-from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.triton_server import free_port
+from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+from builder.ops.triton_server import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import tiny_engine
-from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.drafters.eagle import EagleDrafter
-from triton_backend.eagle_model import EagleCheckpoint, EagleInfo, EagleNet, load_eagle, save_eagle
-from triton_backend.errors import ModelLoadError
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.sampling import LogitsProcessor
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.eagle import EagleDrafter
+from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleInfo, EagleNet, load_eagle, save_eagle
+from triton_backend.core.errors import ModelLoadError
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.core.sampling import LogitsProcessor
 
 REFERENCE_DRAFTER = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-eagle"
 
@@ -167,11 +167,11 @@ def test_training_smoke_on_tiny_target(tmp_path):
     """Target data with hidden states from a tiny Llama, a few training steps, a drafter file
     the runtime serves with greedy output identical to plain."""
     from build_fixtures import make_tiny_llama
-    from builder.eagle_train import EagleTrainConfig, train_eagle
-    from builder.target_data import TargetDataConfig, generate_target_data
-    from triton_backend.deployment import build_decoder
-    from triton_backend.deployment_config import DeploymentConfig
-    from triton_backend.reference_model import ensure_reference_model
+    from builder.train.eagle import EagleTrainConfig, train_eagle
+    from builder.train.target_data import TargetDataConfig, generate_target_data
+    from triton_backend.deployment.torch_deployment import build_decoder
+    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.core.reference_model import ensure_reference_model
 
     tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=64, layers=2, intermediate=128)
     prompts = tmp_path / "prompts.txt"
@@ -195,7 +195,7 @@ def test_training_smoke_on_tiny_target(tmp_path):
     spec = decoder.generate([1, 2, 3, 4], params, SpeculationConfig(method="eagle",
                                                                     draft_length=DraftLengthConfig(num_draft_tokens=3), fallback=FallbackConfig(enabled=False)))
     assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
-    from builder.cli import main as cli_main
+    from builder.cli.main import main as cli_main
 
     common = ["--target", str(tiny), "--eval-prompts", str(prompts), "--eval-count", "2", "--eval-max-tokens", "8"]
     assert cli_main(["train-eagle", *common, "--data-dir", str(tmp_path / "data"), "--heldout-data-dir",
@@ -228,8 +228,8 @@ def test_reference_drafter_greedy_identical_to_plain(reference, reference_prompt
 
 def test_planner_counts_the_eagle_nets():
     from builder.errors import BuildSpecError
-    from builder.planner import plan_deployment
-    from builder.spec import BuildSpec, EagleSpec, GpuTarget, MedusaSpec, ModelSpec
+    from builder.plan.planner import plan_deployment
+    from builder.plan.spec import BuildSpec, EagleSpec, GpuTarget, MedusaSpec, ModelSpec
 
     spec = BuildSpec(target=ModelSpec("llama-3-8b", "bf16"), eagle=EagleSpec(num_eagle_layers=4), gpu=GpuTarget("h100-80gb"))
     plan = plan_deployment(spec)
@@ -249,7 +249,7 @@ def test_planner_counts_the_eagle_nets():
 def test_the_drafters_cost_per_token_is_measured_on_this_machine_and_cached(tmp_path):
     """What the gain rule prices an EAGLE draft token at: the cost measured against the
     target's step (cached per machine and kernel), not the parameter ratio."""
-    from triton_backend.pass_cost_measure import MAX_DRAFT_COST, install_measured_draft_costs
+    from triton_backend.speculation.pass_cost import MAX_DRAFT_COST, install_measured_draft_costs
 
     target = tiny_engine(0)
     drafter = _random_drafter(target)

@@ -13,14 +13,14 @@ import torch
 from safetensors import safe_open
 
 from build_fixtures import make_tiny_llama
-from builder.architecture import load_architecture
-from builder.eagle_export import eagle_engine_build, write_eagle_checkpoint
+from builder.plan.architecture import load_architecture
+from builder.stages.eagle_export import eagle_engine_build, write_eagle_checkpoint
 from builder.errors import BuildSpecError
-from builder.export import export_checkpoint
-from builder.spec import KVCacheDtype, Precision
-from triton_backend.config import RuntimeConfig
-from triton_backend.eagle_model import EagleInfo, EagleNet, save_eagle
-from triton_backend.model_loading import load_model
+from builder.stages.checkpoint_export import export_checkpoint
+from builder.plan.spec import KVCacheDtype, Precision
+from triton_backend.core.config import RuntimeConfig
+from triton_backend.speculation.drafters.eagle_model import EagleInfo, EagleNet, save_eagle
+from triton_backend.engines.torch.model_loading import load_model
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ DRAFTER = {"fc.weight", "fc.bias", "layers.0.attention.qkv.weight", "layers.0.at
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> tuple[Path, dict[int, Path]]:
     """The tiny target and its TensorRT-LLM checkpoints at TP 1 and TP 2."""
-    from triton_backend.reference_model import ensure_reference_model
+    from triton_backend.core.reference_model import ensure_reference_model
 
     root = tmp_path_factory.mktemp("eagle-export")
     tiny = make_tiny_llama(root / "tiny", ensure_reference_model())
@@ -133,8 +133,8 @@ def test_trtllm_build_command():
 
 
 def test_export_command_writes_checkpoint_and_script(target, drafter, tmp_path, capsys):
-    from builder.cli import main as cli_main
-    from builder.compile import trtllm_build_available
+    from builder.cli.main import main as cli_main
+    from builder.stages.compile import trtllm_build_available
 
     _, checkpoints = target
     path, _ = drafter

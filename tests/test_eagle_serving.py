@@ -15,12 +15,12 @@ import torch
 from conftest import tiny_engine
 from test_eagle import REFERENCE_DRAFTER, _decoder, _exact_joint, _random_drafter
 from test_scheduler import Collector
-from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.controller import SpeculationController
-from triton_backend.drafters.eagle import EagleDrafter, EagleSession
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.sampling import LogitsProcessor
-from triton_backend.scheduler import BatchScheduler, SchedulerConfig
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.controller import SpeculationController
+from triton_backend.speculation.drafters.eagle import EagleDrafter, EagleSession
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.core.sampling import LogitsProcessor
+from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
 
 FIXED = SpeculationConfig(method="eagle", draft_length=DraftLengthConfig(num_draft_tokens=3),
                           fallback=FallbackConfig(enabled=False))

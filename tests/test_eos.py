@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from triton_backend.config import SamplingParams
-from triton_backend.engines.trtllm_requests import NO_END_ID, end_ids
-from triton_backend.eos import eos_token_ids, min_tokens_end_ids, stopping_eos
+from triton_backend.core.config import SamplingParams
+from triton_backend.engines.trtllm.requests import NO_END_ID, end_ids
+from triton_backend.core.eos import eos_token_ids, min_tokens_end_ids, stopping_eos
 
 
 def test_ids_from_configs_objects_and_dicts_else_the_tokenizer():

@@ -22,13 +22,13 @@ from reliability_fixtures import (  # noqa: F401 (fixtures)
     stream_request, wait_idle,
 )
 
-from builder.loadtest import LoadConfig, Template, expected_template, make_templates, process_tree, send
-from builder.model_repository import render_model_repository
-from builder.triton_client import GenerateRequest
-from builder.triton_server import ServerConfig, ServerError, TritonServer, free_port
-from triton_backend.errors import ModelLoadError
-from triton_backend.model_loading import load_model
-from triton_backend.reference_model import ensure_reference_model
+from builder.loadtest.streams import LoadConfig, Template, expected_template, make_templates, process_tree, send
+from builder.stages.model_repository import render_model_repository
+from builder.ops.triton_client import GenerateRequest
+from builder.ops.triton_server import ServerConfig, ServerError, TritonServer, free_port
+from triton_backend.core.errors import ModelLoadError
+from triton_backend.engines.torch.model_loading import load_model
+from triton_backend.core.reference_model import ensure_reference_model
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ def test_sigterm_mid_load_finishes_in_flight_requests_and_exits_cleanly(tmp_path
 
 
 def _wait_for_in_flight(metrics_url: str, count: int, timeout_s: float = 120) -> None:
-    from builder.loadtest import metrics
+    from builder.loadtest.streams import metrics
 
     gauge = f'specdec_requests_in_flight{{model="{MODEL}"}}'
     deadline = time.monotonic() + timeout_s
@@ -162,7 +162,7 @@ def test_a_client_holding_its_stream_open_cannot_keep_specbuild_serve_up(tmp_pat
     """Triton 2.51 does not exit while a gRPC stream is open (its gRPC server shuts down with no
     deadline). `specbuild serve` gives it its exit timeout plus a grace period, then stops it."""
     grpc_port, exit_timeout = free_port(), 3
-    proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "serve", "--grpc-port", str(grpc_port),
+    proc = subprocess.Popen([sys.executable, "-m", "builder.cli.main", "serve", "--grpc-port", str(grpc_port),
                              "--exit-timeout", str(exit_timeout), "--log-file", str(tmp_path / "log.txt")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

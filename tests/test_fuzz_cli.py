@@ -5,7 +5,7 @@ Whatever the arguments, ``specbuild`` exits 0 or 2 and, on 2, its last line on s
 ``specbuild...: error: ...`` line; never a traceback. Commands that would load models, train,
 build or start a server get a cheap fatal input they cannot get past (a model path, deployment
 or spec that does not exist, a server URL nobody listens on), so each case costs milliseconds.
-The arguments are drawn from the real parser (``builder.cli.build_parser``): a new flag is
+The arguments are drawn from the real parser (``builder.cli.main.build_parser``): a new flag is
 fuzzed without touching this file.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder.cli import build_parser, main
+from builder.cli.main import build_parser, main
 
 EXAMPLES = int(os.environ.get("SPECBUILD_FUZZ_EXAMPLES", "150"))
 

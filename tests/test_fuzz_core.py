@@ -5,7 +5,7 @@ with any prompt, sampling parameters and speculation settings.
 
 Every call either works (and the answer is right: greedy output identical to plain
 decoding, streamed chunks adding up to the result, token counts within bounds) or raises a
-typed :class:`~triton_backend.errors.SpecbuildError` with a short message. Nothing else.
+typed :class:`~triton_backend.core.errors.SpecbuildError` with a short message. Nothing else.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import tiny_engine
-from triton_backend.config import (
+from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, FinishReason, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode,
 )
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.drafters import DraftModelDrafter, NgramDrafter
-from triton_backend.errors import InvalidRequestError, SpecbuildError
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.sampling import LogitsProcessor
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.core.errors import InvalidRequestError, SpecbuildError
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.core.sampling import LogitsProcessor
 
 EXAMPLES = int(os.environ.get("SPECBUILD_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

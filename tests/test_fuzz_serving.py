@@ -28,10 +28,10 @@ from reliability_fixtures import (  # noqa: F401 (fixtures)
     reliable_triton, stream_request, wait_idle,
 )
 
-from triton_backend.errors import SpecbuildError
-from triton_backend.interface import INPUTS
-from triton_backend.serving import parse_request
-from triton_backend.triton_io import TensorSpec
+from triton_backend.core.errors import SpecbuildError
+from triton_backend.serving.interface import INPUTS
+from triton_backend.serving.service import parse_request
+from triton_backend.serving.tensors import TensorSpec
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,13 @@ import pytest
 
 from conftest import tiny_engine
 from test_loop_tiny import _exact_joint
-from triton_backend.config import (
+from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, FallbackRule, SamplingParams, SpeculationConfig, SpeculationMode,
 )
-from triton_backend.drafters import DraftModelDrafter, NgramDrafter
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.sampling import LogitsProcessor
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.core.sampling import LogitsProcessor
 
 PROMPTS = ([1, 2, 3], [5, 5, 5, 5], [7, 1, 9, 1, 7, 1, 9, 1, 7])
 

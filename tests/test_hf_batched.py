@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from triton_backend.config import RuntimeConfig
+from triton_backend.core.config import RuntimeConfig
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
-from triton_backend.engines.hf_batched import HFBatchedEngine
-from triton_backend.engines.torch_engine import TorchEngine
-from triton_backend.errors import ContextLengthError
+from triton_backend.engines.torch.hf_batched import HFBatchedEngine
+from triton_backend.engines.torch.hf_engine import TorchEngine
+from triton_backend.core.errors import ContextLengthError
 
 
 def hf_engine(seed: int) -> TorchEngine:

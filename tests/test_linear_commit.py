@@ -9,9 +9,9 @@ from typing import Any, Sequence
 
 import pytest
 
-from triton_backend.commit import Commit
-from triton_backend.config import FinishReason, SamplingParams
-from triton_backend.text import IncrementalDetokenizer, held_back
+from triton_backend.speculation.commit import Commit
+from triton_backend.core.config import FinishReason, SamplingParams
+from triton_backend.core.text import IncrementalDetokenizer, held_back
 
 TEXT = ("Café 東京 🙂 naïve — déjà vu. The quick brown fox jumps over the lazy dog; "
         "print('hello, world') # 数据 résumé ") * 40
@@ -19,7 +19,7 @@ TEXT = ("Café 東京 🙂 naïve — déjà vu. The quick brown fox jumps over 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from triton_backend.model_loading import load_tokenizer
+    from triton_backend.engines.torch.model_loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 

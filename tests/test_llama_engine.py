@@ -14,13 +14,13 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from tests.conftest import tiny_llama
-from triton_backend.config import RuntimeConfig
+from triton_backend.core.config import RuntimeConfig
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
-from triton_backend.engines.llama_engine import LlamaEngine
-from triton_backend.engines.llama_forward import load_safetensors_weights
-from triton_backend.engines.torch_engine import TorchEngine
-from triton_backend.model_loading import make_torch_engine, resolve_model_path
-from triton_backend.tree import path_to
+from triton_backend.engines.torch.llama_engine import LlamaEngine
+from triton_backend.engines.torch.llama_forward import load_safetensors_weights
+from triton_backend.engines.torch.hf_engine import TorchEngine
+from triton_backend.engines.torch.model_loading import make_torch_engine, resolve_model_path
+from triton_backend.core.tree import path_to
 
 REL = 1e-4
 

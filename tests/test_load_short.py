@@ -11,7 +11,7 @@ import os
 import pytest
 from reliability_fixtures import SERVING, reliable_decoder, reliable_triton  # noqa: F401 (fixtures)
 
-from builder.loadtest import LoadConfig, make_templates, run_load
+from builder.loadtest.streams import LoadConfig, make_templates, run_load
 
 pytestmark = pytest.mark.slow
 

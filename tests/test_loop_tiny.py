@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from conftest import tiny_engine
-from triton_backend.config import (
+from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, FinishReason, SamplingParams, SpeculationConfig, SpeculationMode,
 )
-from triton_backend.drafters import DraftModelDrafter, NgramDrafter
-from triton_backend.errors import ContextLengthError, InvalidRequestError, VocabMismatchError
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.sampling import LogitsProcessor
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.core.errors import ContextLengthError, InvalidRequestError, VocabMismatchError
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.core.sampling import LogitsProcessor
 
 NO_FALLBACK = dict(fallback=FallbackConfig(enabled=False))
 

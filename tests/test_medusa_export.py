@@ -12,16 +12,16 @@ import torch
 from safetensors import safe_open
 
 from build_fixtures import make_tiny_llama
-from builder.architecture import load_architecture
-from builder.calibration import load_calibration_texts, make_forward_loop
+from builder.plan.architecture import load_architecture
+from builder.stages.calibration import load_calibration_texts, make_forward_loop
 from builder.errors import BuildSpecError
-from builder.export import export_checkpoint
-from builder.medusa_heads import attach_medusa_heads, record_medusa_tree
-from builder.quantize import quantize_model
-from builder.spec import CalibrationSpec, KVCacheDtype, MedusaSpec, Precision
-from triton_backend.config import RuntimeConfig
-from triton_backend.medusa_model import MedusaHeads, MedusaHeadsInfo, save_medusa
-from triton_backend.model_loading import load_model, load_tokenizer
+from builder.stages.checkpoint_export import export_checkpoint
+from builder.stages.medusa_heads import attach_medusa_heads, record_medusa_tree
+from builder.stages.quantize import quantize_model
+from builder.plan.spec import CalibrationSpec, KVCacheDtype, MedusaSpec, Precision
+from triton_backend.core.config import RuntimeConfig
+from triton_backend.speculation.drafters.medusa_model import MedusaHeads, MedusaHeadsInfo, save_medusa
+from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ CHOICES = ((0,), (1,), (0, 0), (0, 1), (1, 0))
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from triton_backend.reference_model import ensure_reference_model
+    from triton_backend.core.reference_model import ensure_reference_model
 
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", ensure_reference_model())
 
@@ -96,9 +96,9 @@ def test_heads_not_matching_the_spec_are_refused(tiny_dir, heads_file):
 
 
 def test_torch_only_build_serves_the_trained_heads(tiny_dir, heads_file, tmp_path):
-    from builder.cli import main as cli_main
-    from triton_backend.deployment import build_decoder
-    from triton_backend.serving import load_deployment
+    from builder.cli.main import main as cli_main
+    from triton_backend.deployment.torch_deployment import build_decoder
+    from triton_backend.serving.service import load_deployment
 
     path, _ = heads_file
     out = tmp_path / "out"
@@ -109,7 +109,7 @@ def test_torch_only_build_serves_the_trained_heads(tiny_dir, heads_file, tmp_pat
     deployment = load_deployment(out / manifest["model_repo"]["deployment"])
     assert Path(deployment.medusa).is_file() and Path(deployment.medusa).parent == (out / "weights" / "medusa").resolve()
     decoder = build_decoder(deployment)
-    from triton_backend.config import FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
+    from triton_backend.core.config import FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
 
     assert decoder.resolve(SpeculationMode.AUTO)[0] is SpeculationMode.MEDUSA
     params = SamplingParams(max_tokens=12)

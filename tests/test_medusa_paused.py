@@ -9,11 +9,11 @@ import pytest
 
 from conftest import tiny_engine
 from test_medusa_tree import random_heads
-from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
-from triton_backend.drafters.medusa import MedusaDrafter
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.medusa_model import MedusaCheckpoint
-from triton_backend.config import SpeculationMode
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
+from triton_backend.speculation.drafters.medusa import MedusaDrafter
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint
+from triton_backend.core.config import SpeculationMode
 
 pytestmark = pytest.mark.usefixtures("default_pass_costs")  # pauses and probes as under the default table
 

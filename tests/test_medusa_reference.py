@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from triton_backend.config import FallbackConfig, MedusaConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.drafters.medusa import MedusaDrafter
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.medusa_model import MedusaCheckpoint, MedusaHeads, load_medusa
-from triton_backend.tree import path_to
+from triton_backend.core.config import FallbackConfig, MedusaConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.medusa import MedusaDrafter
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint, MedusaHeads, load_medusa
+from triton_backend.core.tree import path_to
 
 pytestmark = pytest.mark.slow
 

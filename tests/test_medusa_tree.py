@@ -12,17 +12,17 @@ import torch
 from scipy import stats as scipy_stats
 
 from conftest import tiny_engine
-from triton_backend.config import (
+from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, MedusaConfig, SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance,
 )
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.drafters.medusa import MedusaDrafter
-from triton_backend.errors import ConfigError, ModelLoadError
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.medusa_model import MedusaCheckpoint, MedusaHeads, MedusaHeadsInfo, load_medusa, save_medusa
-from triton_backend.tree import (ancestor_mask, choices_to_parents, node_depths, normalise_choices, path_to,
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.speculation.drafters.medusa import MedusaDrafter
+from triton_backend.core.errors import ConfigError, ModelLoadError
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint, MedusaHeads, MedusaHeadsInfo, load_medusa, save_medusa
+from triton_backend.core.tree import (ancestor_mask, choices_to_parents, node_depths, normalise_choices, path_to,
                                  tree_attention_inputs)
-from triton_backend.tree_verify import verify_tree_greedy, verify_tree_sampling, verify_tree_typical
+from triton_backend.speculation.tree_verify import verify_tree_greedy, verify_tree_sampling, verify_tree_typical
 
 PARENTS = [-1, -1, 0, 0, 1, 2, 5, -1]  # three root children, branches of depth 1..4
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from triton_backend.errors import ModelLoadError
-from triton_backend.model_loading import layer_skip_draft, resolve_model_path
-from triton_backend.reference_model import SMOLLM2_135M, cache_dir, ensure_reference_model, sha256_of
+from triton_backend.core.errors import ModelLoadError
+from triton_backend.engines.torch.model_loading import layer_skip_draft, resolve_model_path
+from triton_backend.core.reference_model import SMOLLM2_135M, cache_dir, ensure_reference_model, sha256_of
 
 
 def test_reference_model_is_verified_and_converted():
@@ -30,7 +30,7 @@ def test_unknown_sources_fail_clearly(tmp_path):
 
 
 def test_corrupt_weights_fail_with_the_folder_named(tmp_path):
-    from triton_backend.model_loading import load_model
+    from triton_backend.engines.torch.model_loading import load_model
 
     src = ensure_reference_model()
     (tmp_path / "config.json").write_text((src / "config.json").read_text())

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from triton_backend.config import DraftLengthConfig, FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
-from triton_backend.controller import SpeculationController, controller_for, expected_tokens_per_round
-from triton_backend.drafters.ngram import NgramDrafter, NgramIndex, find_ngram_continuation
-from triton_backend.speculation_policy import DrafterKind
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.controller import SpeculationController, controller_for, expected_tokens_per_round
+from triton_backend.speculation.drafters.ngram import NgramDrafter, NgramIndex, find_ngram_continuation
+from triton_backend.speculation.policy import DrafterKind
 
 
 pytestmark = pytest.mark.usefixtures("default_pass_costs")  # the scripted sequences assume the default table

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 from conftest import tiny_llama
-from triton_backend.config import RuntimeConfig
-from triton_backend.engines.packed_linear import PackedLinear, pack_linear_layers, packing_available
-from triton_backend.engines.torch_engine import TorchEngine
-from triton_backend.errors import ConfigError
+from triton_backend.core.config import RuntimeConfig
+from triton_backend.engines.torch.packed_linear import PackedLinear, pack_linear_layers, packing_available
+from triton_backend.engines.torch.hf_engine import TorchEngine
+from triton_backend.core.errors import ConfigError
 
 needs_mkl = pytest.mark.skipif(not packing_available(), reason="this torch build has no MKL packed GEMM")
 

@@ -13,12 +13,13 @@ import torch
 
 from conftest import tiny_engine
 from test_scheduler import submit_all, tiny_decoder_with_every_drafter
-from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.drafters import DraftModelDrafter, NgramDrafter
-from triton_backend.errors import InvalidRequestError
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.sampling import LogitsProcessor
-from triton_backend.scheduler import BatchScheduler, SchedulerConfig
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.core.errors import InvalidRequestError
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.core.sampling import LogitsProcessor
+from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
 
 NEG = float("-inf")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from triton_fixtures import triton  # noqa: F401 (fixture)
 
-from builder.perf_analyzer import PerfAnalyzerRun, find_perf_analyzer, run_perf_analyzer
+from builder.ops.perf_analyzer import PerfAnalyzerRun, find_perf_analyzer, run_perf_analyzer
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(find_perf_analyzer() is None,

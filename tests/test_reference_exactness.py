@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.drafters import DraftModelDrafter, NgramDrafter
-from triton_backend.engines.torch_engine import TorchEngine
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.model_loading import layer_skip_draft, make_torch_engine
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.engines.torch.hf_engine import TorchEngine
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.engines.torch.model_loading import layer_skip_draft, make_torch_engine
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +117,7 @@ def test_real_kv_rollback_matches_fresh_forward(reference, reference_prompts):
 
 
 def test_real_prompt_errors(decoder, reference):
-    from triton_backend.errors import ContextLengthError, InvalidRequestError, VocabMismatchError
+    from triton_backend.core.errors import ContextLengthError, InvalidRequestError, VocabMismatchError
 
     target, tokenizer = reference
     with pytest.raises(InvalidRequestError, match="empty"):

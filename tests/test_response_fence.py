@@ -1,4 +1,4 @@
-"""One request's response pattern (triton_backend.response_fence), in plain Python: responses
+"""One request's response pattern (triton_backend.serving.triton.response_fence), in plain Python: responses
 one at a time, the final flag exactly once and nothing after it, nothing but the final flag
 after a cancellation. The real-server side is tests/test_abrupt_clients.py."""
 
@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from triton_backend.response_fence import FencedSender
+from triton_backend.serving.triton.response_fence import FencedSender
 
 
 class Wire:
@@ -159,12 +159,12 @@ def pb_utils(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
 
 def _stream_through_pump(request: FakeTritonRequest, partials: int) -> None:
     """``partials`` partial chunks and a final one, through the service's response pump."""
-    from builder.triton_client import GenerateRequest
-    from triton_backend.config import SpeculationConfig
-    from triton_backend.generation import GenerationChunk
-    from triton_backend.response_pump import ResponsePump
-    from triton_backend.serving import NullObserver, _Responder, parse_request
-    from triton_backend.triton_io import TritonResponseSink
+    from builder.ops.triton_client import GenerateRequest
+    from triton_backend.core.config import SpeculationConfig
+    from triton_backend.speculation.loop import GenerationChunk
+    from triton_backend.serving.response_pump import ResponsePump
+    from triton_backend.serving.service import NullObserver, _Responder, parse_request
+    from triton_backend.serving.tensors import TritonResponseSink
 
     parsed = parse_request(GenerateRequest(prompt="p", stream=True).arrays(), SpeculationConfig(), 8)
     pump = ResponsePump(poll_interval_s=60)
@@ -195,7 +195,7 @@ def test_a_cancelled_stream_gets_nothing_more_and_ends_with_the_final_flag_alone
 
 
 def test_an_error_after_a_cancellation_sends_only_the_final_flag(pb_utils) -> None:
-    from triton_backend.triton_io import TritonResponseSink
+    from triton_backend.serving.tensors import TritonResponseSink
 
     request = FakeTritonRequest(cancel_after=0)
     TritonResponseSink(request).fail(RuntimeError("late"))

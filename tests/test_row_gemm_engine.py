@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from triton_backend.config import RuntimeConfig
-from triton_backend.engines import row_gemm as row_gemm_module
-from triton_backend.engines.llama_engine import LlamaEngine
+from triton_backend.core.config import RuntimeConfig
+from triton_backend.engines.torch import row_gemm as row_gemm_module
+from triton_backend.engines.torch.llama_engine import LlamaEngine
 
 ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
 pytestmark = pytest.mark.skipif(not ISAS, reason="the row-invariant kernel needs x86-64 with AVX2 + FMA")
@@ -129,8 +129,7 @@ def test_attention_refuses_inconsistent_inputs(row_gemm):
 
 
 def test_fused_norm_and_signed_rope_give_the_same_bits():
-    from triton_backend.engines import llama_forward as lf
-
+    from triton_backend.engines.torch import llama_forward as lf
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(96, generator=gen)
     for t in (1, 3, 40):

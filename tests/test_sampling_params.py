@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from triton_backend.config import DraftLengthConfig, NgramConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.errors import ConfigError, InvalidRequestError
-from triton_backend.sampling import LogitsProcessor
+from triton_backend.core.config import DraftLengthConfig, NgramConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.core.errors import ConfigError, InvalidRequestError
+from triton_backend.core.sampling import LogitsProcessor
 
 
 def test_greedy_is_one_hot_argmax():

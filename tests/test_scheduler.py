@@ -14,12 +14,13 @@ import pytest
 from conftest import tiny_engine
 from test_eagle import _random_drafter as _random_eagle
 from test_medusa_tree import random_heads
-from triton_backend.config import DraftLengthConfig, SamplingParams, SpeculationConfig, SpeculationMode
-from triton_backend.drafters import DraftModelDrafter, NgramDrafter
-from triton_backend.drafters.medusa import MedusaDrafter
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.medusa_model import MedusaCheckpoint
-from triton_backend.scheduler import BatchScheduler, QueueFullError, SchedulerConfig
+from triton_backend.core.config import DraftLengthConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.speculation.drafters.medusa import MedusaDrafter
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint
+from triton_backend.batching.scheduler import BatchScheduler, QueueFullError, SchedulerConfig
 
 
 class Collector:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from test_scheduler import _alone, _requests, submit_all, tiny_decoder_with_every_drafter
-from triton_backend.batch_plan import BatchPolicy, DraftPlanner, Regime, RegimeChooser
-from triton_backend.scheduler import BatchScheduler, SchedulerConfig
-from triton_backend.speculation_policy import PassCostModel, RowOption, plan_round
+from triton_backend.batching.plan import BatchPolicy, DraftPlanner, Regime, RegimeChooser
+from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+from triton_backend.speculation.policy import PassCostModel, RowOption, plan_round
 
 
 def _run(chooser: RegimeChooser, rows: int, rounds: int, rate: dict[Regime, float]) -> list[Regime]:

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from test_scheduler import Collector, _alone, _requests, tiny_decoder_with_every_drafter
-from triton_backend.commit import GenerationChunk
-from triton_backend.response_pump import ResponsePump, merge_chunks
-from triton_backend.scheduler import BatchScheduler, SchedulerConfig
-from triton_backend.serving_metrics import RoundTally
+from triton_backend.speculation.commit import GenerationChunk
+from triton_backend.serving.response_pump import ResponsePump, merge_chunks
+from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+from triton_backend.serving.triton.metrics import RoundTally
 
 
 class SlowClient(Collector):

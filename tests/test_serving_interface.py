@@ -11,13 +11,13 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from builder.model_repository import front_models, render_front_config, RenderError, render_config_pbtxt, render_model_repository, render_template
-from builder.triton_client import GenerateRequest
-from triton_backend.config import SpeculationConfig, SpeculationMode
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.errors import ConfigError, InvalidRequestError
-from triton_backend.interface import INPUTS, OUTPUTS, ServingConfig
-from triton_backend.serving import load_deployment, parse_request
+from builder.stages.model_repository import front_models, render_front_config, RenderError, render_config_pbtxt, render_model_repository, render_template
+from builder.ops.triton_client import GenerateRequest
+from triton_backend.core.config import SpeculationConfig, SpeculationMode
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.core.errors import ConfigError, InvalidRequestError
+from triton_backend.serving.interface import INPUTS, OUTPUTS, ServingConfig
+from triton_backend.serving.service import load_deployment, parse_request
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPEC = SpeculationConfig()
@@ -150,7 +150,7 @@ def test_empty_bad_words_and_stop_words_are_accepted() -> None:
 
 
 def test_serve_finds_what_to_serve(tmp_path: Path) -> None:
-    from builder.serve import ServeConfig, prepare_repository
+    from builder.ops.serve import ServeConfig, prepare_repository
 
     committed = REPO_ROOT / "model_repo"
     assert prepare_repository(ServeConfig(source=committed)) == (committed, False)

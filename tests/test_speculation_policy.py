@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from triton_backend.config import DraftLengthConfig, FallbackConfig, SpeculationConfig
-from triton_backend.controller import SpeculationController
-from triton_backend.speculation_policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SpeculationConfig
+from triton_backend.speculation.controller import SpeculationController
+from triton_backend.speculation.policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, install_cost_model, plan_round,
                                                prefix_probabilities)
 
@@ -224,8 +224,8 @@ def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):
     """The real path: a tiny random Llama on the slot engine (engines/llama_engine.py)."""
     from conftest import tiny_engine
     from triton_backend.engines.batch import BatchedEngine
-    from triton_backend.engines.llama_engine import LlamaEngine
-    from triton_backend.pass_cost_measure import install_measured_cost_model
+    from triton_backend.engines.torch.llama_engine import LlamaEngine
+    from triton_backend.speculation.pass_cost import install_measured_cost_model
 
     engine = tiny_engine(0)
     assert isinstance(engine, LlamaEngine) and isinstance(engine, BatchedEngine)

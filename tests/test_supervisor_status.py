@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from builder.triton_server import Endpoints, ServerConfig
-from builder.triton_supervisor import RestartPolicy, TritonSupervisor
+from builder.ops.triton_server import Endpoints, ServerConfig
+from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
 
 
 class ScriptedServer:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from triton_backend.config import FinishReason, SamplingParams
-from triton_backend.text import IncrementalDetokenizer, StopChecker, held_back
+from triton_backend.core.config import FinishReason, SamplingParams
+from triton_backend.core.text import IncrementalDetokenizer, StopChecker, held_back
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from triton_backend.model_loading import load_tokenizer
+    from triton_backend.engines.torch.model_loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 

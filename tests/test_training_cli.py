@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from builder.cli import main
+from builder.cli.main import main
 from builder.errors import BuildSpecError
-from builder.target_data import TargetDataConfig, generate_target_data, iter_records
+from builder.train.target_data import TargetDataConfig, generate_target_data, iter_records
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_train_medusa_end_to_end(data_dir, tmp_path, capsys):
     report = json.loads(out.with_suffix(".report.json").read_text())
     assert len(report["training"]["top1"]) == 2 and len(report["training"]["medusa_choices"]) == 4
     assert report["acceptance"]["drafted_tokens"] > 0 and report["acceptance"]["mode"] == "medusa"
-    from triton_backend.medusa_model import load_medusa
+    from triton_backend.speculation.drafters.medusa_model import load_medusa
 
     loaded = load_medusa(out)
     assert loaded.info.num_heads == 2 and loaded.candidate_vocab.shape == (256,)
@@ -85,9 +85,9 @@ def test_distill_end_to_end_and_run_with_the_draft(data_dir, tmp_path, capsys):
 
 
 def test_draft_logits_are_minus_infinity_outside_its_vocabulary(data_dir, tmp_path):
-    from builder.distill import DistillConfig, distill
-    from triton_backend.engines.torch_engine import TorchEngine
-    from triton_backend.model_loading import load_model
+    from builder.train.distill import DistillConfig, distill
+    from triton_backend.engines.torch.hf_engine import TorchEngine
+    from triton_backend.engines.torch.model_loading import load_model
 
     out = tmp_path / "draft"
     distill(DistillConfig(target="smollm2-135m-instruct", data_dir=str(data_dir), out_dir=str(out), init_layers=(0,),
@@ -99,7 +99,7 @@ def test_draft_logits_are_minus_infinity_outside_its_vocabulary(data_dir, tmp_pa
 
 
 def test_bad_settings_are_refused(tmp_path):
-    from builder.distill import DistillConfig
+    from builder.train.distill import DistillConfig
 
     with pytest.raises(BuildSpecError):
         DistillConfig(target="x", data_dir="d", out_dir="o", init_layers=())
@@ -110,7 +110,7 @@ def test_bad_settings_are_refused(tmp_path):
 
 
 def test_timed_schedule_anneals_by_steps_or_by_time():
-    from builder.train_schedule import TimedCosine
+    from builder.train.schedule import TimedCosine
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = TimedCosine(opt, total_steps=100, time_limit_s=3600.0)

@@ -20,13 +20,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from triton_fixtures import DEPLOYMENT, RunningTriton, local_decoder, triton  # noqa: F401 (fixtures)
 
-from builder.cli import main as cli_main
-from builder.demo import DemoConfig, run_demo
-from builder.model_repository import render_model_repository
-from builder.triton_client import ClientConfig, ClientError, ClientProtocol, GenerateRequest, RemoteResult, generate
-from builder.triton_server import ServerConfig, ServerError, TritonServer, free_port
-from triton_backend.decoding import GenerationResult
-from triton_backend.serving import parse_request
+from builder.cli.main import main as cli_main
+from builder.ops.demo import DemoConfig, run_demo
+from builder.stages.model_repository import render_model_repository
+from builder.ops.triton_client import ClientConfig, ClientError, ClientProtocol, GenerateRequest, RemoteResult, generate
+from builder.ops.triton_server import ServerConfig, ServerError, TritonServer, free_port
+from triton_backend.speculation.decoding import GenerationResult
+from triton_backend.serving.service import parse_request
 
 pytestmark = pytest.mark.slow
 
@@ -279,7 +279,7 @@ def test_serve_command_forwards_sigterm(tmp_path: Path) -> None:
     """`specbuild serve model_repo` (the committed repository) comes up, answers, and stops on SIGTERM."""
     http_port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "serve", str(REPO_ROOT / "model_repo"),
+    proc = subprocess.Popen([sys.executable, "-m", "builder.cli.main", "serve", str(REPO_ROOT / "model_repo"),
                              "--http-port", str(http_port), "--log-file", str(tmp_path / "log.txt")],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO_ROOT)
     try:
@@ -350,8 +350,8 @@ class CountingObserver:
 
 
 def test_service_cancellation_and_errors_in_process(local_decoder) -> None:
-    from triton_backend.interface import ServingConfig
-    from triton_backend.serving import SpecdecService
+    from triton_backend.serving.interface import ServingConfig
+    from triton_backend.serving.service import SpecdecService
 
     observer = CountingObserver()
     service = SpecdecService(local_decoder, ServingConfig(max_concurrency=2), DEPLOYMENT.speculation, observer)

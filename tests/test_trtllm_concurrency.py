@@ -11,12 +11,12 @@ import time
 
 from conftest import tiny_engine
 from trtllm_fixtures import TorchRequestEngine
-from triton_backend.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
-from triton_backend.drafters import NgramDrafter
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.interface import ServingConfig
-from triton_backend.serving import SpecdecService
-from triton_backend.trtllm_generation import EngineDrafter, TargetInfo, TrtllmSpeculativeDecoder
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.serving.interface import ServingConfig
+from triton_backend.serving.service import SpecdecService
+from triton_backend.speculation.trtllm_loop import EngineDrafter, TargetInfo, TrtllmSpeculativeDecoder
 
 
 class OverlapEngine(TorchRequestEngine):

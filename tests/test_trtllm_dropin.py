@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from triton_fixtures import DEPLOYMENT, SERVING, RunningTriton, local_decoder, triton  # noqa: F401 (fixtures)
 
-from builder.model_repository import front_models, render_config_pbtxt, render_front_config
-from triton_backend.errors import InvalidRequestError
-from triton_backend.serving import parse_request
-from triton_backend.trtllm_interface import REFUSED, SERVED_INPUTS
+from builder.stages.model_repository import front_models, render_config_pbtxt, render_front_config
+from triton_backend.core.errors import InvalidRequestError
+from triton_backend.serving.service import parse_request
+from triton_backend.serving.trtllm_interface import REFUSED, SERVED_INPUTS
 
 PROMPT = "The capital of France is"
 
@@ -195,7 +195,7 @@ def _generate(t: RunningTriton, model: str, body: dict, stream: bool = False) ->
 
 @pytest.mark.slow
 def test_readme_curl_requests_answer_like_the_local_decoder(triton, local_decoder) -> None:
-    from triton_backend.config import SamplingParams
+    from triton_backend.core.config import SamplingParams
 
     want = local_decoder.generate(PROMPT, SamplingParams(max_tokens=12), DEPLOYMENT.speculation)
     body = {"text_input": PROMPT, "max_tokens": 12, "bad_words": "", "stop_words": ""}
@@ -223,7 +223,7 @@ def test_seed_is_honoured_over_http_generate(triton) -> None:
 def test_end_to_end_grpc_client_request_with_perf_metrics(triton, local_decoder) -> None:
     import tritonclient.grpc as grpcclient
 
-    from triton_backend.config import SamplingParams
+    from triton_backend.core.config import SamplingParams
 
     want = local_decoder.generate(PROMPT, SamplingParams(max_tokens=10), DEPLOYMENT.speculation)
     inputs = {"text_input": np.array([[PROMPT]], dtype=object), "max_tokens": np.array([[10]], np.int32),
@@ -270,7 +270,7 @@ def test_token_level_model_through_preprocessing_and_postprocessing(triton, loca
     """inflight_batcher_llm_client.py's path: ids in, ids out, streamed; and pre/post as the ensemble chains them."""
     import tritonclient.grpc as grpcclient
 
-    from triton_backend.config import SamplingParams
+    from triton_backend.core.config import SamplingParams
 
     pre = _infer(triton, "preprocessing", {"QUERY": np.array([[PROMPT]], dtype=object),
                                            "REQUEST_OUTPUT_LEN": np.array([[9]], np.int32)})
@@ -306,7 +306,7 @@ def test_token_level_model_through_preprocessing_and_postprocessing(triton, loca
 def test_penalties_min_tokens_bad_words_and_log_probs_over_http(triton, local_decoder) -> None:
     """The ensemble honours them as the in-process decoder does; log probs come per output
     token with their sum; bad words never appear; min_tokens holds back the end token."""
-    from triton_backend.config import SamplingParams
+    from triton_backend.core.config import SamplingParams
 
     settings = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.3, "min_tokens": 6}
     plain = local_decoder.generate(PROMPT, SamplingParams(max_tokens=10), DEPLOYMENT.speculation)

@@ -25,22 +25,22 @@ import torch
 
 from conftest import tiny_engine
 from trtllm_fixtures import TorchRequestEngine, stand_in_trtllm_build, write_engine_dir
-from triton_backend.config import (
+from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, FinishReason, SamplingParams, SpeculationConfig, SpeculationMode,
 )
-from triton_backend.deployment import build_decoder
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.drafters import NgramDrafter
-from triton_backend.engines.trtllm_config import EngineRuntime, TrtllmConfig
-from triton_backend.engines.trtllm_engine import TRTLLM_MISSING, read_engine_info
-from triton_backend.engines.trtllm_requests import (
+from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
+from triton_backend.engines.trtllm.engine import TRTLLM_MISSING, read_engine_info
+from triton_backend.engines.trtllm.requests import (
     NO_END_ID, SeedRole, count_accepted, draft_request, end_ids, executor_spec, plain_request, request_seed,
     sampling_spec, target_request,
 )
-from triton_backend.errors import ConfigError, ContextLengthError, InvalidRequestError, ModelLoadError
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.serving import load_deployment
-from triton_backend.trtllm_generation import EngineDrafter, EngineMedusa, TargetInfo, TrtllmSpeculativeDecoder
+from triton_backend.core.errors import ConfigError, ContextLengthError, InvalidRequestError, ModelLoadError
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.serving.service import load_deployment
+from triton_backend.speculation.trtllm_loop import EngineDrafter, EngineMedusa, TargetInfo, TrtllmSpeculativeDecoder
 
 HAVE_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 needs_no_trtllm = pytest.mark.skipif(HAVE_TRTLLM, reason="TensorRT-LLM is installed: the absent-library path does not apply")
@@ -334,9 +334,9 @@ def test_a_medusa_engine_always_speculates_and_refuses_inexact_sampling(tiny) ->
 def stand_in_build(tmp_path_factory):
     """`specbuild build` of a tiny target + tiny draft with a stand-in trtllm-build on PATH."""
     from build_fixtures import make_tiny_llama
-    from builder.cli import main as cli_main
-    from builder.compile import TRTLLM_BUILD
-    from triton_backend.reference_model import ensure_reference_model
+    from builder.cli.main import main as cli_main
+    from builder.stages.compile import TRTLLM_BUILD
+    from triton_backend.core.reference_model import ensure_reference_model
 
     work = tmp_path_factory.mktemp("trtllm-build")
     reference = ensure_reference_model()
@@ -375,8 +375,8 @@ def test_compiled_engines_render_a_deployment_that_selects_trtllm(stand_in_build
 @pytest.mark.slow
 @needs_no_trtllm
 def test_serving_the_build_without_tensorrt_llm_fails_clearly_at_load(stand_in_build, tmp_path) -> None:
-    from builder.deploy import DeployError, check_engines_servable
-    from builder.triton_server import ServerConfig, ServerError, TritonServer
+    from builder.ops.deploy import DeployError, check_engines_servable
+    from builder.ops.triton_server import ServerConfig, ServerError, TritonServer
 
     out, manifest = stand_in_build
     with pytest.raises(ModelLoadError, match="TensorRT-LLM is not installed"):
@@ -394,8 +394,8 @@ def test_serving_the_build_without_tensorrt_llm_fails_clearly_at_load(stand_in_b
 
 
 def test_deploy_refuses_a_trtllm_build_whose_manifest_does_not_mark_the_engines_compiled(tmp_path) -> None:
-    from builder.deploy import DeployError, check_engines_servable, deployment_runtimes
-    from builder.model_repository import render_model_repository
+    from builder.ops.deploy import DeployError, check_engines_servable, deployment_runtimes
+    from builder.stages.model_repository import render_model_repository
 
     deployment = DeploymentConfig(engine_runtime="trtllm", trtllm=TrtllmConfig(target_engine="../../../engines/target"))
     render_model_repository(deployment, tmp_path / "model_repo")
@@ -410,13 +410,13 @@ def test_deploy_refuses_a_trtllm_build_whose_manifest_does_not_mark_the_engines_
 def test_a_trtllm_deployment_launches_one_triton_process_whose_executor_spawns_the_ranks(tmp_path, caplog) -> None:
     import logging
 
-    from builder.deploy import launch_world_size
-    from builder.model_repository import render_model_repository
+    from builder.ops.deploy import launch_world_size
+    from builder.stages.model_repository import render_model_repository
 
     (tmp_path / "plan.json").write_text(json.dumps({"tp_size": 2, "pp_size": 1}))
     deployment = DeploymentConfig(engine_runtime="trtllm", trtllm=TrtllmConfig(target_engine="../../../engines/target"))
     repository = render_model_repository(deployment, tmp_path / "model_repo")
-    with caplog.at_level(logging.INFO, logger="builder.deploy"):
+    with caplog.at_level(logging.INFO, logger="builder.ops.deploy"):
         assert launch_world_size(repository, None) == (1, ())
     assert "spawns them itself (orchestrator mode)" in caplog.text and "has no TensorRT-LLM model" not in caplog.text
     assert executor_spec(deployment.trtllm, 2).orchestrator
@@ -430,8 +430,8 @@ def test_real_engines_speculate_exactly(tmp_path) -> None:
     if not HAVE_TRTLLM or shutil.which("trtllm-build") is None or not torch.cuda.is_available():
         pytest.skip("needs TensorRT-LLM, its trtllm-build and a CUDA GPU (not installable here)")
     from build_fixtures import make_tiny_llama
-    from builder.cli import main as cli_main
-    from triton_backend.reference_model import ensure_reference_model
+    from builder.cli.main import main as cli_main
+    from triton_backend.core.reference_model import ensure_reference_model
 
     reference = ensure_reference_model()
     target = make_tiny_llama(tmp_path / "target", reference, seed=1)
@@ -455,7 +455,7 @@ def test_real_engines_speculate_exactly(tmp_path) -> None:
 def test_real_executor_accepts_the_requests_as_built() -> None:
     if not HAVE_TRTLLM:
         pytest.skip("needs TensorRT-LLM (not installable here)")
-    from triton_backend.engines.trtllm_engine import executor_bindings, to_executor_request
+    from triton_backend.engines.trtllm.engine import executor_bindings, to_executor_request
 
     try:
         bindings = executor_bindings()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from triton_backend.verifier import verify_greedy, verify_rejection
+from triton_backend.speculation.verify import verify_greedy, verify_rejection
 
 
 def _logits_with_argmax(argmaxes: list[int], vocab: int = 6) -> torch.Tensor:

@@ -15,10 +15,10 @@ from typing import Iterator
 
 import pytest
 
-from builder.model_repository import render_model_repository
-from builder.triton_server import Endpoints, ServerConfig, TritonServer
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.interface import ServingConfig
+from builder.stages.model_repository import render_model_repository
+from builder.ops.triton_server import Endpoints, ServerConfig, TritonServer
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.serving.interface import ServingConfig
 
 # the deployment the server serves and the in-process reference decoder is built from
 DEPLOYMENT = DeploymentConfig()
@@ -65,6 +65,6 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
 @pytest.fixture(scope="session")
 def local_decoder():
     """The same deployment, in-process: what the server must reproduce exactly."""
-    from triton_backend.deployment import build_decoder
+    from triton_backend.deployment.torch_deployment import build_decoder
 
     return build_decoder(DEPLOYMENT)

@@ -4,9 +4,9 @@
   (``config.json`` in TensorRT-LLM's engine format, one ``rank<N>.engine`` per rank). The
   engine files hold no engine: they test the checks that run before TensorRT-LLM is needed.
 - :class:`TorchRequestEngine`: the request contract the loop relies on (what TensorRT-LLM's
-  Executor returns for a request built by :mod:`triton_backend.engines.trtllm_requests`),
+  Executor returns for a request built by :mod:`triton_backend.engines.trtllm.requests`),
   computed with the torch runtime, greedy only. It lets the loop of
-  :mod:`triton_backend.trtllm_generation` run here; it says nothing about TensorRT-LLM itself.
+  :mod:`triton_backend.speculation.trtllm_loop` run here; it says nothing about TensorRT-LLM itself.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from triton_backend.engines.torch_engine import TorchEngine
-from triton_backend.engines.trtllm_engine import EngineOutput
-from triton_backend.engines.trtllm_requests import RequestSpec
+from triton_backend.engines.torch.hf_engine import TorchEngine
+from triton_backend.engines.trtllm.engine import EngineOutput
+from triton_backend.engines.trtllm.requests import RequestSpec
 
 
 def write_engine_dir(folder: Path, *, vocab: int = 49152, hidden: int = 576, layers: int = 30, tp: int = 1,
@@ -102,7 +102,7 @@ def stand_in_trtllm_build(bin_dir: Path) -> Path:
     import stat
     import sys
 
-    from builder.compile import TRTLLM_BUILD
+    from builder.stages.compile import TRTLLM_BUILD
 
     bin_dir.mkdir(parents=True, exist_ok=True)
     tool = bin_dir / TRTLLM_BUILD

@@ -1,23 +1,7 @@
-"""specbuild runtime: the speculative decoding loop, its engines and drafters.
+"""specbuild runtime, in layers (each imports only the ones before it):
 
-Plain Python over tensors; nothing here imports Triton. The Triton adapter
-(``model_repo/*/1/model.py``) is a thin layer over :mod:`triton_backend.generation`.
+``core`` (configs, errors, sampling, text, tree topology) -> ``engines`` (``torch``, ``trtllm``) ->
+``speculation`` (loop, rounds, controller and gain rule, verification, drafters) -> ``batching``
+(in-flight scheduler) -> ``deployment`` -> ``serving`` (no Triton imports) -> ``serving.triton``
+(the Python-backend models ``model_repo/*/1/model.py`` loads).
 """
-
-from triton_backend.errors import (
-    ConfigError,
-    ContextLengthError,
-    InvalidRequestError,
-    ModelLoadError,
-    SpecbuildError,
-    VocabMismatchError,
-)
-
-__all__ = [
-    "ConfigError",
-    "ContextLengthError",
-    "InvalidRequestError",
-    "ModelLoadError",
-    "SpecbuildError",
-    "VocabMismatchError",
-]

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS
-from triton_backend.errors import ConfigError
-from triton_backend.reference_model import DEFAULT_REFERENCE
+from triton_backend.core.errors import ConfigError
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +95,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _serving(config: ConcurrencyConfig, mode: str) -> tuple[Any, Any, str]:
     """(deployment, serving config, request speculation mode) of one serving mode."""
-    from triton_backend.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig
-    from triton_backend.deployment_config import DeploymentConfig
-    from triton_backend.interface import ServingConfig
+    from triton_backend.core.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig
+    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.serving.interface import ServingConfig
 
     def absolute(path: str | None) -> str | None:
         return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
@@ -124,7 +124,7 @@ def _prompts(config: ConcurrencyConfig) -> list[str]:
 def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurrency: int,
               config: ConcurrencyConfig) -> LevelResult:
     """``concurrency`` streams, each sending ``requests_per_stream`` requests back to back."""
-    from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+    from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 
     client = ClientConfig(url, ClientProtocol.GRPC)
     result = LevelResult(mode, concurrency, 0, 0, 0.0)
@@ -159,8 +159,8 @@ def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurr
 
 
 def run_concurrency_bench(config: ConcurrencyConfig) -> dict[str, Any]:
-    from builder.model_repository import render_model_repository
-    from builder.triton_server import ServerConfig, TritonServer
+    from builder.stages.model_repository import render_model_repository
+    from builder.ops.triton_server import ServerConfig, TritonServer
 
     prompts = _prompts(config)
     levels: list[LevelResult] = []
@@ -260,7 +260,7 @@ def write_concurrency_report(summary: dict[str, Any], config: ConcurrencyConfig)
         if image is not None:
             paths["plot"] = image
     if config.headline and summary["headline"]:
-        from builder.bench.headline import update_headline
+        from builder.headline import update_headline
 
         update_headline(summary["headline"])
     return paths

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from triton_backend.errors import ConfigError
-from triton_backend.reference_model import DEFAULT_REFERENCE
+from triton_backend.core.errors import ConfigError
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.json"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "benchmarks" / "results"

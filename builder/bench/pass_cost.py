@@ -1,6 +1,6 @@
 """Where target time goes: the cost of one batched pass by rows in the batch x tokens per row,
 the slot engine (compact Llama forward, static KV cache) against the Hugging Face path
-(:class:`~triton_backend.engines.hf_batched.HFBatchedEngine` over the previous default
+(:class:`~triton_backend.engines.torch.hf_batched.HFBatchedEngine` over the previous default
 runtime), the same weights, in one process, interleaved.
 
 Every row sits on its own slot over a warm cache of ``context`` tokens and writes ``tokens``
@@ -9,7 +9,7 @@ position), so every pass sees the same cache. Speculation pays only when verifyi
 tokens costs little more than one step, and batching pays when B rows cost little more than
 one: this table is both curves.
 
-Headline figures (:mod:`builder.bench.headline`): ``engine_plain_decode_x_hf`` (one row x one
+Headline figures (:mod:`builder.headline`): ``engine_plain_decode_x_hf`` (one row x one
 token: HF pass time / ours, i.e. our single-stream plain tokens/s over HF's) and
 ``engine_decode_throughput_8_over_1`` (ours: tokens/s of 8 decode rows in one pass over 1 row).
 """
@@ -26,9 +26,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from triton_backend.config import RuntimeConfig
+from triton_backend.core.config import RuntimeConfig
 from triton_backend.engines.batch import BatchRow
-from triton_backend.errors import ConfigError
+from triton_backend.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +58,10 @@ class PassCostConfig:
 
 def load_engines(config: PassCostConfig, max_rows: int) -> dict[str, Any]:
     """Both engines over one set of weights (loaded once)."""
-    from triton_backend.engines.hf_batched import HFBatchedEngine
-    from triton_backend.engines.llama_engine import LlamaEngine
-    from triton_backend.engines.torch_engine import TorchEngine
-    from triton_backend.model_loading import load_model
+    from triton_backend.engines.torch.hf_batched import HFBatchedEngine
+    from triton_backend.engines.torch.llama_engine import LlamaEngine
+    from triton_backend.engines.torch.hf_engine import TorchEngine
+    from triton_backend.engines.torch.model_loading import load_model
 
     runtime = RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=config.packed_gemm_rows,
                             row_kernel=config.row_kernel, max_batch_size=max_rows, max_seq_len=config.context + max(config.sizes) + 1)
@@ -142,7 +142,7 @@ def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: bool =
     paths["markdown"].write_text(pass_cost_markdown(result))
     paths["json"].write_text(json.dumps(result, indent=2) + "\n")
     if headline:
-        from builder.bench.headline import HEADLINE_PATH, update_headline
+        from builder.headline import HEADLINE_PATH, update_headline
 
         update_headline({k: round(v, 3) for k, v in result["headline"].items()})
         paths["headline"] = HEADLINE_PATH

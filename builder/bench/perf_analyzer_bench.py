@@ -3,7 +3,7 @@ serving the deployment, through the tensorrtllm_backend model name (``ensemble``
 streaming, by default): one row per concurrency level (requests/s, p50 / p99 latency) from
 perf_analyzer's own CSV, written as JSON and Markdown beside the other bench results.
 perf_analyzer comes from ``scripts/get_perf_analyzer.sh``; without it the command fails
-with that hint (:class:`builder.perf_analyzer.PerfAnalyzerError`)."""
+with that hint (:class:`builder.ops.perf_analyzer.PerfAnalyzerError`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS, BenchConfig
-from builder.perf_analyzer import PerfAnalyzerRun, PerfRow, run_perf_analyzer
+from builder.ops.perf_analyzer import PerfAnalyzerRun, PerfRow, run_perf_analyzer
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +45,11 @@ def _prompts(config: PerfAnalyzerBenchConfig) -> list[str]:
 
 def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> list[PerfRow]:
     """Serve the target on loopback (free ports) and run perf_analyzer at each concurrency."""
-    from builder.model_repository import render_model_repository
-    from builder.triton_server import ServerConfig, TritonServer
-    from triton_backend.config import RuntimeConfig
-    from triton_backend.deployment_config import DeploymentConfig
-    from triton_backend.interface import ServingConfig
+    from builder.stages.model_repository import render_model_repository
+    from builder.ops.triton_server import ServerConfig, TritonServer
+    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.serving.interface import ServingConfig
 
     prompts = _prompts(config)
     if not prompts:

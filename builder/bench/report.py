@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from builder.bench.config import BenchRun, Sample
-from builder.bench.headline import update_headline
+from builder.headline import update_headline
 from builder.bench.rows import is_speculative_row
-from triton_backend.controller import expected_tokens_per_round
+from triton_backend.speculation.controller import expected_tokens_per_round
 
 logger = logging.getLogger(__name__)
 

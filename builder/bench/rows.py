@@ -10,9 +10,9 @@ from typing import Any, Protocol
 import torch
 
 from builder.bench.config import BenchPrompt, Sample
-from triton_backend.config import SamplingParams, SpeculationConfig
-from triton_backend.eos import eos_token_ids
-from triton_backend.generation import SpeculativeDecoder
+from triton_backend.core.config import SamplingParams, SpeculationConfig
+from triton_backend.core.eos import eos_token_ids
+from triton_backend.speculation.loop import SpeculativeDecoder
 
 
 @dataclass
@@ -101,7 +101,7 @@ class TritonRow:
     info: dict = field(default_factory=dict)
 
     def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
-        from builder.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
+        from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 
         request = GenerateRequest(prompt=prompt.text, max_tokens=max_tokens, speculation=self.speculation,
                                   num_draft_tokens=self.num_draft_tokens, stream=True, ignore_eos=ignore_eos)

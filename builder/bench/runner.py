@@ -17,11 +17,11 @@ from typing import Iterator
 
 from builder.bench.config import BenchConfig, BenchPrompt, BenchRun
 from builder.bench.rows import OursRow, PeerRow, Row, TritonRow, run_sample
-from triton_backend.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
-from triton_backend.deployment import build_decoder
-from triton_backend.deployment_config import DeploymentConfig
-from triton_backend.generation import SpeculativeDecoder
-from triton_backend.model_loading import load_model
+from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
+from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.engines.torch.model_loading import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,9 @@ def triton_rows(config: BenchConfig, deployment: DeploymentConfig) -> Iterator[l
     if not config.triton:
         yield []
         return
-    from builder.model_repository import render_model_repository
-    from builder.triton_server import ServerConfig, TritonServer
-    from triton_backend.interface import ServingConfig
+    from builder.stages.model_repository import render_model_repository
+    from builder.ops.triton_server import ServerConfig, TritonServer
+    from triton_backend.serving.interface import ServingConfig
 
     with tempfile.TemporaryDirectory(prefix="specbuild-bench-") as work:
         repository = render_model_repository(deployment, Path(work) / "model_repo", ServingConfig(max_concurrency=1))
@@ -99,7 +99,7 @@ def _deployment(config: BenchConfig) -> DeploymentConfig:
     if config.medusa is not None:
         fields["medusa"] = absolute(config.medusa)
         if config.medusa_tree_size is not None:  # the file's tree cut to its first nodes (sorted by depth)
-            from triton_backend.medusa_model import load_medusa
+            from triton_backend.speculation.drafters.medusa_model import load_medusa
 
             fields["medusa_choices"] = tuple(load_medusa(config.medusa).heads.info.medusa_choices[:config.medusa_tree_size])
     return DeploymentConfig(**fields)

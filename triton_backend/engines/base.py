@@ -30,7 +30,7 @@ class EngineSession(Protocol):
 
     def tree_hidden(self, tokens: Sequence[int], tree_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """One pass over the committed ``tokens`` and a draft tree (``parents``: see
-        :mod:`triton_backend.tree`): last hidden states ``[1 + n, hidden]`` for the last
+        :mod:`triton_backend.core.tree`): last hidden states ``[1 + n, hidden]`` for the last
         committed token then each node. The nodes stay cached until :meth:`keep_tree_path`."""
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:

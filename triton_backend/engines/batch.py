@@ -12,11 +12,11 @@ next row to start earlier -- nothing is copied, cropped or diffed. Positions at 
 Row kinds in one call (ragged): decode (1 token), verify (k + 1 tokens: the last committed
 token's successor slot plus k drafts), prefill (a prompt or a chunk of it, ``start`` = what
 is cached), tree (the last committed token plus draft nodes; ``tree_parents`` gives the
-nodes' parents, see :mod:`triton_backend.tree`). After a tree row, :meth:`keep_tree_path`
+nodes' parents, see :mod:`triton_backend.core.tree`). After a tree row, :meth:`keep_tree_path`
 moves the accepted nodes' KV entries into place (the one compaction).
 
-Implementations: :mod:`triton_backend.engines.llama_engine` (a compact Llama-family forward
-with a static cache; the default) and :mod:`triton_backend.engines.hf_batched` (any Hugging
+Implementations: :mod:`triton_backend.engines.torch.llama_engine` (a compact Llama-family forward
+with a static cache; the default) and :mod:`triton_backend.engines.torch.hf_batched` (any Hugging
 Face causal LM, one row at a time; the fallback for architectures the compact forward does
 not cover).
 """
@@ -28,7 +28,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from triton_backend.errors import SpecbuildError
+from triton_backend.core.errors import SpecbuildError
 
 
 class SlotsExhaustedError(SpecbuildError):

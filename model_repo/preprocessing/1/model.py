@@ -1,3 +1,3 @@
 """Triton entry point of the preprocessing model (rendered by specbuild): the adapter lives in triton_backend."""
 
-from triton_backend.trtllm_tokenizer_models import PreprocessingModel as TritonPythonModel  # noqa: F401
+from triton_backend.serving.triton.tokenizer_models import PreprocessingModel as TritonPythonModel  # noqa: F401

@@ -1,3 +1,3 @@
 """Triton entry point of the specdec model (rendered by specbuild): the adapter lives in triton_backend."""
 
-from triton_backend.triton_model import SpecdecModel as TritonPythonModel  # noqa: F401
+from triton_backend.serving.triton.specdec_model import SpecdecModel as TritonPythonModel  # noqa: F401

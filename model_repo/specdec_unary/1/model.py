@@ -1,3 +1,3 @@
 """Triton entry point of the specdec_unary model (rendered by specbuild): the adapter lives in triton_backend."""
 
-from triton_backend.triton_unary import UnaryModel as TritonPythonModel  # noqa: F401
+from triton_backend.serving.triton.unary_model import UnaryModel as TritonPythonModel  # noqa: F401

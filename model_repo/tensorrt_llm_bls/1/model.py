@@ -1,3 +1,3 @@
 """Triton entry point of the tensorrt_llm_bls model (rendered by specbuild): the adapter lives in triton_backend."""
 
-from triton_backend.triton_forward import ForwardModel as TritonPythonModel  # noqa: F401
+from triton_backend.serving.triton.forward_model import ForwardModel as TritonPythonModel  # noqa: F401

@@ -1,0 +1,1 @@
+"""The ``specbuild`` command line: one module per command group."""

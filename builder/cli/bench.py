@@ -1,0 +1,135 @@
+"""``specbuild bench`` arguments -> BenchConfig -> run, report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS, BenchConfig
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="side-by-side speed/latency/acceptance of every method and the HF peer")
+    p.add_argument("--target", default=BenchConfig.target)
+    p.add_argument("--draft", default=None, help="draft model directory (adds draft and HF assisted rows)")
+    p.add_argument("--medusa", default=None, help="Medusa heads directory (adds a medusa row)")
+    p.add_argument("--medusa-tree-size", type=int, default=BenchConfig.medusa_tree_size,
+                   help="use the first N nodes of the heads' tree (0: the whole tree)")
+    p.add_argument("--eagle", default=None, help="EAGLE drafter file or folder (adds eagle rows; chat speedup -> headline)")
+    p.add_argument("--eagle-k", type=_ints, default=BenchConfig.eagle_k, help="EAGLE draft lengths (one row each)")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
+    p.add_argument("--workloads", default="chat,code,copy")
+    p.add_argument("--prompts-per-workload", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=BenchConfig.max_tokens)
+    p.add_argument("--ignore-eos", action="store_true", help="fixed-length requests: generate past EOS")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ngram-k", type=_ints, default=(4, 8))
+    p.add_argument("--draft-k", type=_ints, default=(4,))
+    p.add_argument("--no-peer", action="store_true", help="skip the Hugging Face generate rows")
+    p.add_argument("--triton", action="store_true", help="also send the requests through a real Triton server")
+    p.add_argument("--compare-unpacked", action="store_true",
+                   help="add plain and n-gram rows on torch's own kernels (no row kernel, no prepacked layers), side by side")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--label", default="cpu", help="results file name suffix")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--pass-cost", action="store_true",
+                   help="instead: the target's batched pass cost, rows x tokens per row, slot engine vs the HF path")
+    p.add_argument("--pass-sizes", type=_ints, default=None, help="tokens per row for --pass-cost (default 1..8)")
+    p.add_argument("--pass-batch", type=_ints, default=None, help="rows per pass for --pass-cost (default 1,2,4,8,16)")
+    p.add_argument("--pass-context", type=int, default=200, help="cached tokens per row for --pass-cost")
+    p.add_argument("--no-headline", action="store_true", help="--pass-cost: do not write benchmarks/results/headline.json")
+    p.add_argument("--concurrency", type=_ints, default=None,
+                   help="instead: serving throughput/latency through Triton at these stream counts (e.g. 1,2,4,8,16)")
+    p.add_argument("--concurrency-modes", default="serial,off,always,load_aware",
+                   help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
+    p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
+    p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
+    p.add_argument("--perf-analyzer", action="store_true",
+                   help="rows from NVIDIA's perf_analyzer against a real Triton server (model --pa-model; "
+                        "levels --concurrency, default 1,2,4); needs scripts/get_perf_analyzer.sh")
+    p.add_argument("--pa-model", default="ensemble", help="--perf-analyzer: ensemble (streaming) or tensorrt_llm_bls")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_perf_analyzer(args: argparse.Namespace) -> int:
+    from builder.bench.perf_analyzer_bench import (PerfAnalyzerBenchConfig, run_perf_analyzer_bench, to_markdown,
+                                                   write_perf_analyzer_report)
+
+    config = PerfAnalyzerBenchConfig(
+        target=args.target, model=args.pa_model, streaming=args.pa_model == "ensemble",
+        concurrency=args.concurrency or (1, 2, 4), prompts_file=args.prompts,
+        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, num_threads=args.threads,
+        out_dir=args.out, label=args.label)
+    rows = run_perf_analyzer_bench(config)
+    print(to_markdown(rows, config))
+    for kind, path in write_perf_analyzer_report(rows, config).items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def _cmd_concurrency(args: argparse.Namespace) -> int:
+    from builder.bench.concurrency import ConcurrencyConfig, run_concurrency_bench, to_markdown, write_concurrency_report
+
+    config = ConcurrencyConfig(
+        target=args.target, concurrency=args.concurrency, method=args.concurrency_method, draft=args.draft,
+        medusa=args.medusa, modes=tuple(m.strip() for m in args.concurrency_modes.split(",") if m.strip()),
+        num_draft_tokens=args.draft_k[0], prompts_file=args.prompts,
+        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens,
+        requests_per_stream=args.requests_per_stream, num_threads=args.threads, out_dir=args.out, label=args.label,
+        plot=not args.no_plot, headline=not args.no_headline)
+    summary = run_concurrency_bench(config)
+    paths = write_concurrency_report(summary, config)
+    print(to_markdown(summary))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def _cmd_pass_cost(args: argparse.Namespace) -> int:
+    from builder.bench.pass_cost import (DEFAULT_BATCH, DEFAULT_SIZES, PassCostConfig, measure_pass_cost,
+                                         pass_cost_markdown, write_pass_cost)
+
+    config = PassCostConfig(target=args.target, sizes=args.pass_sizes or DEFAULT_SIZES, batch=args.pass_batch or DEFAULT_BATCH,
+                            context=args.pass_context, repeats=args.repeats * 3, num_threads=args.threads)
+    result = measure_pass_cost(config)
+    paths = write_pass_cost(result, args.out, args.label, headline=not args.no_headline)
+    print(pass_cost_markdown(result))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.pass_cost:
+        return _cmd_pass_cost(args)
+    if args.perf_analyzer:
+        return _cmd_perf_analyzer(args)
+    if args.concurrency:
+        return _cmd_concurrency(args)
+    from builder.bench.report import summarize, to_markdown, write_report
+    from builder.bench.runner import run_bench
+
+    config = BenchConfig(
+        target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, prompts_file=args.prompts,
+        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
+        ngram_k=args.ngram_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
+        num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
+    )
+    summary = summarize(run_bench(config))
+    paths = write_report(summary, config.out_dir, config.label)
+    if config.eagle is not None and not args.no_headline:
+        from builder.train.eagle_job import eagle_bench_headline
+
+        eagle_bench_headline(summary)
+    print(to_markdown(summary))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0

@@ -1,0 +1,110 @@
+"""``specbuild train-eagle`` and ``specbuild eval-eagle``: flags -> one job config -> one call."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
+
+
+def _cmd_train_eagle(a: argparse.Namespace) -> int:
+    from builder.train.eagle_job import EagleJob, run_train_eagle
+    from builder.train.eagle import EagleTrainConfig
+    from builder.train.target_data import default_prompts_file
+    from builder.cli.train import _data_config, _eval_config, _given
+
+    heldout_dir = a.heldout_data_dir or f"{a.data_dir.rstrip('/')}-heldout"
+    heldout_prompts = a.eval_prompts or str(default_prompts_file("heldout_prompts.txt"))
+    out = str(Path(a.out) / "eagle.safetensors") if not a.out.endswith(".safetensors") else a.out
+    train = EagleTrainConfig(target=a.target, data_dir=a.data_dir, heldout_dir=heldout_dir, out=out,
+                             candidate_vocab=a.candidate_vocab, epochs=a.epochs, batch_size=a.batch_size,
+                             time_limit_s=a.time_limit, unroll=a.unroll, cls_weight=a.cls_weight, seed=a.seed,
+                             **_given(lr=a.lr))
+    job = EagleJob(data=_data_config(a, a.data_dir, a.prompts, hidden=True),
+                   heldout=_data_config(a, heldout_dir, heldout_prompts, hidden=True), train=train,
+                   evaluation=_eval_config(a), headline=a.headline, generate=not a.existing_data, threads=a.threads, progress=not a.quiet)
+    report = run_train_eagle(job)
+    print(report["summary"])
+    if report["acceptance"]:
+        acc = report["acceptance"]
+        print(f"held-out acceptance: per position {', '.join(f'{x:.3f}' for x in acc['per_position'])}; "
+              f"{acc['tokens_per_pass']:.2f} tokens per target pass")
+    return 0
+
+
+def _cmd_eval_eagle(a: argparse.Namespace) -> int:
+    from builder.train.eagle_job import EagleEvalJob, run_eval_eagle
+    from builder.train.jobs import EvalConfig
+
+    evaluation = EvalConfig(prompts_file=a.eval_prompts, count=a.eval_count, max_tokens=a.eval_max_tokens,
+                            num_draft_tokens=a.num_draft_tokens)
+    report = run_eval_eagle(EagleEvalJob(eagle=a.eagle, target=a.target, evaluation=evaluation,
+                                         headline=not a.no_headline, threads=a.threads))
+    print(report.summary())
+    return 0
+
+
+def _cmd_export_eagle(a: argparse.Namespace) -> int:
+    import shlex
+    import subprocess
+
+    from builder.stages.compile import trtllm_build_available
+    from builder.stages.eagle_export import eagle_engine_build, write_eagle_checkpoint
+
+    out = Path(a.out)
+    checkpoint = write_eagle_checkpoint(a.checkpoint, a.eagle, out / "checkpoint", max_draft_len=a.max_draft_len,
+                                        num_eagle_layers=a.num_eagle_layers, max_non_leaves_per_layer=a.max_non_leaves)
+    ranks = len(list(checkpoint.glob("rank*.safetensors")))
+    build = eagle_engine_build("checkpoint", "engine", max_draft_len=a.max_draft_len, max_batch_size=a.max_batch_size,
+                               max_input_len=a.max_input_len, max_seq_len=a.max_seq_len, ranks=ranks)
+    script = out / "build_engine.sh"
+    script.write_text("#!/usr/bin/env bash\n# Compile the EAGLE engine (written by `specbuild export-eagle`).\n"
+                      "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n" + build.shell() + "\n")
+    script.chmod(0o755)
+    print(f"EAGLE checkpoint: {checkpoint}\nengine command (also in {script}):\n{build.shell()}")
+    if trtllm_build_available() is None:
+        print("trtllm-build is not on PATH: the engine is NOT compiled; run the script where TensorRT-LLM is installed")
+        return 0
+    print("running:", " ".join(shlex.quote(x) for x in build.argv))
+    return subprocess.run(build.argv, cwd=out, check=False).returncode
+
+
+def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from builder.cli.train import _data_arguments
+
+    t = sub.add_parser("train-eagle", help="train an EAGLE drafter on the frozen target; report held-out acceptance")
+    _data_arguments(t)
+    t.add_argument("--out", required=True, help="output folder (eagle.safetensors + training_report.json) or file")
+    t.add_argument("--heldout-data-dir", default=None, help="held-out target data (default: <data-dir>-heldout)")
+    t.add_argument("--candidate-vocab", type=int, default=8192, help="tokens the drafter's LM head ranks (0: all)")
+    t.add_argument("--batch-size", type=int, default=8, help="sequences per training step")
+    t.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="2: also train on the drafter's own features")
+    t.add_argument("--cls-weight", type=float, default=0.2, help="weight of the token loss next to the feature loss")
+    t.add_argument("--headline", action="store_true", help="write the held-out figures to the headline file")
+    t.add_argument("--existing-data", action="store_true",
+                   help="train on the shards already in --data-dir / the held-out folder (e.g. of a stopped generation)")
+    t.set_defaults(func=_cmd_train_eagle)
+
+    e = sub.add_parser("eval-eagle", help="held-out acceptance of an EAGLE drafter in the real loop (headline figures)")
+    e.add_argument("--eagle", required=True, help="the drafter file or folder")
+    e.add_argument("--target", default=DEFAULT_REFERENCE)
+    e.add_argument("--eval-prompts", default="", help="held-out prompts (default: the packaged held-out set)")
+    e.add_argument("--eval-count", type=int, default=32)
+    e.add_argument("--eval-max-tokens", type=int, default=64)
+    e.add_argument("--num-draft-tokens", type=int, default=3)
+    e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--no-headline", action="store_true", help="do not write the headline file")
+    e.set_defaults(func=_cmd_eval_eagle)
+
+    x = sub.add_parser("export-eagle", help="a TensorRT-LLM EAGLE checkpoint (target + drafter) and its trtllm-build command")
+    x.add_argument("--checkpoint", required=True, help="the target's TensorRT-LLM checkpoint (e.g. <build>/checkpoints/target)")
+    x.add_argument("--eagle", required=True, help="the drafter file or folder (specbuild train-eagle)")
+    x.add_argument("--out", required=True, help="output folder: checkpoint/, build_engine.sh, engine/")
+    x.add_argument("--max-draft-len", type=int, default=4, help="draft tokens per step (tree nodes)")
+    x.add_argument("--num-eagle-layers", type=int, default=None, help="draft tree depth (default: max-draft-len)")
+    x.add_argument("--max-non-leaves", type=int, default=10, help="max non-leaf nodes per tree level")
+    x.add_argument("--max-batch-size", type=int, default=8)
+    x.add_argument("--max-input-len", type=int, default=2048)
+    x.add_argument("--max-seq-len", type=int, default=4096)
+    x.set_defaults(func=_cmd_export_eagle)

@@ -1,0 +1,171 @@
+"""Command-line flags of ``specbuild serve``, ``specbuild generate`` and ``specbuild demo``.
+
+Each command parses its flags into one typed config and calls one library function:
+:func:`builder.ops.serve.serve_forever`, :func:`builder.ops.triton_client.generate`,
+:func:`builder.ops.demo.run_demo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, RemoteResult
+from builder.ops.triton_server import Endpoints, ServerConfig, TritonSource
+from triton_backend.core.errors import ConfigError
+from triton_backend.serving.interface import ServingConfig
+
+DEFAULT_PORTS = {ClientProtocol.GRPC: 8001, ClientProtocol.HTTP: 8000}
+
+
+def _add_request_flags(p: argparse.ArgumentParser, *, prompt_default: str | None) -> None:
+    p.add_argument("--prompt", default=prompt_default, required=prompt_default is None)
+    p.add_argument("--max-tokens", type=int, default=None, help="default: the server's (64)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (the default)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--end-id", type=int, default=None, help="an extra end token id")
+    p.add_argument("--speculation", default=None, help="auto, draft, ngram or off (default: the deployment's)")
+    p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--raw", action="store_true", help="send the prompt as is (default: the model's chat template)")
+    p.add_argument("--protocol", choices=[m.value for m in ClientProtocol], default=ClientProtocol.GRPC.value)
+
+
+def _request(a: argparse.Namespace, stream: bool) -> GenerateRequest:
+    return GenerateRequest(prompt=a.prompt, max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
+                           top_p=a.top_p, seed=a.seed, stop=tuple(a.stop), end_id=a.end_id, speculation=a.speculation,
+                           num_draft_tokens=a.num_draft_tokens, chat=not a.raw, stream=stream)
+
+
+def _print_piece(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def _print_result(result: RemoteResult, streamed: bool, as_json: bool = False) -> None:
+    if as_json:
+        print(json.dumps({"text": result.text, "stats": result.stats, "latency_s": result.latency_s,
+                          "time_to_first_chunk_s": result.time_to_first_chunk_s}, indent=2))
+        return
+    print("\n" if streamed else result.text + "\n")
+    print(result.summary())
+
+
+# -- serve ------------------------------------------------------------------------------------
+def _cmd_serve(a: argparse.Namespace) -> int:
+    from builder.ops.serve import RestartPolicy, ServeConfig, prepare_repository, serve_forever
+
+    serving = ServingConfig(max_concurrency=a.max_concurrency, instance_count=a.instance_count,
+                            unary_instance_count=a.max_concurrency, max_batch_size=a.max_batch_size,
+                            max_queue_size=a.max_queue_size, batch_policy=a.batch_policy)
+    server = ServerConfig(model_repository=Path("."), host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
+                          metrics_port=a.metrics_port, source=TritonSource(a.triton),
+                          startup_timeout_s=a.startup_timeout, exit_timeout_s=a.exit_timeout, log_verbose=a.log_verbose,
+                          log_file=a.log_file)
+    restart = RestartPolicy(max_fast_failures=a.restart_limit, fast_failure_s=a.restart_window)
+    config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir,
+                         restart=restart)
+    if a.render_only:
+        if a.repository_dir is None:
+            raise ConfigError("--render-only needs --repository-dir")
+        print(prepare_repository(config)[0])
+        return 0
+
+    def ready(endpoints: Endpoints, repository: Path) -> None:
+        print(f"Triton is serving {repository}\n{endpoints.describe()}\n"
+              f"try: specbuild generate --url {endpoints.grpc_url} --stream --prompt 'Hello'", flush=True)
+
+    return serve_forever(config, ready)
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="start Triton Inference Server on a deployment or model repository")
+    p.add_argument("source", nargs="?", type=Path, default=None,
+                   help="a model repository, a folder with model_repo/ or deployment.json, or a deployment JSON "
+                        "file (default: the reference target with n-gram lookup)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--http-port", type=int, default=None, help="default: a free port")
+    p.add_argument("--grpc-port", type=int, default=None, help="default: a free port")
+    p.add_argument("--metrics-port", type=int, default=None, help="default: a free port")
+    p.add_argument("--triton", choices=[s.value for s in TritonSource], default=TritonSource.AUTO.value,
+                   help="tritonserver on PATH, the one nvidia-pytriton bundles, or auto (PATH first)")
+    p.add_argument("--max-concurrency", type=int, default=4,
+                   help="requests run at once per instance by a runtime that batches itself (TensorRT-LLM)")
+    p.add_argument("--max-batch-size", type=int, default=8, help="requests in one instance's in-flight batch (torch)")
+    p.add_argument("--max-queue-size", type=int, default=64, help="requests waiting for a batch slot; more are refused")
+    p.add_argument("--batch-policy", choices=("load_aware", "per_request"), default="load_aware",
+                   help="who picks draft lengths each round: the batch's pass-cost plan, or each request alone")
+    p.add_argument("--instance-count", type=int, default=1, help="model instances (each loads the models)")
+    p.add_argument("--repository-dir", type=Path, default=None, help="render the repository here (kept)")
+    p.add_argument("--render-only", action="store_true", help="render the repository and exit")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--exit-timeout", type=int, default=30,
+                   help="seconds Triton waits for in-flight requests after SIGTERM (then it is stopped)")
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-file", type=Path, default=None)
+    p.add_argument("--restart-limit", type=int, default=5,
+                   help="restart Triton after a crash, giving up after this many crashes in a row that each came "
+                        "within --restart-window seconds of a start (0 = never restart)")
+    p.add_argument("--restart-window", type=float, default=60.0, help="seconds; see --restart-limit")
+    p.set_defaults(func=_cmd_serve)
+
+
+# -- generate ---------------------------------------------------------------------------------
+def _cmd_generate(a: argparse.Namespace) -> int:
+    from builder.ops.triton_client import generate
+
+    protocol = ClientProtocol(a.protocol)
+    url = a.url or f"127.0.0.1:{DEFAULT_PORTS[protocol]}"
+    config = ClientConfig(url=url, protocol=protocol, model_name=a.model, unary_model_name=a.unary_model)
+    streamed = a.stream and not a.json
+    result = generate(config, _request(a, a.stream), _print_piece if streamed else None)
+    _print_result(result, streamed, a.json)
+    return 0
+
+
+def _add_generate(sub: Any) -> None:
+    p = sub.add_parser("generate", help="send a request to a running server and print text + acceptance stats")
+    _add_request_flags(p, prompt_default=None)
+    p.add_argument("--url", default=None, help="host:port (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    p.add_argument("--stream", action="store_true", help="stream verified blocks as they are accepted")
+    p.add_argument("--model", default="specdec", help="the decoupled (streaming) model")
+    p.add_argument("--unary-model", default="specdec_unary", help="the non-decoupled entry point")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_generate)
+
+
+# -- demo -------------------------------------------------------------------------------------
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from builder.ops.demo import DemoConfig, run_demo
+
+    config = DemoConfig(deployment_file=a.deployment, request=_request(a, not a.no_stream),
+                        protocol=ClientProtocol(a.protocol), source=TritonSource(a.triton))
+    print(f"prompt: {a.prompt}\n", flush=True)
+    demo = run_demo(config, None if a.no_stream else _print_piece)
+    _print_result(demo.result, not a.no_stream)
+    return 0
+
+
+def _add_demo(sub: Any) -> None:
+    from builder.ops.local_run import DEFAULT_PROMPT
+
+    p = sub.add_parser("demo", help="end to end: prepare the default deployment, start Triton, send a request, "
+                                    "print the answer and its acceptance statistics, stop Triton")
+    _add_request_flags(p, prompt_default=DEFAULT_PROMPT)
+    p.set_defaults(max_tokens=64)
+    p.add_argument("--deployment", type=Path, default=None, help="a deployment JSON file (default: reference + n-gram)")
+    p.add_argument("--no-stream", action="store_true", help="one unary request instead of streaming")
+    p.add_argument("--triton", choices=[s.value for s in TritonSource], default=TritonSource.AUTO.value)
+    p.set_defaults(func=_cmd_demo)
+
+
+def register(sub: Any) -> None:
+    """Add ``serve``, ``generate`` and ``demo`` to the ``specbuild`` subcommands."""
+    _add_serve(sub)
+    _add_generate(sub)
+    _add_demo(sub)

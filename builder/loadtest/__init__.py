@@ -1,0 +1,1 @@
+"""Load tests against a real Triton server: sustained streams, whole sessions, abrupt clients."""

@@ -1,0 +1,112 @@
+"""``specbuild serve``: find or render a model repository and run Triton on it in the foreground.
+
+What to serve (``ServeConfig.source``):
+
+- nothing: the default deployment (the reference target + n-gram lookup), rendered;
+- a model repository (a folder with ``<model>/config.pbtxt``), served as is;
+- a folder holding ``model_repo/`` (a built deployment), its ``model_repo/``;
+- a DeploymentConfig JSON file, or a folder holding ``deployment.json``: rendered first.
+
+Relative model paths in a deployment file are taken relative to that file.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import tempfile
+import types
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from builder.stages.model_repository import is_model_repository, render_model_repository
+from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
+from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
+from triton_backend.core.errors import ConfigError
+from triton_backend.serving.interface import ServingConfig
+
+logger = logging.getLogger(__name__)
+
+DEPLOYMENT_FILE = "deployment.json"
+REPOSITORY_DIR = "model_repo"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    source: Path | None = None
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(model_repository=Path(".")))
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    repository_dir: Path | None = None  # where to render a deployment (default: a temporary folder)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  # after Triton exits abnormally
+
+
+def find_deployment(source: Path | None) -> Path | None:
+    """The deployment file ``source`` names, or ``None`` when it names a model repository."""
+    if source is None:
+        return None
+    if source.is_file():
+        return source
+    if not source.is_dir():
+        raise ConfigError(f"{source} does not exist")
+    if is_model_repository(source) or is_model_repository(source / REPOSITORY_DIR):
+        return None
+    if (source / DEPLOYMENT_FILE).is_file():
+        return source / DEPLOYMENT_FILE
+    raise ConfigError(f"{source} holds no model repository (<model>/config.pbtxt), no {REPOSITORY_DIR}/ "
+                              f"and no {DEPLOYMENT_FILE}")
+
+
+def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
+    """``(model repository, rendered here)`` for ``config.source``."""
+    source = config.source
+    if source is not None and source.is_dir() and is_model_repository(source):
+        return source, False
+    if source is not None and source.is_dir() and is_model_repository(source / REPOSITORY_DIR):
+        return source / REPOSITORY_DIR, False
+    deployment_file = find_deployment(source)
+    if deployment_file is None:
+        from triton_backend.deployment.config import DeploymentConfig
+
+        deployment = DeploymentConfig()
+    else:
+        from triton_backend.serving.service import load_deployment  # relative model paths: relative to the file
+
+        deployment = load_deployment(deployment_file)
+    out = config.repository_dir or Path(tempfile.mkdtemp(prefix="specbuild-repo-"))
+    return render_model_repository(deployment, out, config.serving), config.repository_dir is None
+
+
+def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
+                  server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
+    """Start Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
+    SIGTERM: it finishes in-flight requests), restarting it after abnormal exits as
+    ``config.restart`` says (:mod:`builder.ops.triton_supervisor`). Returns Triton's last status
+    (2 when the supervisor gave up). ``server_factory`` makes each server (e.g. one launched
+    under MPI, :mod:`builder.ops.deploy`)."""
+    repository, temporary = prepare_repository(config)
+    supervisor = TritonSupervisor(replace(config.server, model_repository=repository, echo_log=True), server_factory,
+                                  config.restart)
+    previous: dict[int, object] = {}
+
+    def forward(signum: int, frame: types.FrameType | None) -> None:
+        logger.info("received signal %d: stopping Triton", signum)
+        supervisor.request_stop()
+
+    try:
+        endpoints = supervisor.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, forward)
+        if on_ready is not None:
+            on_ready(endpoints, repository)
+        return supervisor.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        supervisor.stop()
+        if temporary:
+            shutil.rmtree(repository, ignore_errors=True)
+
+
+__all__ = ["RestartPolicy", "ServeConfig", "ServerError", "find_deployment", "prepare_repository", "serve_forever"]

@@ -1,0 +1,451 @@
+"""Starting a real Triton Inference Server on a model repository.
+
+Two installations are supported (:class:`TritonSource`):
+
+- ``pytriton``: the ``tritonserver`` that ``nvidia-pytriton`` bundles, with its Python
+  backend. It is copied once into the cache (``$SPECBUILD_CACHE_DIR/tritonserver/...``)
+  with the Python backend stub for this interpreter's version, and run with
+  ``LD_LIBRARY_PATH`` = the bundled libraries + the folder holding ``libpythonX.Y.so``,
+  and this interpreter's ``bin`` first on ``PATH`` (the stub finds its Python there).
+- ``path``: a ``tritonserver`` on ``PATH`` (NVIDIA's Triton container images) with its
+  own backends.
+
+``auto`` takes a ``tritonserver`` on ``PATH`` when there is one, else the bundled one.
+The server listens on loopback by default, on free ports unless given.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from triton_backend.core.errors import SpecbuildError
+from triton_backend.core.reference_model import cache_dir
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(SpecbuildError, RuntimeError):
+    """Triton could not be found, started, or did not become ready."""
+
+    code = "server"
+
+
+class TritonSource(str, enum.Enum):
+    AUTO = "auto"
+    PYTRITON = "pytriton"
+    PATH = "path"
+
+
+@dataclass(frozen=True)
+class TritonInstallation:
+    binary: Path
+    backend_dir: Path | None  # None: the installation's default
+    env: dict[str, str] = field(default_factory=dict)  # variables to set for the server
+    description: str = ""
+
+
+def _package_root() -> Path:
+    """The folder holding the ``triton_backend`` package (put on the stub's PYTHONPATH)."""
+    import triton_backend
+
+    return Path(triton_backend.__file__).resolve().parent.parent
+
+
+def _libpython_dir() -> Path:
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    name = sysconfig.get_config_var("LDLIBRARY") or ""
+    if libdir and ".so" in name and (Path(libdir) / name).exists():
+        return Path(libdir)
+    raise ServerError(
+        f"this Python ({sys.executable}) has no shared libpython (LDLIBRARY={name!r} in {libdir!r}); the bundled "
+        "Triton Python backend needs one: use a Python built with --enable-shared "
+        "(pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)"
+    )
+
+
+def _pytriton_root() -> Path:
+    try:
+        import pytriton
+    except ImportError:
+        raise ServerError("no tritonserver on PATH and nvidia-pytriton is not installed: "
+                          "pip install 'nvidia-pytriton==0.7.0' or run inside NVIDIA's Triton image") from None
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    if not (root / "bin" / "tritonserver").exists():
+        raise ServerError(f"nvidia-pytriton at {root.parent} has no bundled tritonserver")
+    return root
+
+
+def _copy_bundled_server(root: Path, stub: Path) -> Path:
+    """Copy the bundled server + the stub into the cache once; return the copy."""
+    from importlib.metadata import version
+
+    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    dest = cache_dir() / "tritonserver" / f"pytriton-{version('nvidia-pytriton')}-py{pyver}"
+    if (dest / "backends" / "python" / "triton_python_backend_stub").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".copy-", dir=dest.parent))
+    shutil.copytree(root, tmp / "server", ignore=shutil.ignore_patterns("python_backend_stubs", "__pycache__"))
+    shutil.copy2(stub, tmp / "server" / "backends" / "python" / "triton_python_backend_stub")
+    try:
+        os.rename(tmp / "server", dest)
+    except OSError:  # another process made it first
+        if not dest.exists():
+            raise
+    shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("prepared the bundled Triton server in %s", dest)
+    return dest
+
+
+def pytriton_installation() -> TritonInstallation:
+    root = _pytriton_root()
+    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / pyver / "triton_python_backend_stub"
+    if not stub.exists():
+        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {pyver}")
+    copy = _copy_bundled_server(root, stub)
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    ld = [str(libs), str(_libpython_dir())]
+    if os.environ.get("LD_LIBRARY_PATH"):
+        ld.append(os.environ["LD_LIBRARY_PATH"])
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(ld),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    return TritonInstallation(copy / "bin" / "tritonserver", copy / "backends", env,
+                              f"tritonserver bundled with nvidia-pytriton (Python {pyver} backend)")
+
+
+def find_installation(source: TritonSource = TritonSource.AUTO) -> TritonInstallation:
+    on_path = shutil.which("tritonserver")
+    if source is TritonSource.PATH or (source is TritonSource.AUTO and on_path):
+        if not on_path:
+            raise ServerError("no tritonserver on PATH")
+        return TritonInstallation(Path(on_path), None, {}, f"tritonserver on PATH ({on_path})")
+    return pytriton_installation()
+
+
+def server_environment(installation: TritonInstallation) -> dict[str, str]:
+    """The server's environment: ours, the installation's, this project on PYTHONPATH and
+    the cache folder (the model loads its weights from it)."""
+    env = dict(os.environ)
+    env.update(installation.env)
+    paths = [str(_package_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["SPECBUILD_CACHE_DIR"] = str(cache_dir())
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ServerError(f"{what} port {port} on {host} is already in use ({exc.strerror}); "
+                              "pick another port or leave it out to use a free one") from None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to start Triton. Ports left ``None`` are picked free at start."""
+
+    model_repository: Path
+    host: str = "127.0.0.1"
+    http_port: int | None = None
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+    source: TritonSource = TritonSource.AUTO
+    startup_timeout_s: float = 300.0
+    exit_timeout_s: int = 30
+    log_verbose: int = 0
+    log_file: Path | None = None  # default: a file in a fresh temporary folder
+    echo_log: bool = False  # copy Triton's log lines to stderr as they come
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_repository", Path(self.model_repository))
+        object.__setattr__(self, "source", TritonSource(self.source))
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 < port < 65536:
+                raise ServerError(f"{name} must be in 1..65535, got {port}")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def describe(self) -> str:
+        return (f"HTTP    {self.http_url}  (health: {self.http_url}/v2/health/ready)\n"
+                f"gRPC    {self.grpc_url}\n"
+                f"metrics {self.metrics_url}")
+
+
+_ERROR_MARKERS = ("error", "failed", "already in use", "exception", "unavailable")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: SIGTERM the server if the process that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def process_group_members(pgid: int, zombies: bool = False) -> list[int]:
+    """Processes whose process group is ``pgid``, zombies only if asked (Linux /proc; [] elsewhere)."""
+    members = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and (zombies or fields[0] != "Z"):
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def _become_subreaper() -> None:
+    """Linux: orphaned descendants (backend stubs of a server that died) become our children,
+    so :meth:`TritonServer.reap` can collect them instead of leaving zombies to PID 1."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+        except OSError:
+            pass
+
+
+class TritonServer:
+    """One tritonserver process: ``start()`` waits for readiness, ``stop()`` shuts it down."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.endpoints: Endpoints | None = None
+        self.log_path: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=400)
+        self._reader: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self, endpoints: Endpoints | None = None) -> Endpoints:
+        """Start and wait until ready. ``endpoints``: exactly these (a restart keeps its ports),
+        not checked for being free (the old server's connections may linger in TIME_WAIT)."""
+        cfg = self.config
+        if not cfg.model_repository.is_dir():
+            raise ServerError(f"model repository {cfg.model_repository} is not a folder")
+        installation = find_installation(cfg.source)
+        endpoints = endpoints or self._endpoints()
+        self.log_path = cfg.log_file or Path(tempfile.mkdtemp(prefix="specbuild-triton-")) / "tritonserver.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self.command(installation, endpoints)
+        _become_subreaper()
+        logger.info("starting %s: %s", installation.description, " ".join(cmd))
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=server_environment(installation), start_new_session=True,
+                                      preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True)
+        self._reader.start()
+        try:
+            self._wait_ready(endpoints)
+        except BaseException:
+            self.stop()
+            raise
+        self.endpoints = endpoints
+        return endpoints
+
+    def command(self, installation: TritonInstallation, endpoints: Endpoints) -> list[str]:
+        cfg = self.config
+        cmd = [str(installation.binary), f"--model-repository={cfg.model_repository.resolve()}",
+               f"--http-address={endpoints.host}", f"--http-port={endpoints.http_port}",
+               f"--grpc-address={endpoints.host}", f"--grpc-port={endpoints.grpc_port}",
+               f"--metrics-address={endpoints.host}", f"--metrics-port={endpoints.metrics_port}",
+               "--allow-metrics=true", "--strict-readiness=true", "--exit-on-error=true", "--disable-auto-complete-config",
+               f"--exit-timeout-secs={cfg.exit_timeout_s}", f"--log-verbose={cfg.log_verbose}"]
+        if installation.backend_dir is not None:
+            cmd.append(f"--backend-directory={installation.backend_dir}")
+        return cmd
+
+    def _endpoints(self) -> Endpoints:
+        cfg = self.config
+        ports = {}
+        for name, what in (("http_port", "HTTP"), ("grpc_port", "gRPC"), ("metrics_port", "metrics")):
+            port = getattr(cfg, name)
+            if port is None:
+                port = free_port(cfg.host)
+                while port in ports.values():
+                    port = free_port(cfg.host)
+            else:
+                check_port_free(cfg.host, port, what)
+            ports[name] = port
+        return Endpoints(cfg.host, **ports)
+
+    def _pump(self, stream: IO[bytes] | None) -> None:
+        assert stream is not None and self.log_path is not None
+        with open(self.log_path, "ab") as log:
+            for raw in iter(stream.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self._tail.append(line)
+                if self.config.echo_log:
+                    print(line, file=sys.stderr, flush=True)
+
+    def _wait_ready(self, endpoints: Endpoints) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        url = f"{endpoints.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                if self._reader is not None:
+                    self._reader.join(timeout=5)
+                raise ServerError(f"tritonserver exited with status {self._proc.returncode} before it was ready:\n"
+                                  f"{self.error_summary()}\n(full log: {self.log_path})")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    if reply.status == 200:
+                        logger.info("Triton is ready")
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        raise ServerError(f"Triton was not ready within {self.config.startup_timeout_s:.0f}s; "
+                          f"last log lines:\n{self.error_summary()}\n(full log: {self.log_path})")
+
+    def error_summary(self, limit: int = 25) -> str:
+        """Triton's own error lines (or the last lines of its log when none is marked)."""
+        lines = list(self._tail)
+        errors = [ln for ln in lines if ln[:1] == "E" and ln[1:5].isdigit()]
+        errors += [ln for ln in lines if ln not in errors and any(m in ln.lower() for m in _ERROR_MARKERS)
+                   and not ln.startswith(("W", "I"))]
+        chosen = errors or lines
+        return "\n".join(chosen[-limit:]) if chosen else "(Triton wrote nothing)"
+
+    def ready(self) -> bool:
+        """Whether the server answers its readiness probe now."""
+        if self.endpoints is None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.endpoints.http_url}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def send_signal(self, sig: int) -> None:
+        if self.running:
+            assert self._proc is not None
+            self._proc.send_signal(sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self._proc is not None
+        code = self._proc.wait(timeout)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        return code
+
+    def reap(self) -> list[int]:
+        """Once the server has exited: SIGKILL whatever is left of its process group (Python
+        backend stubs that outlived it hold the model's memory). Returns their pids."""
+        if self._proc is None or self._proc.poll() is None:
+            return []
+        leftovers = process_group_members(self._proc.pid)
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if leftovers:
+            logger.warning("killed %d process(es) left behind by tritonserver %d: %s", len(leftovers), self._proc.pid,
+                           ", ".join(map(str, leftovers)))
+        deadline = time.monotonic() + 5
+        while (left := process_group_members(self._proc.pid, zombies=True)) and time.monotonic() < deadline:
+            for pid in left:  # ours to collect when this process is their subreaper (see start)
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            if not process_group_members(self._proc.pid):
+                break
+            time.sleep(0.05)  # SIGKILL is asynchronous: let them go before saying they are gone
+        return leftovers
+
+    def kill(self) -> None:
+        """SIGKILL the server and its backend stubs (its process group)."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(10)
+
+    def stop(self) -> int | None:
+        """SIGTERM (Triton finishes in-flight requests), then SIGKILL the group if it hangs."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(self.config.exit_timeout_s + 15)
+            except subprocess.TimeoutExpired:
+                logger.warning("tritonserver did not stop in time; killing it")
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait(10)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self.reap()
+        return self._proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["Endpoints", "ServerConfig", "ServerError", "TritonInstallation", "TritonServer", "TritonSource",
+           "check_port_free", "find_installation", "free_port", "process_group_members", "pytriton_installation", "server_environment"]

@@ -1,0 +1,202 @@
+"""Keeping Triton up: restart it after an abnormal exit, reap what it leaves behind.
+
+:class:`TritonSupervisor` starts one :class:`~builder.ops.triton_server.TritonServer` and
+watches it. When it exits without being told to (a crash: SIGSEGV, SIGABRT, ...), the
+supervisor kills what is left of its process group (Python-backend stubs hold the model's
+memory), logs why, waits a backoff and starts a new server on the same ports. Each
+restart is counted and printed to stderr (``specbuild: Triton restart N: ...``). After
+``RestartPolicy.max_fast_failures`` failures in a row that each came within
+``fast_failure_s`` of a start (or a restart that never became ready), it gives up with a
+clear message and the server's last error lines. Requests in flight at a crash are lost:
+the clients see their stream or connection fail and may retry.
+
+Stopping (SIGTERM to ``specbuild serve``): Triton gets SIGTERM and finishes in-flight
+requests; Triton 2.51 does not exit while a client holds a gRPC stream open, so it is
+killed ``exit_timeout_s + EXIT_GRACE_S`` seconds later. Its process group is reaped in
+every case, so no stub outlives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
+
+logger = logging.getLogger(__name__)
+
+EXIT_GRACE_S = 10  # after Triton's own exit timeout
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to restart Triton and when to give up. ``max_fast_failures = 0``: never restart."""
+
+    max_fast_failures: int = 5
+    fast_failure_s: float = 60.0  # a run shorter than this (from start) counts as a fast failure
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_fast_failures < 0:
+            raise ServerError(f"max_fast_failures must be >= 0, got {self.max_fast_failures}")
+        if self.backoff_initial_s < 0 or self.backoff_max_s < self.backoff_initial_s:
+            raise ServerError("backoff: need 0 <= backoff_initial_s <= backoff_max_s")
+
+    def backoff_s(self, failures: int) -> float:
+        """Seconds to wait before restart number ``failures`` of a fast-failure streak (1-based)."""
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** max(0, failures - 1))
+
+
+def describe_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+class TritonSupervisor:
+    """Runs Triton in the foreground and restarts it after abnormal exits (see module doc)."""
+
+    def __init__(self, config: ServerConfig, factory: Callable[[ServerConfig], TritonServer] = TritonServer,
+                 policy: RestartPolicy | None = None) -> None:
+        self.config = config
+        self.factory = factory
+        self.policy = policy or RestartPolicy()
+        self.restarts = 0
+        self.exit_reasons: list[str] = []  # why each abnormal exit happened
+        self.recovery_s: list[float] = []  # abnormal exit -> ready again, per recovery
+        self.gave_up = False
+        self.server: TritonServer | None = None
+        self.endpoints: Endpoints | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Endpoints:
+        """First start: a failure here is a configuration problem and is raised, not retried."""
+        server = self.factory(self.config)
+        self.server = server
+        self.endpoints = server.start()
+        return self.endpoints
+
+    def request_stop(self) -> None:
+        """Stop for good (a signal handler may call this): SIGTERM to the current server."""
+        self._stopping.set()
+        with self._lock:
+            server = self.server
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(self) -> int:
+        """Until told to stop or giving up: the last server's exit status (1 when it had to be
+        killed, 2 when the supervisor gave up)."""
+        failures = 0
+        while True:
+            assert self.server is not None
+            started = time.monotonic()
+            code = self._wait(self.server)
+            reaped = self.server.reap()
+            if self.stopping:
+                return self._stopped(code)
+            lasted = time.monotonic() - started
+            failures = failures + 1 if lasted < self.policy.fast_failure_s else 1
+            reason = f"Triton exited unexpectedly ({describe_status(code)}) after {lasted:.1f}s"
+            if reaped:
+                reason += f"; killed {len(reaped)} leftover process(es) of its group ({', '.join(map(str, reaped))})"
+            logger.error("%s; its last error lines:\n%s", reason, self.server.error_summary(limit=10))
+            self.exit_reasons.append(reason)
+            crashed = time.monotonic()
+            while True:
+                if failures > self.policy.max_fast_failures:
+                    return self._give_up(reason, failures)
+                if self._stopping.wait(self.policy.backoff_s(failures)):
+                    return self._stopped(code)
+                error = self._restart(reason)
+                if error is None:
+                    self.recovery_s.append(time.monotonic() - crashed)
+                    break
+                if self.stopping:
+                    return self._stopped(code)
+                failures += 1
+                reason = f"restart {self.restarts} failed: {error}"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            server = self.server
+        if server is not None:
+            server.stop()
+            server.reap()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _restart(self, reason: str) -> str | None:
+        """Start a new server on the same ports; ``None`` when it is ready, else why not."""
+        self.restarts += 1
+        assert self.endpoints is not None
+        print(f"specbuild: Triton restart {self.restarts}: {reason}", file=sys.stderr, flush=True)
+        server = self.factory(self.config)
+        with self._lock:
+            self.server = server
+        try:
+            server.start(self.endpoints)
+        except ServerError as exc:
+            server.reap()
+            logger.error("restart %d failed: %s", self.restarts, exc)
+            return str(exc).splitlines()[0]
+        if self.stopping:  # a stop request came while it was starting
+            server.send_signal(signal.SIGTERM)
+        logger.info("Triton is back after restart %d", self.restarts)
+        return None
+
+    @staticmethod
+    def _stopped(code: int) -> int:
+        """The exit status of a requested stop: Triton's own, or 1 when a signal ended it (Triton
+        2.51 can abort in its own shutdown; a negative status would reach the shell as 256 - n)."""
+        if code >= 0:
+            logger.info("Triton exited with status %d", code)
+            return code
+        logger.warning("Triton was %s while stopping; stopped all the same", describe_status(code))
+        return 1
+
+    def _give_up(self, reason: str, failures: int) -> int:
+        self.gave_up = True
+        message = (f"specbuild: giving up on Triton after {failures} failures in a row, each within "
+                   f"{self.policy.fast_failure_s:.0f}s of a start ({reason}). Restarts so far: {self.restarts}. "
+                   "Check the model repository and the server log.")
+        if self.server is not None and self.server.log_path is not None:
+            message += f" Log: {self.server.log_path}"
+        logger.error(message)
+        print(message, file=sys.stderr, flush=True)
+        return 2
+
+    def _wait(self, server: TritonServer) -> int:
+        """The server's exit status. Once told to stop, wait at most its exit timeout plus a grace
+        period: Triton 2.51 does not exit while a client holds a gRPC stream open (its gRPC server
+        shuts down with no deadline), so a client that never closes its stream would keep it up."""
+        deadline = None
+        while deadline is None or time.monotonic() < deadline:
+            try:
+                return server.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if deadline is None and self.stopping:
+                    deadline = time.monotonic() + server.config.exit_timeout_s + EXIT_GRACE_S
+        logger.error("Triton did not exit within %ds of the stop signal (a client still holds a gRPC stream "
+                     "open?); killing it", server.config.exit_timeout_s + EXIT_GRACE_S)
+        server.kill()
+        return 1
+
+
+__all__ = ["EXIT_GRACE_S", "RestartPolicy", "TritonSupervisor", "describe_status"]

@@ -1,0 +1,1 @@
+"""Planning: the build spec, GPU catalogue, model shapes and the memory planner."""

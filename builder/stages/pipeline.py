@@ -1,0 +1,248 @@
+"""``specbuild build``: plan -> torch runtime weights -> quantize + export TensorRT-LLM
+checkpoints -> compile engines (or write the script) -> render the Triton model repository
+-> manifest.json.
+
+Output folder layout::
+
+    plan.json                    the plan (also inside the manifest)
+    weights/<role>/              HF weights + tokenizer the torch runtime serves
+    checkpoints/<role>/          TensorRT-LLM checkpoint: config.json + rank<N>.safetensors
+    engines/<role>/              compiled engines (only when trtllm-build ran and succeeded)
+    build_engines.sh             the exact trtllm-build command lines
+    model_repo/                  Triton model repository, ready for ``specbuild serve``
+    manifest.json                written last: spec, plan, precisions, hashes, engine status, versions
+
+Every plan-time check (vocabularies, INT4 block sizes, GPU, fit) runs before any model is
+loaded or calibrated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from builder.plan.architecture import ModelArchitecture, is_config_only
+from builder.stages.compile import CompileMode, EngineResult, EngineStatus, compile_engines, engine_builds
+from builder.errors import BuildSpecError
+from builder.stages.manifest import MANIFEST_NAME, write_manifest
+from builder.plan.types import Plan
+from builder.plan.planner import ResolvedModels, plan_deployment, resolve_models
+from builder.plan.spec import BuildSpec, ModelSpec
+from builder.stages.torch_weights import TorchServing, relative_to_file, save_torch_weights, torch_serving
+
+if TYPE_CHECKING:
+    from triton_backend.engines.trtllm.config import TrtllmConfig
+
+logger = logging.getLogger(__name__)
+
+_OWNED = ("plan.json", "weights", "checkpoints", "engines", "build_engines.sh", "model_repo", MANIFEST_NAME)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    output_dir: Path
+    compile: CompileMode = CompileMode.AUTO
+    torch_only: bool = False  # skip quantization, checkpoints and engines
+    force: bool = False  # replace a previous build in output_dir
+    progress: bool = True
+    device: str = "cpu"  # where calibration runs
+    threads: int = 1
+
+
+@dataclass
+class BuildContext:
+    spec: BuildSpec
+    options: BuildOptions
+    out: Path
+    models: ResolvedModels | None = None
+    plan: Plan | None = None
+    serving: TorchServing | None = None
+    checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engines: list[EngineResult] = field(default_factory=list)
+    repository: dict[str, str] = field(default_factory=dict)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    medusa_heads: Path | None = None  # the torch runtime's copy of trained Medusa heads
+
+    def roles(self) -> list[tuple[str, ModelSpec, ModelArchitecture]]:
+        assert self.models is not None
+        out = [("target", self.spec.target, self.models.target)]
+        if self.spec.draft is not None and self.models.draft is not None:
+            out.append(("draft", self.spec.draft, self.models.draft))
+        return out
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    output_dir: Path
+    manifest_path: Path
+    plan: Plan
+    engines: list[EngineResult]
+    notices: list[str]
+
+    @property
+    def engines_compiled(self) -> bool:
+        return bool(self.engines) and all(e.status is EngineStatus.COMPILED for e in self.engines)
+
+
+def prepare_output(options: BuildOptions) -> Path:
+    out = Path(options.output_dir)
+    if out.exists() and not out.is_dir():
+        raise BuildSpecError(f"output {out} exists and is not a folder")
+    entries = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    if entries and not options.force:
+        raise BuildSpecError(f"output folder {out} is not empty; pass --force to replace a previous build there")
+    foreign = [e for e in entries if e not in _OWNED]
+    if foreign:
+        raise BuildSpecError(f"output folder {out} holds files a build did not make ({foreign[:5]}); choose another")
+    for name in entries:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _stage_plan(ctx: BuildContext) -> None:
+    for model in (ctx.spec.target, ctx.spec.draft):
+        if model is not None and is_config_only(model.source):
+            raise BuildSpecError(f"{model.source} is an architecture-only config (no weights): it can be planned "
+                                 "with `specbuild plan`, not built")
+    ctx.models = resolve_models(ctx.spec)
+    ctx.plan = plan_deployment(ctx.spec, ctx.models)
+    ctx.serving = torch_serving(ctx.spec, ctx.plan)
+    (ctx.out / "plan.json").write_text(json.dumps(ctx.plan.to_dict(), indent=2) + "\n")
+
+
+def _stage_torch_weights(ctx: BuildContext) -> None:
+    assert ctx.serving is not None
+    for role, model, _ in ctx.roles():
+        save_torch_weights(model.source, ctx.out / "weights" / role, ctx.serving.dtype)
+    medusa = ctx.spec.medusa
+    if medusa is not None and medusa.source is not None:
+        from builder.stages.medusa_heads import copy_runtime_heads
+
+        ctx.medusa_heads = copy_runtime_heads(Path(medusa.source), ctx.out / "weights" / "medusa")
+
+
+def _stage_checkpoint(role: str) -> Callable[[BuildContext], None]:
+    def run(ctx: BuildContext) -> None:
+        from builder.stages.checkpoint import build_checkpoint
+
+        assert ctx.plan is not None
+        _, model, arch = next(r for r in ctx.roles() if r[0] == role)
+        ctx.checkpoints[role] = build_checkpoint(ctx.spec, ctx.plan, role, model, arch, ctx.out, ctx.options.device)
+
+    return run
+
+
+def _stage_compile(ctx: BuildContext) -> None:
+    assert ctx.plan is not None
+    ctx.engines = compile_engines(engine_builds(ctx.spec, ctx.plan), ctx.out, ctx.plan, ctx.options.compile)
+
+
+def _stage_repository(ctx: BuildContext) -> None:
+    from builder.stages.model_repository import VERSION, render_model_repository
+    from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig
+    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.engines.trtllm.config import EngineRuntime
+    from triton_backend.serving.interface import ServingConfig
+
+    assert ctx.serving is not None
+    serving = ServingConfig(max_batch_size=ctx.spec.limits.max_batch_size)
+    repo = ctx.out / "model_repo"
+    file_dir = repo / serving.model_name / VERSION
+    file_dir.mkdir(parents=True, exist_ok=True)
+    weights = {role: relative_to_file(ctx.out / "weights" / role, file_dir) for role, _, _ in ctx.roles()}
+    medusa = relative_to_file(ctx.medusa_heads, file_dir) if ctx.medusa_heads is not None else None
+    engines = _compiled_engines(ctx, file_dir)
+    # a Medusa engine takes its tree at run time: the one its checkpoint's max_draft_len was sized for
+    choices = ctx.checkpoints.get("target", {}).get("medusa", {}).get("medusa_choices") if engines else None
+    deployment = DeploymentConfig(
+        target=weights["target"], draft=weights.get("draft"), medusa=medusa, medusa_choices=choices,
+        runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype),
+        speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=ctx.spec.limits.max_draft_len)),
+        engine_runtime=EngineRuntime.TRTLLM if engines is not None else EngineRuntime.TORCH, trtllm=engines)
+    render_model_repository(deployment, repo, serving)
+    ctx.repository = {"dir": "model_repo", "model": serving.model_name,
+                      "deployment": (file_dir / serving.deployment_file).relative_to(ctx.out).as_posix()}
+    if engines is not None:
+        ctx.notices.append("the model repository serves the compiled TensorRT-LLM engines (engine_runtime trtllm); "
+                           "loading it needs TensorRT-LLM (the GPU image)")
+    elif ctx.spec.medusa is not None and ctx.medusa_heads is None:
+        ctx.notices.append("Medusa heads are in the TensorRT-LLM target checkpoint; the torch runtime's repository "
+                           "serves the target with n-gram drafting (its heads file has no specbuild metadata)")
+
+
+def _compiled_engines(ctx: BuildContext, file_dir: Path) -> TrtllmConfig | None:
+    """The deployment's engines when every engine of the build compiled (the repository then
+    serves them with the trtllm runtime), else None (it serves the torch weights)."""
+    from triton_backend.engines.trtllm.config import TrtllmConfig, TrtllmTargetKind
+
+    if not ctx.engines or any(e.status is not EngineStatus.COMPILED for e in ctx.engines):
+        return None
+    dirs = {e.role: relative_to_file(ctx.out / e.engine_dir, file_dir) for e in ctx.engines}
+    kind = TrtllmTargetKind.MEDUSA if ctx.spec.medusa is not None else TrtllmTargetKind.DRAFT_TOKENS_EXTERNAL
+    return TrtllmConfig(target_engine=dirs["target"], target_kind=kind, draft_engine=dirs.get("draft"))
+
+
+def _stages(ctx: BuildContext) -> list[tuple[str, Callable[[BuildContext], None]]]:
+    stages: list[tuple[str, Callable[[BuildContext], None]]] = [("plan", _stage_plan), ("torch weights", _stage_torch_weights)]
+    if not ctx.options.torch_only:
+        roles = ["target"] + (["draft"] if ctx.spec.draft is not None else [])
+        stages += [(f"quantize+export {role}", _stage_checkpoint(role)) for role in roles]
+        stages.append(("compile", _stage_compile))
+    stages.append(("model repository", _stage_repository))
+    return stages
+
+
+def run_build(spec: BuildSpec, options: BuildOptions) -> BuildResult:
+    """Run every stage into ``options.output_dir`` and write the manifest last."""
+    import torch
+    from tqdm.auto import tqdm
+
+    ctx = BuildContext(spec=spec, options=options, out=prepare_output(options))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(options.threads)
+    try:
+        stages = _stages(ctx)
+        with tqdm(total=len(stages), desc="build", unit="stage", disable=not options.progress) as bar:
+            for name, stage in stages:
+                bar.set_description(name)
+                start = time.perf_counter()
+                stage(ctx)
+                ctx.stages.append({"name": name, "seconds": round(time.perf_counter() - start, 2)})
+                bar.update()
+    finally:
+        torch.set_num_threads(threads)
+    return _finish(ctx)
+
+
+def _finish(ctx: BuildContext) -> BuildResult:
+    assert ctx.plan is not None and ctx.serving is not None
+    if ctx.options.torch_only:
+        ctx.notices.append("torch-only build: no quantization, no TensorRT-LLM checkpoints, no engines")
+    for engine in ctx.engines:
+        if engine.status is not EngineStatus.COMPILED:
+            ctx.notices.append(f"{engine.role} engine {engine.status.value.upper()}: {engine.detail}")
+    ctx.notices += [f"torch runtime, {role}: {note}" for role, note in ctx.serving.notes.items()]
+    content = {
+        "spec": ctx.spec.to_dict(), "plan": ctx.plan.to_dict(),
+        "precisions": {m.role: {"weights": m.precision.value, "kv_cache": ctx.plan.kv_cache_dtype.value}
+                       for m in ctx.plan.models},
+        "checkpoints": ctx.checkpoints,
+        "engines": {e.role: e.to_dict() for e in ctx.engines},
+        "engines_compiled": bool(ctx.engines) and all(e.status is EngineStatus.COMPILED for e in ctx.engines),
+        "build_script": "build_engines.sh" if ctx.engines else None,
+        "torch_runtime": {**ctx.serving.to_dict(), "weights": {role: f"weights/{role}" for role, _, _ in ctx.roles()}},
+        "model_repo": ctx.repository, "stages": ctx.stages, "notices": ctx.notices,
+    }
+    hashed = [p for p in ("plan.json", "weights", "checkpoints", "engines", "build_engines.sh", "model_repo")
+              if (ctx.out / p).exists()]
+    path = write_manifest(ctx.out, content, hashed)
+    logger.info("build complete: %s", path)
+    return BuildResult(ctx.out, path, ctx.plan, ctx.engines, ctx.notices)

@@ -1,0 +1,220 @@
+"""Draft lengths for one round of the batch scheduler.
+
+``per_request``: each request's own :class:`~triton_backend.speculation.controller.SpeculationController`
+decides, exactly as the single-request loop does (a request gives the same draft lengths,
+so the same output even when sampling, batched or alone). ``load_aware``: per round, the
+draft length of every row of the ragged pass from
+:func:`triton_backend.speculation.policy.plan_round`: expected committed tokens per unit
+of pass time under the measured pass-cost table, each row's running acceptance (its
+controller's :meth:`~triton_backend.speculation.controller.SpeculationController.row_option`) and the
+current batch (speculate at low load, back off as the batch grows). Rows whose controller
+does not follow the gain rule (``fallback`` off: always speculate; the threshold rule) and
+seeded sampling requests (their RNG use, hence their output, must not depend on who else
+is in the batch) keep their controller's decision; so does a row alone in its pass. Every
+row's controller learns from its rounds either way.
+
+The pass-cost table is a model: measured on uniform ``rows x tokens`` passes (or the default
+figures when the machine was too busy to measure), it can be far off for the ragged passes
+a plan makes (an engine whose attention takes a slower path as soon as one row carries
+several tokens) and it leaves out what a round costs besides the pass. So the load-aware
+planner also measures: per batch size (powers of two) it keeps the committed tokens per
+second of whole rounds run under each :class:`Regime` (every planned row plain, the
+pass-cost plan, each row's own controller as alone) and runs the best one, probing each of
+the others every ``probe_every`` rounds; a probe that loses by a clear margin doubles that
+regime's interval (up to ``max_probe_every``), one that comes close or wins resets it, so a
+regime that keeps losing costs ever fewer probe rounds and one that starts winning is still
+found (:class:`RegimeChooser`). Rounds that prefill a prompt are not measured. Greedy outputs
+do not depend on draft lengths, so exactness is untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from triton_backend.batching.rounds import BatchSequence
+from triton_backend.speculation.policy import PassCostModel, RowOption, current_cost_model, plan_round
+
+logger = logging.getLogger(__name__)
+
+NO_DRAFT = RowOption(prefix_probs=())
+
+
+class BatchPolicy(str, enum.Enum):
+    LOAD_AWARE = "load_aware"
+    PER_REQUEST = "per_request"
+
+    @classmethod
+    def parse(cls, value: "str | BatchPolicy") -> "BatchPolicy":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"batch policy must be one of {[p.value for p in cls]}, got {value!r}") from None
+
+
+class Regime(str, enum.Enum):
+    """How the load-aware planner decides a round's planned rows."""
+
+    PLAN = "plan"  # the pass-cost plan
+    OWN = "own"  # each row's own controller (as alone)
+    PLAIN = "plain"  # every planned row decodes plainly
+
+
+@dataclass
+class _RegimeRate:
+    rate: float = 0.0  # committed tokens per second of round (mean whose weight decays per bucket round)
+    samples: int = 0
+    last_round: int = -1  # the bucket's round of the latest sample
+    interval: int = 0  # bucket rounds from one probe of this regime to the next
+
+
+@dataclass
+class _Bucket:
+    rounds: int = 0
+    rates: dict[Regime, _RegimeRate] = field(default_factory=lambda: {r: _RegimeRate() for r in Regime})
+    probe: Regime | None = None  # the regime the latest choice probed (not the best)
+
+
+class RegimeChooser:
+    """Per batch-size bucket (powers of two), the measured committed tokens per second of the
+    rounds each :class:`Regime` ran. :meth:`choose` tries every regime ``warmup`` times, then
+    runs the best, and probes each other regime once its interval has passed since it last
+    ran (``probe_every`` rounds at first). A probe that measures the regime more than
+    ``backoff_margin`` below the best doubles its interval (at most ``max_probe_every``); a
+    probe within the margin (or better) resets it; the warmup counts as a first probe. Old
+    figures weigh ``decay`` per round of the bucket since they were measured, so a probe's
+    sample mostly replaces a stale figure (a regime that starts winning shows it at its next
+    probe) while the running regime's figure averages over its recent rounds."""
+
+    def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
+                 backoff_margin: float = 0.1) -> None:
+        if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
+            raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
+        if max_probe_every < probe_every or not 0.0 <= backoff_margin < 1.0:
+            raise ValueError("need max_probe_every >= probe_every and 0 <= backoff_margin < 1")
+        self.probe_every, self.warmup, self.decay = probe_every, warmup, decay
+        self.max_probe_every, self.backoff_margin = max_probe_every, backoff_margin
+        self._buckets: dict[int, _Bucket] = {}
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return 1 << max(0, rows - 1).bit_length()
+
+    def _bucket(self, rows: int) -> _Bucket:
+        return self._buckets.setdefault(self.bucket(rows), _Bucket())
+
+    def choose(self, rows: int) -> Regime:
+        b = self._bucket(rows)
+        b.rounds += 1
+        b.probe = None
+        rates = b.rates
+        cold = [r for r in Regime if rates[r].samples < self.warmup]
+        if cold:
+            return min(cold, key=lambda r: rates[r].samples)
+        best = max(Regime, key=lambda r: rates[r].rate)
+        due = [r for r in Regime if r is not best and b.rounds - rates[r].last_round >= self._interval(rates[r])]
+        if due:  # the longest overdue first
+            b.probe = max(due, key=lambda r: (b.rounds - rates[r].last_round) / self._interval(rates[r]))
+            return b.probe
+        return best
+
+    def _interval(self, entry: _RegimeRate) -> int:
+        return entry.interval or self.probe_every
+
+    def record(self, rows: int, regime: Regime, tokens: int, seconds: float) -> None:
+        """A round of ``rows`` rows under ``regime`` committed ``tokens`` in ``seconds``."""
+        if seconds <= 0:
+            return
+        b = self._bucket(rows)
+        entry = b.rates[regime]
+        rate = tokens / seconds
+        if entry.samples == 0:
+            entry.rate = rate
+        else:
+            weight = self.decay ** max(1, b.rounds - entry.last_round)
+            entry.rate = weight * entry.rate + (1 - weight) * rate
+        entry.samples += 1
+        entry.last_round = b.rounds
+        if regime is b.probe:
+            best = max(v.rate for r, v in b.rates.items() if r is not regime)
+            losing = rate < (1.0 - self.backoff_margin) * best
+            entry.interval = min(2 * self._interval(entry), self.max_probe_every) if losing else self.probe_every
+            b.probe = None
+        elif entry.samples == self.warmup and all(v.samples >= self.warmup for v in b.rates.values()):
+            self._after_warmup(b)
+
+    def _after_warmup(self, b: _Bucket) -> None:
+        """The warmup was each regime's first probe: one well below the best waits twice as long."""
+        best = max(v.rate for v in b.rates.values())
+        for entry in b.rates.values():
+            if entry.rate < (1.0 - self.backoff_margin) * best:
+                entry.interval = min(2 * self.probe_every, self.max_probe_every)
+
+    def rates(self, rows: int) -> dict[str, float]:
+        """The measured rates of ``rows``'s bucket (for the decision log)."""
+        return {r.value: round(v.rate, 2) for r, v in self._bucket(rows).rates.items() if v.samples}
+
+    def probe_intervals(self, rows: int) -> dict[str, int]:
+        """Rounds between probes of each regime in ``rows``'s bucket (for the decision log)."""
+        return {r.value: self._interval(v) for r, v in self._bucket(rows).rates.items()}
+
+
+class DraftPlanner:
+    """Picks each row's draft length for a round. ``measured``: the load-aware plan is
+    checked against measured rounds (:class:`RegimeChooser`); off, the pass-cost plan alone."""
+
+    def __init__(self, policy: BatchPolicy, cost_model: PassCostModel | None = None,
+                 chooser: RegimeChooser | None = None, measured: bool = True) -> None:
+        self.policy = policy
+        self.cost_model = cost_model
+        self.chooser = (chooser or RegimeChooser()) if measured else None
+        self.regime: Regime | None = None  # of the latest round's plan (None: no row was planned)
+
+    def _planned(self, seq: BatchSequence) -> bool:
+        """Whether the load-aware plan decides this row (else its controller does)."""
+        return (self.policy is BatchPolicy.LOAD_AWARE and seq.use_drafter and seq.controller.gain_rule
+                and not seq.seeded_sampling)
+
+    def plan(self, seqs: Sequence[BatchSequence]) -> list[int]:
+        """Draft lengths of one round's rows. A row alone in its pass is its own controller's
+        decision (the plan of one row; a request alone runs as through the single loop)."""
+        planned = [i for i, seq in enumerate(seqs) if len(seqs) > 1 and self._planned(seq)]
+        self.regime = None
+        if planned and self.chooser is not None:
+            self.regime = self.chooser.choose(len(seqs))
+            if self.regime is Regime.OWN:
+                return [seq.draft_length() for seq in seqs]
+        ks = [0 if i in planned else seq.draft_length() for i, seq in enumerate(seqs)]
+        if not planned or self.regime is Regime.PLAIN:
+            return ks
+        self.regime = self.regime or Regime.PLAN
+        options = [NO_DRAFT] * len(seqs)
+        for i, seq in enumerate(seqs):
+            # the rows the plan does not decide still share the pass: their tokens count
+            options[i] = seq.controller.row_option() if i in planned else RowOption(prefix_probs=(0.0,) * ks[i])
+        margin = seqs[planned[0]].controller.config.fallback.gain_margin
+        chosen = plan_round_fixed(options, ks, planned, self.cost_model or current_cost_model(), margin)
+        for i in planned:
+            ks[i] = seqs[i].cap_draft_length(chosen[i])
+        logger.debug("load-aware plan over %d rows: %s", len(seqs), ks)
+        return ks
+
+    def record_round(self, rows: int, tokens: int, seconds: float) -> None:
+        """The round just planned committed ``tokens`` over ``rows`` rows in ``seconds`` (call
+        only for rounds without prefill rows)."""
+        if self.regime is not None and self.chooser is not None:
+            self.chooser.record(rows, self.regime, tokens, seconds)
+
+
+def plan_round_fixed(options: Sequence[RowOption], ks: Sequence[int], free: Sequence[int], cost_model: PassCostModel,
+                     margin: float) -> list[int]:
+    """:func:`plan_round` over every row, then the rows not in ``free`` put back to ``ks``
+    (they carry their tokens into the pass, counted through their options)."""
+    chosen = plan_round(options, cost_model, margin)
+    free_set = set(free)
+    return [chosen[i] if i in free_set else ks[i] for i in range(len(options))]
+
+
+__all__ = ["BatchPolicy", "DraftPlanner", "Regime", "RegimeChooser"]

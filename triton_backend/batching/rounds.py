@@ -1,0 +1,207 @@
+"""One round of the batch scheduler: every active sequence drafts, ONE ragged target pass
+verifies all rows, each row is verified and committed on its own.
+
+A :class:`BatchSequence` is one request's generation (a :class:`RunState`: committed output,
+seeded RNG, controller, stop checker) plus its slot(s) and what its caches hold. Rows
+follow the engine contract (:mod:`triton_backend.engines.batch`): a row starts at what
+the slot holds that is still committed (``valid``, at most the committed length minus 1,
+so the last committed token is re-fed and yields the first logits row), so rollback of
+rejected drafts is only the next row starting earlier. Per row the steps are those of the
+single-request loop's rounds (:mod:`triton_backend.speculation.loop`, :mod:`triton_backend.speculation.tree_round`,
+:mod:`triton_backend.speculation.eagle_round`, whose verification they call) in the same order, so each
+sequence consumes its RNG exactly as it would alone: draft (n-gram per row; a draft model
+batched across rows, one pass per draft position; Medusa trees and EAGLE chains from the
+hidden states of the previous pass), then verification; the round is recorded and committed
+as the single loop does (:meth:`RunState.record`, :meth:`~triton_backend.speculation.commit.Commit.commit`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.speculation.drafters.eagle import EagleSession
+from triton_backend.speculation.drafters.medusa import MedusaSession
+from triton_backend.speculation.eagle_round import accept_eagle
+from triton_backend.engines.base import CausalLMEngine
+from triton_backend.engines.batch import BatchedEngine, BatchRow, RowOutput
+from triton_backend.speculation.run_state import Accepted, RunState
+from triton_backend.speculation.tree_round import accept_tree
+
+logger = logging.getLogger(__name__)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    i, n = 0, min(len(a), len(b))
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class BatchSequence(RunState):
+    """One request in the batch. ``draft_engine``: the batched draft model's engine when
+    the request drafts with one (its own slot there), else None (the drafter's session
+    proposes)."""
+
+    def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
+                 spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *, started: float,
+                 drafter_session: bool = True) -> None:
+        super().__init__(target, tokenizer, prompt_ids, params, spec, mode, drafter, started=started,
+                         drafter_session=drafter_session)
+        self.mode = mode if drafter is not None else SpeculationMode.OFF
+        self.drafter = drafter
+        session = self.drafter_session
+        self.medusa = session if isinstance(session, MedusaSession) else None  # tree rows
+        self.eagle = session if isinstance(session, EagleSession) else None  # chain rows that return hidden states
+        self.slot: int | None = None
+        self.valid = 0  # leading committed tokens the target slot holds
+        self.draft_slot: int | None = None
+        self.draft_valid = 0
+        self.plain_rounds = 0  # consecutive rounds the plan gave no draft (load-aware probing)
+
+    @property
+    def seeded_sampling(self) -> bool:
+        """A seeded sampling request: its draft lengths must not depend on the batch (same output alone)."""
+        return self.params.seed is not None and not self.processor.greedy
+
+    def pending(self) -> int:
+        """Committed tokens the target has not seen yet (the prompt, before prefill)."""
+        return len(self.tokens) - self._start()
+
+    def _start(self) -> int:
+        if self.eagle is not None:  # re-fed from the first position whose feature the drafter lacks (its row ends there)
+            return min(self.eagle.feature_end, len(self.tokens) - 1)
+        return min(self.valid, len(self.tokens) - 1)
+
+    def prefill_row(self, budget: int) -> BatchRow:
+        """A chunk of the prompt (its logits are not needed); leaves at least one token."""
+        start = self._start()
+        n = max(1, min(budget, self.pending() - 1))
+        return BatchRow(self.slot, start, self.tokens[start:start + n])
+
+    def after_prefill(self, row: BatchRow) -> None:
+        self.valid = row.start + len(row.tokens)
+
+    def release(self, target: BatchedEngine, draft: BatchedEngine | None) -> None:
+        if self.slot is not None:
+            target.release(self.slot)
+            self.slot = None
+        if self.draft_slot is not None and draft is not None:
+            draft.release(self.draft_slot)
+            self.draft_slot = None
+        if self.drafter_session is not None:
+            self.drafter_session.release()
+
+
+@dataclass
+class PlannedRow:
+    """A sequence's share of one round: its draft length and, once drafted, its proposal."""
+
+    seq: BatchSequence
+    k: int
+    proposal: DraftProposal = field(default_factory=lambda: EMPTY_PROPOSAL)
+    draft_s: float = 0.0
+
+    def target_row(self) -> BatchRow:
+        seq, start = self.seq, self.seq._start()
+        tokens = seq.tokens[start:] + self.proposal.tokens
+        if seq.medusa is not None or seq.eagle is not None:  # EAGLE: the chain after the root as a one-branch tree
+            parents = self.proposal.parents if seq.medusa is not None else list(range(-1, len(tokens) - 2))
+            parents = parents if parents is not None else []
+            return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
+                            return_hidden=True, return_logits=False)
+        return BatchRow(seq.slot, start, tokens, num_logits=len(self.proposal) + 1)
+
+
+def propose_per_row(planned: Sequence[PlannedRow]) -> None:
+    """Drafters with their own sessions (n-gram lookup, Medusa trees): one proposal per row."""
+    for row in planned:
+        seq = row.seq
+        if row.k <= 0 or seq.drafter_session is None or seq.draft_slot is not None:
+            continue
+        t0 = time.perf_counter()
+        row.proposal = seq.drafter_session.propose(seq.tokens, row.k, seq.processor, seq.rng)
+        row.draft_s += time.perf_counter() - t0
+
+
+def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow]) -> int:
+    """A draft model batched across rows: draft position ``j`` of every row drafting more
+    than ``j`` tokens in one pass (as :class:`_DraftModelSession` drafts alone: argmax, or a
+    sample from the processed ``q`` with the row's own generator). Returns the passes run."""
+    rows = [r for r in planned if r.k > 0 and r.seq.draft_slot is not None]
+    drafted: dict[int, list[int]] = {id(r): [] for r in rows}
+    probs: dict[int, list[torch.Tensor]] = {id(r): [] for r in rows}
+    passes = 0
+    t0 = time.perf_counter()
+    for j in range(max((r.k for r in rows), default=0)):
+        active = [r for r in rows if r.k > j]
+        batch = []
+        for r in active:
+            seq, length = r.seq, len(r.seq.tokens)
+            if j == 0:
+                start = min(seq.draft_valid, length - 1)
+                batch.append(BatchRow(seq.draft_slot, start, seq.tokens[start:]))
+            else:
+                batch.append(BatchRow(seq.draft_slot, length + j - 1, drafted[id(r)][-1:]))
+        for r, out in zip(active, engine.forward(batch)):
+            seq = r.seq
+            history = seq.processor.rows(seq.tokens, [drafted[id(r)]])  # penalties as the target applies them
+            assert out.logits is not None
+            token, q = seq.processor.draw(out.logits[:1], None if history is None else history[0], seq.rng)
+            if q is not None:
+                probs[id(r)].append(q)
+            drafted[id(r)].append(token)
+        passes += 1
+    spent = time.perf_counter() - t0
+    for r in rows:
+        r.seq.draft_valid = len(r.seq.tokens) + r.k - 1  # the last draft is never fed
+        rows_q = probs[id(r)]
+        r.proposal = DraftProposal(drafted[id(r)], torch.stack(rows_q) if rows_q else None)
+        r.draft_s += spent / max(1, len(rows))
+    return passes
+
+
+def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> Accepted:
+    """Verify one row of the target pass: what it keeps (the block to commit, the positions
+    it drafted and accepted). Updates the bookkeeping of the sequence's caches."""
+    seq, proposal = row.seq, row.proposal
+    length = len(seq.tokens)
+    if seq.medusa is not None:
+        assert out.hidden is not None
+        parents = proposal.parents if proposal.parents is not None else []
+        accepted = accept_tree(seq, seq.medusa, engine.head_logits, out.hidden, proposal, parents)
+        engine.keep_tree_path(seq.slot, length, accepted.path)
+        seq.valid = length + len(accepted.path)
+    elif seq.eagle is not None:
+        assert out.hidden is not None
+        start = seq._start()
+        accepted = accept_eagle(seq, seq.eagle, engine.head_logits, out.hidden, proposal, start)
+        engine.keep_tree_path(seq.slot, start + 1, accepted.path)
+        seq.valid = start + 1 + len(accepted.path)
+    else:
+        assert out.logits is not None
+        accepted = seq.verify_chain(out.logits, proposal)
+        seq.valid = length + _common_prefix(proposal.tokens, accepted.block)
+        if seq.draft_slot is not None and row.k > 0:
+            seq.draft_valid = length + _common_prefix(proposal.tokens[:-1], accepted.block)
+    return accepted
+
+
+def drafted_tokens(planned: Sequence[PlannedRow]) -> int:
+    return sum(len(r.proposal) for r in planned)
+
+
+def describe(planned: Sequence[PlannedRow], prefill: int) -> dict[str, Any]:
+    """A round's shape for the decision log."""
+    return {"rows": len(planned), "prefill_rows": prefill, "k": [r.k for r in planned],
+            "methods": [r.seq.mode.value for r in planned]}
+
+
+__all__ = ["BatchSequence", "PlannedRow", "describe", "drafted_tokens", "propose_per_row",
+           "propose_with_draft_model", "verify_row"]

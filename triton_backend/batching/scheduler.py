@@ -1,0 +1,382 @@
+"""In-flight (continuous) batching: one scheduler per model instance owns the batched engines.
+
+Requests wait in a bounded queue (full: :class:`QueueFullError` at once, never a hang) and
+join the batch at the next round while a slot is free; they leave when finished, cancelled
+or failed, and their slots go back at once. Each round (:mod:`triton_backend.batching.rounds`):
+drop cancelled requests, pick every row's draft length (:mod:`triton_backend.batching.plan`),
+draft, run ONE ragged target pass over all rows (prefill chunks of new prompts beside
+decode/verify rows, at most ``prefill_chunk_tokens`` prompt tokens a round so a long prompt
+cannot stall everyone), then verify, commit and stream each row on its own. A new request
+whose prompt starts with tokens an active sequence has committed (a chat template's system
+prompt) takes their keys and values from that sequence's slot instead of prefilling them,
+where the engine can share a prefix exactly (:class:`~triton_backend.engines.batch.PrefixSharing`).
+Everything runs on the scheduler's thread; clients are told through their :class:`RequestHandle`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+from triton_backend.batching.plan import BatchPolicy, DraftPlanner
+from triton_backend.batching.rounds import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_per_row,
+                                        propose_with_draft_model, verify_row)
+from triton_backend.speculation.commit import GenerationChunk
+from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing, SlotsExhaustedError
+from triton_backend.engines.torch.hf_batched import HFBatchedEngine
+from triton_backend.engines.torch.hf_engine import TorchEngine, common_prefix_length
+from triton_backend.core.errors import InvalidRequestError, SpecbuildError
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.policy import PassCostModel
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(SpecbuildError):
+    """The scheduler's queue is full: the server is overloaded; retry later."""
+
+    code = "overloaded"
+
+
+class SchedulerClosedError(SpecbuildError):
+    code = "overloaded"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """``max_batch_size``: requests in the batch at once (KV slots); ``max_queue_size``:
+    requests waiting for a slot; ``prefill_chunk_tokens``: prompt tokens one round may
+    prefill (a longer prompt is split over rounds); ``policy``: who picks draft lengths."""
+
+    max_batch_size: int = 8
+    max_queue_size: int = 64
+    prefill_chunk_tokens: int = 512
+    policy: BatchPolicy = BatchPolicy.LOAD_AWARE
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_queue_size", "prefill_chunk_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        object.__setattr__(self, "policy", BatchPolicy.parse(self.policy))
+
+
+class RequestHandle(Protocol):
+    """How the scheduler talks to one request's client (called on the scheduler thread)."""
+
+    def on_chunk(self, chunk: GenerationChunk) -> None: ...
+    def on_error(self, exc: BaseException) -> None: ...
+    def cancelled(self) -> bool: ...
+    def on_cancelled(self) -> None: ...
+
+
+@runtime_checkable
+class RoundObserver(Protocol):
+    """Told about every round. ``round_done`` runs on the scheduler thread every round: it
+    must only count (no blocking I/O); ``flush`` publishes the counts (called elsewhere,
+    every so often and before a request's last response)."""
+
+    def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None: ...
+    def flush(self) -> None: ...
+
+
+def batchable(engine: object) -> bool:
+    """Whether the scheduler can run ``engine``'s rows (the torch runtime's engines)."""
+    return isinstance(engine, (TorchEngine, BatchedEngine))
+
+
+def as_batched(engine: object, num_slots: int) -> BatchedEngine:
+    """The batched engine for a torch engine: the slot engine itself, or the HF wrapper."""
+    if isinstance(engine, TorchEngine):
+        return HFBatchedEngine(engine, num_slots)
+    if isinstance(engine, BatchedEngine):
+        return engine
+    raise SpecbuildError(f"engine {engine!r} cannot run batched rows")
+
+
+TIMING_LOG_ROUNDS = 256  # rounds between two timing lines in the log
+SHARED_PREFIX_MIN = 4  # prompt tokens another sequence's slot must hold for a new one to copy them
+
+
+@dataclass
+class RoundTiming:
+    """Where the rounds' time went: the target pass against the whole round (planning,
+    drafting, verification, commits and handing chunks to the clients)."""
+
+    rounds: int = 0
+    rows: int = 0
+    speculating_rows: int = 0
+    pass_s: float = 0.0
+    round_s: float = 0.0
+
+    def add(self, rows: int, speculating_rows: int, pass_s: float, round_s: float) -> None:
+        self.rounds += 1
+        self.rows += rows
+        self.speculating_rows += speculating_rows
+        self.pass_s += pass_s
+        self.round_s += round_s
+
+    def summary(self) -> str:
+        n = max(1, self.rounds)
+        return (f"{self.rounds} rounds of {self.rows / n:.1f} rows ({self.speculating_rows / n:.1f} speculating): "
+                f"target pass {1e3 * self.pass_s / n:.1f} ms, round {1e3 * self.round_s / n:.1f} ms "
+                f"({1e3 * (self.round_s - self.pass_s) / n:.1f} ms outside the pass)")
+
+
+@dataclass
+class _Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    spec: SpeculationConfig
+    mode: SpeculationMode
+    handle: RequestHandle
+    submitted: float
+
+
+class BatchScheduler:
+    """Continuous batching over a decoder's target and drafters (see the module docstring)."""
+
+    def __init__(self, decoder: SpeculativeDecoder, config: SchedulerConfig | None = None,
+                 observer: RoundObserver | None = None, cost_model: PassCostModel | None = None) -> None:
+        self.decoder = decoder
+        self.config = config or SchedulerConfig()
+        self.observer = observer
+        self.target = as_batched(decoder.target, self.config.max_batch_size)
+        drafter = decoder.drafters.get(SpeculationMode.DRAFT)
+        self.draft_engine = (as_batched(drafter.engine, self.config.max_batch_size)
+                             if isinstance(drafter, DraftModelDrafter) else None)
+        self.planner = DraftPlanner(self.config.policy, cost_model)
+        self.rounds = 0
+        self.shared_prefix_tokens = 0  # prompt tokens copied from another slot instead of prefilled
+        self.timing = RoundTiming()
+        self._queue: deque[_Job] = deque()
+        self._active: list[BatchSequence] = []
+        self._handles: dict[int, RequestHandle] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._draining = True
+        self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
+        self._thread.start()
+        logger.info("batch scheduler: %d slots on %r, queue %d, %s draft lengths", self.config.max_batch_size,
+                    self.target, self.config.max_queue_size, self.config.policy.value)
+
+    # -- client side (any thread) -----------------------------------------------------------
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpeculationConfig,
+               handle: RequestHandle) -> None:
+        """Queue a request (validated: ``prompt_ids`` from :meth:`SpeculativeDecoder.encode`).
+        Raises at once: InvalidRequestError (mode not deployed), QueueFullError."""
+        mode, _ = self.decoder.resolve(spec.method)
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the model is shutting down")
+            if len(self._queue) >= self.config.max_queue_size:
+                raise QueueFullError(f"server overloaded: {len(self._queue)} requests already wait for one of "
+                                     f"{self.config.max_batch_size} batch slots; retry later")
+            self._queue.append(_Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter()))
+            self._cond.notify()
+
+    def load(self) -> tuple[int, int]:
+        """(requests in the batch, requests queued)."""
+        with self._cond:
+            return len(self._active), len(self._queue)
+
+    def shutdown(self, drain: bool = True) -> None:
+        """Refuse new requests; finish the admitted and queued ones (``drain``) or fail them."""
+        with self._cond:
+            self._closed = True
+            self._draining = drain
+            self._cond.notify()
+        self._thread.join()
+
+    # -- the scheduler thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._queue and not self._active:
+                    self._cond.wait()
+                if self._closed and not (self._draining and (self._queue or self._active)):
+                    break
+            try:
+                self._drop_cancelled()
+                self._admit()
+                if self._active:
+                    self._round()
+                else:  # queued but no slot free (held outside the batch): wait a moment, do not spin
+                    with self._cond:
+                        self._cond.wait(0.01)
+            except Exception as exc:  # a failed pass fails the requests in it, never the scheduler
+                logger.exception("batch round failed")
+                for seq in list(self._active):
+                    self._finish(seq, error=exc)
+        self._close_all()
+
+    def _admit(self) -> None:
+        while len(self._active) < self.config.max_batch_size:
+            with self._cond:
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+            if job.handle.cancelled():
+                self._tell(job.handle.on_cancelled)
+                continue
+            try:
+                seq = self._start(job)
+            except SlotsExhaustedError:
+                with self._cond:
+                    self._queue.appendleft(job)
+                return
+            except Exception as exc:  # this request cannot start; the others go on
+                if not isinstance(exc, SpecbuildError):
+                    logger.exception("a request could not join the batch")
+                self._tell(job.handle.on_error, exc)
+                continue
+            self._active.append(seq)
+            self._handles[id(seq)] = job.handle
+
+    def _start(self, job: _Job) -> BatchSequence:
+        mode, drafter = self.decoder.resolve(job.mode)
+        batched_draft = isinstance(drafter, DraftModelDrafter) and self.draft_engine is not None
+        seq = BatchSequence(self.decoder.target, self.decoder.tokenizer, job.prompt_ids, job.params, job.spec, mode, drafter,
+                            started=job.submitted, drafter_session=not batched_draft)
+        seq.slot = self.target.allocate()
+        if not seq.eagle and isinstance(self.target, PrefixSharing):  # EAGLE needs the prompt's features
+            self._share_prefix(seq, self.target)
+        if batched_draft:
+            try:
+                seq.draft_slot = self.draft_engine.allocate()
+            except SlotsExhaustedError:
+                self.target.release(seq.slot)
+                raise
+        return seq
+
+    def _share_prefix(self, seq: BatchSequence, engine: PrefixSharing) -> None:
+        """Start ``seq`` with the longest prefix of its prompt that an active sequence's slot
+        holds committed: those keys and values are copied, so its prefill skips them."""
+        donor, length = None, 0
+        for other in self._active:
+            if other.slot is not None:
+                n = common_prefix_length(other.tokens[:other.valid], seq.tokens)
+                if n > length:
+                    donor, length = other, n
+        length = min(length, len(seq.tokens) - 1)  # the last prompt token is fed: its logits start decoding
+        if donor is not None and length >= SHARED_PREFIX_MIN:
+            engine.copy_prefix(donor.slot, seq.slot, length)
+            seq.valid = length
+            self.shared_prefix_tokens += length
+
+    def _drop_cancelled(self) -> None:
+        for seq in list(self._active):
+            if self._handles[id(seq)].cancelled():
+                self._finish(seq, cancelled=True)
+
+    def _round(self) -> None:
+        started = time.perf_counter()
+        prefill, planned = self._split(self._active)
+        ks = self.planner.plan([r.seq for r in planned])
+        for row, k in zip(planned, ks):
+            row.k = k
+        propose_per_row(planned)
+        if self.draft_engine is not None:
+            propose_with_draft_model(self.draft_engine, planned)
+        rows = prefill + [r.target_row() for r in planned]
+        t0 = time.perf_counter()
+        outputs = self.target.forward(rows)
+        verify_s = time.perf_counter() - t0
+        self.rounds += 1
+        for row in prefill:
+            next(s for s in self._active if s.slot == row.slot).after_prefill(row)
+        committed = sum(self._verify_and_stream(row, out, verify_s) for row, out in zip(planned, outputs[len(prefill):]))
+        if not prefill:  # the planner measures its regimes on decode/verify rounds only
+            self.planner.record_round(len(rows), committed, time.perf_counter() - started)
+        speculating = sum(1 for r in planned if len(r.proposal))
+        if logger.isEnabledFor(logging.DEBUG):  # the round's shape is built only for the decision log
+            logger.debug("round %d: %s, regime %s", self.rounds, describe(planned, len(prefill)),
+                         self.planner.regime.value if self.planner.regime is not None else "-")
+        if self.observer is not None:
+            self.observer.round_done(len(rows), speculating, drafted_tokens(planned), len(self._queue))
+        self.timing.add(len(rows), speculating, verify_s, time.perf_counter() - started)
+        if self.timing.rounds >= TIMING_LOG_ROUNDS:
+            chooser = self.planner.chooser
+            logger.info("batch scheduler: %s; measured tokens/s by regime at %d rows: %s; prompt tokens shared "
+                        "so far: %d", self.timing.summary(), len(rows),
+                        chooser.rates(len(rows)) if chooser is not None else "-", self.shared_prefix_tokens)
+            self.timing = RoundTiming()
+
+    def _split(self, active: Sequence[BatchSequence]) -> tuple[list[BatchRow], list[PlannedRow]]:
+        """Prefill chunks for prompts longer than what is left of the round's budget; a round
+        (draft + verify) for every other sequence."""
+        budget = self.config.prefill_chunk_tokens
+        prefill: list[BatchRow] = []
+        planned: list[PlannedRow] = []
+        for seq in active:
+            pending = seq.pending()
+            if pending <= 1 or seq.eagle is not None:  # an EAGLE prompt feeds the drafter's features whole (no chunks)
+                budget -= pending if pending > 1 else 0
+                planned.append(PlannedRow(seq, 0))
+            elif pending <= budget:
+                budget -= pending
+                planned.append(PlannedRow(seq, 0))
+            elif budget > 0:
+                row = seq.prefill_row(budget)
+                budget -= len(row.tokens)
+                prefill.append(row)
+        return prefill, planned
+
+    def _verify_and_stream(self, row: PlannedRow, out: object, verify_s: float) -> int:
+        """Verify, commit and stream one row; returns the tokens it committed."""
+        seq = row.seq
+        try:
+            outcome = verify_row(self.target, row, out).outcome(row.draft_s, verify_s)
+            seq.record(outcome)
+            chunk = seq.commit.commit(outcome.block)
+        except SpecbuildError as exc:
+            self._finish(seq, error=exc)
+            return 0
+        if chunk is not None and not self._tell(self._handles[id(seq)].on_chunk, chunk):
+            self._finish(seq, cancelled=True)
+            return len(outcome.block)
+        if seq.commit.finished:
+            self._finish(seq)
+        return len(outcome.block)
+
+    def _finish(self, seq: BatchSequence, *, error: BaseException | None = None, cancelled: bool = False) -> None:
+        """Take a sequence out of the batch and give its slots back; tell the client why."""
+        if seq in self._active:
+            self._active.remove(seq)
+        seq.release(self.target, self.draft_engine)
+        handle = self._handles.pop(id(seq), None)
+        if handle is None:
+            return
+        if error is not None:
+            self._tell(handle.on_error, error)
+        elif cancelled:
+            self._tell(handle.on_cancelled)
+
+    @staticmethod
+    def _tell(callback, *args: object) -> bool:  # type: ignore[no-untyped-def]
+        """Call a client callback; False when it raised (the client is gone; logged)."""
+        try:
+            callback(*args)
+            return True
+        except Exception:
+            logger.exception("a request's client callback failed")
+            return False
+
+    def _close_all(self) -> None:
+        closed = SchedulerClosedError("the model is shutting down")
+        for seq in list(self._active):
+            self._finish(seq, error=closed)
+        with self._cond:
+            jobs, self._queue = list(self._queue), deque()
+        for job in jobs:
+            self._tell(job.handle.on_error, closed)
+
+
+__all__ = ["BatchScheduler", "QueueFullError", "RequestHandle", "RoundObserver", "SchedulerConfig", "as_batched",
+           "batchable"]

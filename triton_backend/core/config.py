@@ -1,0 +1,382 @@
+"""Typed configuration for one generation: sampling parameters and speculation settings.
+
+Every field is validated at construction; a bad sampling parameter raises
+:class:`~triton_backend.core.errors.InvalidRequestError` (it comes with a request), a bad speculation
+or runtime setting :class:`~triton_backend.core.errors.ConfigError` (it comes from a deployment), each
+with a short message. The speculation settings are one config per concern: the draft length and
+the fallback rule that every method shares, and one per method with settings of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Mapping, TypeVar
+
+from triton_backend.core.config_io import read_config, setting
+from triton_backend.core.errors import ConfigError, InvalidRequestError
+
+logger = logging.getLogger(__name__)
+E = TypeVar("E", bound=enum.Enum)
+
+
+class SpeculationMode(str, enum.Enum):
+    """How tokens are proposed for the target to verify."""
+
+    AUTO = "auto"  # the best drafter this deployment has
+    DRAFT = "draft"  # a smaller draft model sharing the target's tokenizer
+    NGRAM = "ngram"  # n-gram / prompt lookup in the context so far
+    MEDUSA = "medusa"  # Medusa heads on the target propose a token tree, verified in one pass
+    EAGLE = "eagle"  # an EAGLE drafter on the target's hidden states proposes a chain
+    OFF = "off"  # plain autoregressive decoding
+
+    @classmethod
+    def parse(cls, value: "str | SpeculationMode") -> "SpeculationMode":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            names = ", ".join(m.value for m in cls)
+            raise ConfigError(f"unknown speculation mode {value!r}; expected one of: {names}") from None
+
+
+class TreeAcceptance(str, enum.Enum):
+    """How a draft tree (Medusa) is verified when sampling; greedy is always exact."""
+
+    EXACT = "exact"  # rejection sampling: the output distribution is the target's
+    TYPICAL = "typical"  # Medusa's typical acceptance: faster, not distribution-preserving
+
+
+class FallbackRule(str, enum.Enum):
+    """When a request stops speculating (see :mod:`triton_backend.speculation.controller`)."""
+
+    GAIN = "gain"  # per round, from expected gain under the measured pass cost (resumes when it pays again)
+    THRESHOLD = "threshold"  # the seed articles' rule: window acceptance below fallback_threshold -> plain for good
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"  # max_tokens (or the model's context) reached
+    EOS = "eos"  # an end-of-sequence token was generated
+    STOP = "stop"  # a stop string or stop token sequence was generated
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise InvalidRequestError(message)
+
+
+def _config(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters.
+
+    ``temperature == 0`` (or ``top_k == 1``) means greedy decoding. ``top_k == 0``
+    disables top-k; ``top_p == 1`` disables nucleus filtering. ``stop`` holds stop
+    strings, ``stop_token_ids`` stop token sequences; neither appears in the output.
+    """
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    ignore_eos: bool = False
+    # TensorRT-LLM's penalties (see triton_backend.core.sampling.LogitsProcessor): repetition over the
+    # prompt and output tokens (multiplicative), presence / frequency over the output tokens (additive)
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # the end tokens are masked until this many tokens are generated
+    bad_words: tuple[str, ...] = ()  # strings, tokenized with the model's tokenizer
+    bad_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never generated
+    return_log_probs: bool = False  # per output token: see GenerationChunk.log_probs
+
+    def __post_init__(self) -> None:
+        self._check_penalties()
+        _require(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        _require(
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
+            f"temperature must be a finite number >= 0, got {self.temperature!r}",
+        )
+        _require(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
+        _require(
+            isinstance(self.top_p, (int, float)) and math.isfinite(self.top_p) and 0 < self.top_p <= 1,
+            f"top_p must be in (0, 1], got {self.top_p!r}",
+        )
+        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), f"seed must be an integer in [0, 2^64), got {self.seed!r}")
+        _require(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
+                 "stop must be a list of non-empty strings")
+        _require(
+            isinstance(self.stop_token_ids, (list, tuple))
+            and all(isinstance(seq, (list, tuple)) and len(seq) > 0 and all(_is_int(t) and t >= 0 for t in seq)
+                    for seq in self.stop_token_ids),
+            "stop token sequences must be non-empty sequences of token ids >= 0",
+        )
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(tuple(seq) for seq in self.stop_token_ids))
+
+    def _check_penalties(self) -> None:
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                     f"{name} must be a finite number, got {value!r}")
+        _require(self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        _require(isinstance(self.bad_words, (list, tuple)) and all(isinstance(s, str) and s for s in self.bad_words),
+                 "bad_words must be a list of non-empty strings")
+        _require(
+            isinstance(self.bad_token_ids, (list, tuple))
+            and all(isinstance(seq, (list, tuple)) and len(seq) > 0 and all(_is_int(t) and t >= 0 for t in seq)
+                    for seq in self.bad_token_ids),
+            "bad word token sequences must be non-empty sequences of token ids >= 0",
+        )
+        _require(isinstance(self.return_log_probs, bool), "return_log_probs must be true or false")
+        object.__setattr__(self, "bad_words", tuple(self.bad_words))
+        object.__setattr__(self, "bad_token_ids", tuple(tuple(seq) for seq in self.bad_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def history_dependent(self) -> bool:
+        """Whether a token's distribution depends on the tokens before it beyond the model
+        (penalties, min_tokens, bad words): the sampler then needs each row's history."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.min_tokens > 0 or bool(self.bad_words) or bool(self.bad_token_ids))
+
+
+def _finite(value: object, name: str) -> None:
+    _config(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+            f"{name} must be a finite number, got {value!r}")
+
+
+def _enum_value(cls: type[E], value: object, name: str) -> E:
+    try:
+        return cls(value)
+    except ValueError:
+        names = " or ".join(m.value for m in cls)
+        raise ConfigError(f"{name} must be {names}, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class DraftLengthConfig:
+    """How many tokens a round drafts (every method)."""
+
+    num_draft_tokens: int = setting(4, "draft length k: the upper bound under the gain rule or adaptive; "
+                                       "0 = plain decoding")
+    min_draft_tokens: int = setting(1, "the shortest draft the adaptive length picks (1..num_draft_tokens)")
+    adaptive: bool = setting(False, "threshold rule / no fallback: pick the length from an EMA of the acceptance "
+                                    "instead of always num_draft_tokens")
+    verify_cost_per_token: float = setting(0.06, "the adaptive length's cost model: extra cost of verifying one "
+                                                 "more token, in target steps")
+
+    def __post_init__(self) -> None:
+        _config(_is_int(self.num_draft_tokens) and 0 <= self.num_draft_tokens <= 64,
+                f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens!r}")
+        _config(_is_int(self.min_draft_tokens) and 1 <= self.min_draft_tokens <= max(1, self.num_draft_tokens),
+                f"min_draft_tokens must be in [1, num_draft_tokens], got {self.min_draft_tokens!r}")
+        _config(isinstance(self.adaptive, bool), "adaptive must be true or false")
+        _finite(self.verify_cost_per_token, "verify_cost_per_token")
+        _config(self.verify_cost_per_token >= 0, "verify_cost_per_token must be >= 0")
+
+
+@dataclass(frozen=True)
+class FallbackConfig:
+    """When a request stops (or pauses) speculating (every method; see :mod:`triton_backend.speculation.controller`)."""
+
+    enabled: bool = setting(True, "false: always draft (k fixed, or the adaptive length, never 0)")
+    rule: FallbackRule = setting(FallbackRule.GAIN, "gain: decide every round from expected gain under the measured "
+                                                    "pass cost; threshold: the seed articles' window rule")
+    threshold: float | None = setting(None, "threshold rule: window acceptance below this -> plain decoding for good "
+                                            "(unset: 0.5); setting it selects the threshold rule")
+    window: int = setting(200, "threshold rule: the last this many drafted tokens form the window")
+    min_drafted: int = setting(50, "threshold rule: drafted tokens in the window before it may fall back")
+    gain_margin: float = setting(0.03, "gain rule: draft only when the expected rate beats plain decoding by this "
+                                       "fraction")
+    prior_acceptance: float | None = setting(None, "gain rule: the acceptance estimate's start (unset: the drafter "
+                                                   "type's prior, see speculation_policy)")
+    prior_strength: float = setting(2.0, "gain rule: pseudo-observations behind the prior")
+    acceptance_decay: float = setting(0.9, "gain rule: evidence kept per recorded round")
+    probe_interval: int = setting(8, "gain rule: plain steps before a paused request probes again (doubling while "
+                                     "probes do not pay)")
+
+    def __post_init__(self) -> None:
+        _config(isinstance(self.enabled, bool), "fallback enabled must be true or false")
+        rule = _enum_value(FallbackRule, self.rule, "fallback rule")
+        object.__setattr__(self, "rule", FallbackRule.THRESHOLD if self.threshold is not None else rule)
+        if self.threshold is not None:
+            _finite(self.threshold, "fallback threshold")
+            _config(0 <= self.threshold <= 1, "fallback threshold must be in [0, 1] (or unset: break-even)")
+        _config(_is_int(self.window) and self.window > 0, "fallback window must be a positive integer")
+        _config(_is_int(self.min_drafted) and 0 < self.min_drafted <= self.window,
+                "fallback min_drafted must be in [1, window]")
+        for name in ("gain_margin", "prior_strength", "acceptance_decay") + (
+                ("prior_acceptance",) if self.prior_acceptance is not None else ()):
+            _finite(getattr(self, name), name)
+        _config(0 <= self.gain_margin <= 1, "gain_margin must be in [0, 1]")
+        _config(self.prior_acceptance is None or 0 <= self.prior_acceptance <= 1, "prior_acceptance must be in [0, 1]")
+        _config(0 < self.prior_strength <= 1000, "prior_strength must be in (0, 1000]")
+        _config(0 < self.acceptance_decay <= 1, "acceptance_decay must be in (0, 1]")
+        _config(_is_int(self.probe_interval) and 1 <= self.probe_interval <= 4096, "probe_interval must be in [1, 4096]")
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """N-gram / prompt lookup (``method: ngram``): draft what followed the latest match of the
+    context's last n tokens."""
+
+    method: ClassVar[SpeculationMode] = SpeculationMode.NGRAM
+    min_n: int = setting(1, "shortest suffix matched (tokens)")
+    max_n: int = setting(3, "longest suffix matched (tokens); longer matches are tried first")
+
+    def __post_init__(self) -> None:
+        _config(_is_int(self.min_n) and _is_int(self.max_n) and 1 <= self.min_n <= self.max_n,
+                "need 1 <= ngram min_n <= max_n")
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    """Medusa heads (``method: medusa``): a token tree verified in one target pass."""
+
+    method: ClassVar[SpeculationMode] = SpeculationMode.MEDUSA
+    tree_acceptance: TreeAcceptance = setting(TreeAcceptance.EXACT, "sampling: exact (rejection sampling, the "
+                                              "target's distribution) or typical (Medusa's, faster, not "
+                                              "distribution-preserving); greedy is always exact")
+    typical_threshold: float = setting(0.09, "typical acceptance: accept x when p(x) > min(threshold, "
+                                             "alpha * exp(-entropy))")
+    typical_alpha: float = setting(0.3, "typical acceptance: alpha of the rule above")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tree_acceptance", _enum_value(TreeAcceptance, self.tree_acceptance, "tree_acceptance"))
+        _finite(self.typical_threshold, "typical_threshold")
+        _finite(self.typical_alpha, "typical_alpha")
+        _config(0 < self.typical_threshold <= 1 and 0 < self.typical_alpha <= 1,
+                "typical_threshold and typical_alpha must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How the speculative loop proposes, verifies and falls back.
+
+    ``method`` selects the drafter (a request may choose another the deployment has); the
+    settings of each method with settings of its own sit in that method's config
+    (:class:`NgramConfig`, :class:`MedusaConfig`; a draft model and EAGLE have none beyond
+    their files, which are :class:`~triton_backend.deployment.config.DeploymentConfig` fields), the
+    knobs every method shares in :class:`DraftLengthConfig` and :class:`FallbackConfig`.
+    """
+
+    method: SpeculationMode = setting(SpeculationMode.AUTO, "auto (the best drafter deployed), draft, ngram, "
+                                                            "medusa, eagle or off")
+    draft_length: DraftLengthConfig = setting(doc="draft length (every method)", factory=DraftLengthConfig)
+    fallback: FallbackConfig = setting(doc="when to stop speculating (every method)", factory=FallbackConfig)
+    ngram: NgramConfig = setting(doc="n-gram lookup's settings", factory=NgramConfig)
+    medusa: MedusaConfig = setting(doc="Medusa tree verification's settings", factory=MedusaConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", SpeculationMode.parse(self.method))
+        for name, cls in (("draft_length", DraftLengthConfig), ("fallback", FallbackConfig), ("ngram", NgramConfig),
+                          ("medusa", MedusaConfig)):
+            _config(isinstance(getattr(self, name), cls), f"speculation {name} must be a {cls.__name__}")
+
+    def for_request(self, method: str | None = None, num_draft_tokens: int | None = None) -> "SpeculationConfig":
+        """This config with a request's choices (``None``: the deployment's); a bad value is
+        the request's error (:class:`~triton_backend.core.errors.InvalidRequestError`)."""
+        try:
+            spec = self if method is None else replace(self, method=method)
+            if num_draft_tokens is None:
+                return spec
+            k = num_draft_tokens
+            _config(_is_int(k) and 0 <= k <= 64, f"num_draft_tokens must be in [0, 64], got {k!r}")
+            length = replace(spec.draft_length, num_draft_tokens=k,
+                             min_draft_tokens=min(spec.draft_length.min_draft_tokens, max(1, k)))
+            return replace(spec, draft_length=length)
+        except ConfigError as exc:
+            raise InvalidRequestError(str(exc)) from None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SpeculationConfig":
+        """Read from a deployment file's ``speculation`` section; the flat spelling of
+        deployments written before the per-method configs is migrated (with a warning)."""
+        if isinstance(data, Mapping) and any(key in _FLAT_SPELLING and not isinstance(value, Mapping)
+                                             for key, value in data.items()):
+            data = migrate_flat_speculation(data)
+        return read_config(cls, data, "speculation")
+
+
+# the flat SpeculationConfig's field -> (section, field) of the nested one
+_FLAT_SPELLING: dict[str, tuple[str, str]] = {
+    "mode": ("", "method"),
+    **{name: ("draft_length", name) for name in ("num_draft_tokens", "min_draft_tokens", "adaptive",
+                                                 "verify_cost_per_token")},
+    "fallback": ("fallback", "enabled"), "fallback_rule": ("fallback", "rule"),
+    "fallback_threshold": ("fallback", "threshold"), "fallback_window": ("fallback", "window"),
+    "fallback_min_drafted": ("fallback", "min_drafted"),
+    **{name: ("fallback", name) for name in ("gain_margin", "prior_acceptance", "prior_strength", "acceptance_decay",
+                                             "probe_interval")},
+    "ngram_min": ("ngram", "min_n"), "ngram_max": ("ngram", "max_n"),
+    **{name: ("medusa", name) for name in ("tree_acceptance", "typical_threshold", "typical_alpha")},
+}
+
+
+def migrate_flat_speculation(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A flat ``speculation`` section (deployments written before the per-method configs) in
+    the nested spelling. A key in neither spelling is left for the reader to refuse."""
+    logger.warning("deployment: the flat speculation section is deprecated; read as the nested one "
+                   "(method, draft_length, fallback, ngram, medusa)")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        section, name = _FLAT_SPELLING.get(key, ("", key))
+        if not section:
+            out[name] = dict(value) if isinstance(value, Mapping) else value  # filled below: the caller's stays
+        elif isinstance(out.setdefault(section, {}), dict):
+            out[section][name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the torch runtime runs: device, dtype, torch threads, how many rows the CPU
+    float32 linear layers are prepacked for (0: not packed; see ``engines/packed_linear.py``),
+    and the slot engine's KV cache (``max_batch_size`` slots x ``max_seq_len`` positions)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_threads: int = 1
+    packed_gemm_rows: int = 8
+    # the slot engine (engines/llama_engine.py): KV-cache slots (concurrent sequences) x positions
+    max_batch_size: int = 16
+    max_seq_len: int = 2048
+    batch_invariant: bool = False  # pad one-row passes too: every row bit-identical batched or alone
+    row_kernel: bool = True  # CPU float32, one thread: the row-invariant matmul kernel (engines/row_gemm.py) where it builds
+    torch_engine: str = "auto"  # auto: the compact Llama forward where it covers the model, else hf
+
+    def __post_init__(self) -> None:
+        _config(_is_int(self.max_batch_size) and 1 <= self.max_batch_size <= 4096,
+                 f"max_batch_size (KV-cache slots) must be in [1, 4096], got {self.max_batch_size!r}")
+        _config(_is_int(self.max_seq_len) and 1 <= self.max_seq_len <= 1 << 20,
+                 f"max_seq_len must be in [1, 2^20], got {self.max_seq_len!r}")
+        _config(isinstance(self.batch_invariant, bool), "batch_invariant must be true or false")
+        _config(isinstance(self.row_kernel, bool), "row_kernel must be true or false")
+        _config(self.torch_engine in ("auto", "llama", "hf"), f"torch_engine must be auto, llama or hf, got {self.torch_engine!r}")
+        _config(_is_int(self.packed_gemm_rows) and (self.packed_gemm_rows == 0 or 4 <= self.packed_gemm_rows <= 64),
+                 f"packed_gemm_rows must be 0 (off) or 4..64, got {self.packed_gemm_rows!r}")
+        _config(self.dtype in ("float32", "float16", "bfloat16"), f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        _config(_is_int(self.num_threads) and self.num_threads >= 1, "num_threads must be >= 1")
+
+
+__all__ = ["DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
+           "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "migrate_flat_speculation"]

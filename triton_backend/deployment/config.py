@@ -1,0 +1,91 @@
+"""A deployment's typed configuration: which target, which drafters, how they run.
+
+This is what the Triton model reads from its repository (``deployment.json``), what the
+builder renders and what the local ``specbuild run`` builds from flags. Plain data, no torch:
+:func:`triton_backend.deployment.torch_deployment.build_decoder` turns it into a decoder. A bad file or field
+raises :class:`~triton_backend.core.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from triton_backend.core.config import RuntimeConfig, SpeculationConfig
+from triton_backend.core.config_io import read_config, to_plain
+from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
+from triton_backend.core.errors import ConfigError
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """``target``/``draft``: a reference model name, a HF directory or a .gguf file.
+    ``draft_layers``: instead of a separate draft, a self-speculative draft made of these
+    target layers. ``ngram``: offer n-gram lookup. ``medusa``: a Medusa heads file (see
+    :mod:`triton_backend.speculation.drafters.medusa_model`) for the target; ``medusa_choices`` overrides its tree.
+    ``eagle``: an EAGLE drafter file or folder (see :mod:`triton_backend.speculation.drafters.eagle_model`).
+    ``engine_runtime``: ``torch`` serves ``target``/``draft`` with torch; ``trtllm`` serves the
+    compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer)."""
+
+    target: str = DEFAULT_REFERENCE
+    draft: str | None = None
+    draft_layers: tuple[int, ...] | None = None
+    ngram: bool = True
+    medusa: str | None = None
+    medusa_choices: tuple[tuple[int, ...], ...] | None = None
+    eagle: str | None = None
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    engine_runtime: EngineRuntime = EngineRuntime.TORCH
+    trtllm: TrtllmConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine_runtime", EngineRuntime.parse(self.engine_runtime))
+        if self.engine_runtime is EngineRuntime.TRTLLM and self.trtllm is None:
+            raise ConfigError("engine_runtime trtllm needs a trtllm section naming the compiled engines")
+        if self.draft is not None and self.draft_layers is not None:
+            raise ConfigError("give either a draft model or draft_layers, not both")
+        if self.draft_layers is not None:
+            object.__setattr__(self, "draft_layers", tuple(int(i) for i in self.draft_layers))
+        if self.medusa_choices is not None:
+            from triton_backend.core.tree import normalise_choices
+
+            try:
+                object.__setattr__(self, "medusa_choices", normalise_choices(self.medusa_choices))
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"bad medusa_choices: {exc}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(to_plain(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "DeploymentConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"a deployment is a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        if "speculation" in data:
+            data["speculation"] = SpeculationConfig.from_dict(data["speculation"])
+        layers = data.get("draft_layers")
+        if layers is not None and not (isinstance(layers, (list, tuple)) and all(_is_index(i) for i in layers)):
+            raise ConfigError(f"draft_layers must be a list of layer indices, got {layers!r}")
+        for name in ("target", "draft", "medusa", "eagle"):
+            if name in data and not isinstance(data[name], str) and not (name != "target" and data[name] is None):
+                raise ConfigError(f"{name} must be a model name or path, got {data[name]!r}")
+        return read_config(cls, data, "deployment")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DeploymentConfig":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read deployment file {path}: {exc}") from None
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+__all__ = ["DeploymentConfig"]

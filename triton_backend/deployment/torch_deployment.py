@@ -1,0 +1,57 @@
+"""Building a deployment's :class:`SpeculativeDecoder` (the torch runtime here; the ``trtllm``
+runtime in :mod:`triton_backend.deployment.trtllm_deployment`) from its
+:class:`~triton_backend.deployment.config.DeploymentConfig`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from triton_backend.core.config import SpeculationMode
+from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.speculation.drafters.base import Drafter
+from triton_backend.engines.trtllm.config import EngineRuntime
+from triton_backend.speculation.decoding import Decoder
+from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.engines.torch.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine
+from triton_backend.deployment.trtllm_deployment import build_trtllm_decoder
+
+logger = logging.getLogger(__name__)
+
+
+def build_decoder(config: DeploymentConfig) -> Decoder:
+    if config.engine_runtime is EngineRuntime.TRTLLM:
+        return build_trtllm_decoder(config)
+    target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name)
+    from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
+
+    install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
+    drafters: dict[SpeculationMode, Drafter] = {}
+    if config.draft is not None:
+        draft_tokenizer = load_tokenizer(config.draft)
+        draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
+                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
+        drafters[SpeculationMode.DRAFT] = DraftModelDrafter(draft_engine, target=target, target_tokenizer=tokenizer,
+                                                            draft_tokenizer=draft_tokenizer)
+    elif config.draft_layers is not None:
+        layers = config.draft_layers
+        draft_engine = make_torch_engine(layer_skip_draft(target.model, layers), name=f"{target.name}[{len(layers)} layers]",
+                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
+        drafters[SpeculationMode.DRAFT] = DraftModelDrafter(
+            draft_engine, target=target, relative_cost=len(layers) / target.model.config.num_hidden_layers)
+    if config.medusa is not None:
+        from triton_backend.speculation.drafters.medusa import MedusaDrafter
+
+        drafters[SpeculationMode.MEDUSA] = MedusaDrafter.from_file(config.medusa, target, config.medusa_choices)
+    if config.eagle is not None:
+        from triton_backend.speculation.drafters.eagle import EagleDrafter
+
+        drafters[SpeculationMode.EAGLE] = EagleDrafter.from_file(config.eagle, target)
+    if config.ngram:
+        drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n)
+    install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
+    logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
+    return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)

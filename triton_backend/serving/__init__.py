@@ -1,0 +1,1 @@
+"""Serving without Triton imports: the request interface and its tensors, parsing, responses, the service."""

@@ -1,0 +1,116 @@
+"""One request's responses, from its generation chunks: text level (``text_output``) or token
+level (``output_ids`` / ``sequence_length``), streamed or whole, plus the outputs that
+``return_perf_metrics`` asks for. Plain numpy; the serving loop (or the batch scheduler's
+request handle) calls :meth:`ResponseBuilder.partial` for every chunk that is not the last and
+:meth:`ResponseBuilder.final` for the last one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from triton_backend.speculation.commit import GenerationChunk
+from triton_backend.core.stats import GenerationStats
+from triton_backend.serving.tensors import TritonType as T
+from triton_backend.serving.tensors import array_tensor, scalar_tensor, string_tensor
+from triton_backend.serving.trtllm_interface import (
+    ARRIVAL_NS, BATCH_INDEX, CUM_LOG_PROBS, OUTPUT_LOG_PROBS, FIRST_SCHEDULED_NS, FIRST_TOKEN_NS, KV_NEW_BLOCKS, KV_REUSED_BLOCKS, KV_TOTAL_BLOCKS,
+    LAST_TOKEN_NS, OUTPUT_IDS, SEQUENCE_INDEX, SEQUENCE_LENGTH,
+)
+
+if TYPE_CHECKING:
+    from triton_backend.serving.service import ServingRequest
+
+Outputs = dict[str, np.ndarray]
+
+
+def token_outputs(ids: list[int]) -> Outputs:
+    """``output_ids`` [1, beam=1, n] and ``sequence_length`` [1, 1]."""
+    return {OUTPUT_IDS.name: np.asarray([[ids]], dtype=np.int32).reshape(1, 1, len(ids)),
+            SEQUENCE_LENGTH.name: array_tensor([len(ids)], T.INT32)}
+
+
+def log_prob_outputs(log_probs: list[float], cumulative: float) -> Outputs:
+    """``output_log_probs`` [1, beam=1, n] (the tokens of this response) and ``cum_log_probs``
+    [1, 1] (the sum over every output token so far)."""
+    return {OUTPUT_LOG_PROBS.name: np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs)),
+            CUM_LOG_PROBS.name: np.asarray([[cumulative]], dtype=np.float32)}
+
+
+def index_outputs() -> Outputs:
+    """One prompt per request and one sequence: both indexes are 0."""
+    return {BATCH_INDEX.name: scalar_tensor(0, T.INT32), SEQUENCE_INDEX.name: scalar_tensor(0, T.INT32)}
+
+
+class ResponseBuilder:
+    """Turns one request's chunks into response tensors (see the module doc)."""
+
+    def __init__(self, request: "ServingRequest") -> None:
+        self.request = request
+        self.pieces: list[str] = [request.prompt] if request.include_prompt and not request.token_level else []
+        self.ids: list[int] = list(request.prompt) if request.include_prompt and request.token_level else []
+        self.first_token_ns: int | None = None
+        self.log_probs: list[float] = []  # not sent yet (return_log_probs)
+        self.cum_log_prob = 0.0
+
+    def partial(self, chunk: GenerationChunk) -> Outputs | None:
+        """What to send now for a chunk that is not the last (``None``: nothing yet)."""
+        self._saw(chunk)
+        if not self.request.stream:
+            self.pieces.append(chunk.text)
+            self.ids.extend(chunk.token_ids)
+            return None
+        if self.request.token_level:
+            return {**token_outputs(list(chunk.token_ids)), **index_outputs(), **self._log_probs()} if chunk.token_ids else None
+        if not chunk.text:
+            return None
+        out = {"text_output": string_tensor("".join(self.pieces) + chunk.text), **index_outputs(), **self._log_probs()}
+        self.pieces.clear()
+        return out
+
+    def final(self, chunk: GenerationChunk) -> Outputs:
+        """The last response: the rest of the output, the request's statistics, perf metrics."""
+        from triton_backend.serving.service import final_outputs
+
+        self._saw(chunk)
+        text = "".join(self.pieces) + chunk.text
+        out = final_outputs(text, chunk)
+        if self.request.token_level:
+            del out["text_output"]
+            out.update(token_outputs(self.ids + list(chunk.token_ids)))
+        out.update(index_outputs())
+        out.update(self._log_probs())
+        if self.request.return_perf_metrics:
+            out.update(self._perf(chunk.stats or GenerationStats()))
+        return out
+
+    def _saw(self, chunk: GenerationChunk) -> None:
+        if chunk.token_ids and self.first_token_ns is None:
+            self.first_token_ns = time.time_ns()
+        if chunk.log_probs:
+            self.log_probs.extend(chunk.log_probs)
+            self.cum_log_prob += float(sum(chunk.log_probs))
+
+    def _log_probs(self) -> Outputs:
+        """The log probabilities not sent yet, when the request asked for them."""
+        if not self.request.sampling.return_log_probs:
+            return {}
+        out = log_prob_outputs(self.log_probs, self.cum_log_prob)
+        self.log_probs = []
+        return out
+
+    def _perf(self, stats: GenerationStats) -> Outputs:
+        """TensorRT-LLM's per-request perf outputs with specbuild's values: no paged KV cache
+        (a slot per sequence), so no blocks are allocated or reused; the scheduling time is
+        the arrival (admission is not recorded separately)."""
+        now = time.time_ns()
+        arrival = self.request.arrival_ns
+        values = {KV_NEW_BLOCKS: 0, KV_REUSED_BLOCKS: 0, KV_TOTAL_BLOCKS: 0, ARRIVAL_NS: arrival,
+                  FIRST_SCHEDULED_NS: arrival, FIRST_TOKEN_NS: self.first_token_ns or now, LAST_TOKEN_NS: now}
+        return {spec.name: scalar_tensor(value, spec.dtype) for spec, value in values.items()}
+
+
+__all__ = ["ResponseBuilder", "index_outputs", "log_prob_outputs", "token_outputs"]

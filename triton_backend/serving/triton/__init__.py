@@ -1,0 +1,1 @@
+"""Triton's Python-backend models (what model_repo/*/1/model.py loads), their metrics and response fencing."""

@@ -1,0 +1,143 @@
+"""Triton custom metrics (``pb_utils.MetricFamily``) for the speculative model.
+
+They appear on Triton's Prometheus endpoint (``/metrics``) next to Triton's own
+``nv_inference_*`` series. Acceptance per draft position is two counters labelled by
+``position`` (1 = the first drafted token); their ratio is the position's acceptance rate.
+Only usable inside Triton's Python backend stub.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from triton_backend.core.stats import GenerationStats
+
+LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+OUTCOMES = ("success", "invalid_request", "context_length", "vocab_mismatch", "model_load", "internal", "cancelled",
+            "overloaded")
+
+
+@dataclass
+class RoundTally:
+    """Batched rounds not published yet: counts summed, the latest batch size and queue."""
+
+    rounds: int = 0
+    rows: int = 0
+    speculating_rows: int = 0
+    draft_tokens: int = 0
+    batch_size: int = 0
+    queued: int = 0
+
+    def add(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
+        self.rounds += 1
+        self.rows += batch_size
+        self.speculating_rows += speculating_rows
+        self.draft_tokens += draft_tokens
+        self.batch_size, self.queued = batch_size, queued
+
+
+class TritonMetrics:
+    """Implements :class:`triton_backend.serving.service.RequestObserver` with Triton metrics."""
+
+    def __init__(self, pb_utils: Any, model_name: str) -> None:
+        self._pb = pb_utils
+        self._labels = {"model": model_name}
+        self._lock = threading.Lock()
+        family = pb_utils.MetricFamily
+        # the families must outlive their metrics: keep references to both
+        self._families = {
+            "requests": family("specdec_requests_total", "Requests by outcome", family.COUNTER),
+            "in_flight": family("specdec_requests_in_flight", "Requests being generated now", family.GAUGE),
+            "tokens": family("specdec_generated_tokens_total", "Generated tokens", family.COUNTER),
+            "passes": family("specdec_target_passes_total", "Target forward passes", family.COUNTER),
+            "drafted": family("specdec_draft_tokens_total", "Drafted tokens by method", family.COUNTER),
+            "accepted": family("specdec_accepted_draft_tokens_total", "Accepted drafted tokens by method", family.COUNTER),
+            "pos_drafted": family("specdec_position_draft_tokens_total", "Drafted tokens by draft position", family.COUNTER),
+            "pos_accepted": family("specdec_position_accepted_tokens_total", "Accepted tokens by draft position",
+                                   family.COUNTER),
+            "fallbacks": family("specdec_fallbacks_total", "Requests that fell back to plain decoding", family.COUNTER),
+            "latency": family("specdec_request_latency_seconds", "Request latency, first byte in to last out",
+                              family.HISTOGRAM),
+            "ttft": family("specdec_time_to_first_token_seconds", "Time to the first verified block",
+                           family.HISTOGRAM),
+            # the batch scheduler's rounds (one ragged target pass each)
+            "batch_size": family("specdec_batch_size", "Rows in the latest batched target pass", family.GAUGE),
+            "queued": family("specdec_queued_requests", "Requests waiting for a batch slot", family.GAUGE),
+            "rounds": family("specdec_batch_rounds_total", "Batched target passes", family.COUNTER),
+            "round_rows": family("specdec_batch_rows_total", "Rows over all batched passes", family.COUNTER),
+            "round_speculating": family("specdec_batch_speculating_rows_total",
+                                        "Rows that carried drafted tokens, over all batched passes", family.COUNTER),
+            "round_drafted": family("specdec_batch_draft_tokens_total", "Drafted tokens verified in batched passes",
+                                    family.COUNTER),
+        }
+        self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._rounds = RoundTally()
+        for outcome in OUTCOMES:
+            self._metric("requests", outcome=outcome)
+        for name in ("in_flight", "tokens", "passes", "fallbacks", "batch_size", "queued", "rounds", "round_rows",
+                     "round_speculating", "round_drafted"):
+            self._metric(name)
+
+    def _metric(self, family: str, **labels: str) -> Any:
+        key = (family, tuple(sorted(labels.items())))
+        metric = self._metrics.get(key)
+        if metric is None:
+            kwargs: dict[str, Any] = {"labels": {**self._labels, **labels}}
+            if family in ("latency", "ttft"):
+                kwargs["buckets"] = list(LATENCY_BUCKETS_S)
+            metric = self._metrics[key] = self._families[family].Metric(**kwargs)
+        return metric
+
+    def started(self) -> None:
+        with self._lock:
+            self._metric("in_flight").increment(1)
+
+    def succeeded(self, stats: GenerationStats, latency_s: float) -> None:
+        with self._lock:
+            self._metric("in_flight").increment(-1)
+            self._metric("requests", outcome="success").increment(1)
+            self._metric("tokens").increment(stats.generated_tokens)
+            self._metric("passes").increment(stats.target_passes)
+            if stats.drafted_tokens:
+                self._metric("drafted", method=stats.method).increment(stats.drafted_tokens)
+                self._metric("accepted", method=stats.method).increment(stats.accepted_tokens)
+            for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
+                self._metric("pos_drafted", position=str(i + 1)).increment(drafted)
+                self._metric("pos_accepted", position=str(i + 1)).increment(accepted)
+            if stats.fallback:
+                self._metric("fallbacks").increment(1)
+            self._metric("latency").observe(latency_s)
+            self._metric("ttft").observe(stats.time_to_first_token_s)
+
+    def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
+        """One batched round (:class:`triton_backend.batching.scheduler.RoundObserver`): counted here,
+        published by :meth:`flush` (every metric update is a blocking round trip to the
+        server process; the scheduler thread must not wait for them every round)."""
+        with self._lock:
+            self._rounds.add(batch_size, speculating_rows, draft_tokens, queued)
+
+    def flush(self) -> None:
+        """Publish the rounds counted since the last flush."""
+        with self._lock:
+            done, self._rounds = self._rounds, RoundTally()
+            if not done.rounds or not self._families:
+                return
+            self._metric("batch_size").set(done.batch_size)
+            self._metric("queued").set(done.queued)
+            self._metric("rounds").increment(done.rounds)
+            self._metric("round_rows").increment(done.rows)
+            self._metric("round_speculating").increment(done.speculating_rows)
+            self._metric("round_drafted").increment(done.draft_tokens)
+
+    def failed(self, outcome: str) -> None:
+        with self._lock:
+            self._metric("in_flight").increment(-1)
+            self._metric("requests", outcome=outcome if outcome in OUTCOMES else "internal").increment(1)
+
+    def close(self) -> None:
+        """Drop metrics before their families (Triton requires that order)."""
+        with self._lock:
+            self._metrics.clear()
+            self._families.clear()

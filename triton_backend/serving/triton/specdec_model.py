@@ -1,0 +1,64 @@
+"""The decoupled Triton Python-backend model: a thin adapter over :mod:`triton_backend.serving.service`.
+
+``execute`` reads each request's tensors, hands them to the service (which answers a bad
+request, or one that finds the queue full, at once and puts a good one into the batch
+scheduler's next round; :mod:`triton_backend.batching.scheduler`) and returns; responses (one per
+verified block when streaming, else one) go out through the request's response sender.
+``model_repo/<model>/1/model.py`` re-exports :class:`SpecdecModel` as ``TritonPythonModel``.
+The runtime (torch, transformers) is imported in ``initialize``, so Triton's config
+auto-completion does not pay for it. Importable only inside Triton's Python backend stub.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
+
+from triton_backend.serving.interface import ServingConfig
+from triton_backend.serving.tensors import TritonResponseSink, model_parameters, request_arrays
+from triton_backend.serving.trtllm_interface import SERVED_INPUTS
+
+logger = logging.getLogger("triton_backend.serving.triton.specdec_model")
+
+
+def configure_logging() -> None:
+    """Log lines go to the stub's stderr, which Triton copies into its own log."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+class SpecdecModel:
+    """Decoupled speculative-decoding model."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        configure_logging()
+        from triton_backend.deployment.torch_deployment import build_decoder
+        from triton_backend.serving.service import SpecdecService, load_deployment
+        from triton_backend.serving.triton.metrics import TritonMetrics
+
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException(f"model {args['model_name']!r} must be decoupled")
+        config = ServingConfig.from_parameters(args["model_name"], model_parameters(model_config))
+        deployment = load_deployment(Path(args["model_repository"]) / args["model_version"] / config.deployment_file)
+        logger.info("%s: serving %s", args["model_instance_name"], " ".join(deployment.to_json().split()))
+        decoder = build_decoder(deployment)
+        from triton_backend.serving.triton.trtllm_metrics import Observers, TrtllmMetrics
+
+        # specdec_* and, beside them, TensorRT-LLM's nv_trt_llm_* names
+        self.metrics = Observers(TritonMetrics(pb_utils, args["model_name"]),
+                                 TrtllmMetrics(pb_utils, args["model_name"], config.max_batch_size))
+        self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            self.service.submit(request_arrays(request, SERVED_INPUTS), TritonResponseSink(request))
+        return None
+
+    def finalize(self) -> None:
+        self.service.shutdown()
+        self.metrics.close()

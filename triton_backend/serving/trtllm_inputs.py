@@ -1,0 +1,154 @@
+"""Reading the tensorrtllm_backend inputs (text and token level) into typed values.
+
+:func:`triton_backend.serving.service.parse_request` calls these; each raises
+:class:`~triton_backend.core.errors.InvalidRequestError` naming the input at fault. Inputs that
+two levels spell differently (``max_tokens`` / ``request_output_len``, ``stream`` /
+``streaming``, ``top_k`` / ``runtime_top_k``, ``seed`` / ``random_seed``) are one setting:
+sending both with different values is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+import numpy as np
+
+from triton_backend.core.errors import InvalidRequestError
+from triton_backend.serving.interface import MAX_TOKENS, STREAM, TEXT_INPUT, TOP_K, TOP_P
+from triton_backend.serving.interface import RANDOM_SEED as OUR_SEED
+from triton_backend.serving.tensors import TensorSpec, read_ids, read_matrix, read_scalar
+from triton_backend.serving.trtllm_interface import (
+    BEAM_WIDTH, INPUT_IDS, INPUT_LENGTHS, NUM_RETURN_SEQUENCES, PAD_ID, REFUSED, REQUEST_OUTPUT_LEN, RUNTIME_TOP_K,
+    RUNTIME_TOP_P, SEED, STREAMING,
+)
+
+
+def _optional(spec: TensorSpec) -> TensorSpec:
+    """The serving model takes both levels' tensors: what one level requires is optional there."""
+    return replace(spec, optional=True)
+
+
+def refuse_unsupported(arrays: Mapping[str, np.ndarray]) -> None:
+    """Refuse any input of :data:`REFUSED` set to something other than what it accepts."""
+    for name in sorted(set(arrays) & set(REFUSED)):
+        refusal = REFUSED[name]
+        arr = np.asarray(arrays[name])
+        if refusal.accepts == "absent":
+            if arr.size and not (arr.dtype == np.object_ and all(not v for v in arr.reshape(-1))):
+                raise InvalidRequestError(f"{name} {refusal.reason}; leave it out")
+        else:
+            wanted = refusal.accepts == "true"
+            if arr.size and any(bool(v) != wanted for v in arr.reshape(-1)):
+                raise InvalidRequestError(f"{name} {refusal.reason}")
+
+
+def one_of(arrays: Mapping[str, np.ndarray], first: TensorSpec, second: TensorSpec) -> Any:
+    """The value of ``first`` or ``second`` (two spellings of one setting); both differing: refused."""
+    a, b = read_scalar(arrays, _optional(first)), read_scalar(arrays, _optional(second))
+    if a is not None and b is not None and a != b:
+        raise InvalidRequestError(f"{first.name} ({a!r}) and {second.name} ({b!r}) disagree; send one")
+    return a if a is not None else b
+
+
+def read_prompt(arrays: Mapping[str, np.ndarray]) -> str | tuple[int, ...]:
+    """``text_input`` (text level) or ``input_ids`` cut to ``input_lengths`` (token level)."""
+    has_text, has_ids = TEXT_INPUT.name in arrays, INPUT_IDS.name in arrays
+    if has_text and has_ids:
+        raise InvalidRequestError("send text_input (text level) or input_ids (token level), not both")
+    if not has_ids:
+        prompt = read_scalar(arrays, TensorSpec(TEXT_INPUT.name, TEXT_INPUT.dtype, optional=False))
+        if not prompt:
+            raise InvalidRequestError("text_input is empty")
+        return prompt
+    ids = read_ids(arrays, INPUT_IDS) or []
+    length = read_scalar(arrays, _optional(INPUT_LENGTHS))
+    if length is None:
+        raise InvalidRequestError("input_lengths is required with input_ids")
+    if not 0 < length <= len(ids):
+        raise InvalidRequestError(f"input_lengths ({length}) must be in [1, {len(ids)}] (the ids sent)")
+    if any(t < 0 for t in ids[:length]):
+        raise InvalidRequestError("input_ids must be token ids >= 0")
+    return tuple(ids[:length])
+
+
+def read_max_tokens(arrays: Mapping[str, np.ndarray], default: int) -> int:
+    value = one_of(arrays, MAX_TOKENS, REQUEST_OUTPUT_LEN)
+    return default if value is None else value
+
+
+def read_stream(arrays: Mapping[str, np.ndarray]) -> bool:
+    return bool(one_of(arrays, STREAM, STREAMING))
+
+
+def read_seed(arrays: Mapping[str, np.ndarray]) -> int | None:
+    return one_of(arrays, SEED, OUR_SEED)
+
+
+def read_top_k_p(arrays: Mapping[str, np.ndarray]) -> tuple[int | None, float | None]:
+    return one_of(arrays, TOP_K, RUNTIME_TOP_K), one_of(arrays, TOP_P, RUNTIME_TOP_P)
+
+
+def check_single_sequence(arrays: Mapping[str, np.ndarray]) -> None:
+    """``beam_width`` and ``num_return_sequences``: 1 (or absent); speculation verifies one sequence."""
+    for spec in (BEAM_WIDTH, NUM_RETURN_SEQUENCES):
+        value = read_scalar(arrays, spec)
+        if value is not None and value != 1:
+            raise InvalidRequestError(f"{spec.name} = {value} is not supported: specbuild returns one sequence "
+                                      f"(send {spec.name} = 1)")
+
+
+def read_pad_id(arrays: Mapping[str, np.ndarray]) -> int | None:
+    value = read_scalar(arrays, PAD_ID)
+    if value is not None and value < 0:
+        raise InvalidRequestError(f"pad_id must be a token id >= 0, got {value}")
+    return value
+
+
+def read_word_list(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> tuple[tuple[int, ...], ...]:
+    """Token sequences from the ``[2, n]`` layout preprocessing writes: row 0 the ids of all
+    sequences back to back, row 1 each sequence's end offset (then -1 padding)."""
+    item = read_matrix(arrays, spec)
+    if item is None or item.size == 0:
+        return ()
+    if item.ndim != 2 or item.shape[0] != 2 or item.dtype.kind not in "iu":
+        raise InvalidRequestError(f"{spec.name} must be an INT32 [2, n] list (ids; end offsets)")
+    ids, offsets = [int(v) for v in item[0]], [int(v) for v in item[1] if v >= 0]
+    out, start = [], 0
+    for end in offsets:
+        if not start < end <= len(ids) or any(t < 0 for t in ids[start:end]):
+            raise InvalidRequestError(f"{spec.name}: bad end offset {end} or token id in [{start}, {end})")
+        out.append(tuple(ids[start:end]))
+        start = end
+    return tuple(out)
+
+
+__all__ = ["check_single_sequence", "one_of", "read_max_tokens", "read_pad_id", "read_penalties", "read_prompt",
+           "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported"]
+
+
+def read_penalties(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Penalties, ``min_tokens``, bad words (text ``bad_words`` or token ``bad_words_list``) and
+    ``return_log_probs`` as :class:`~triton_backend.core.config.SamplingParams` fields (absent: left out)."""
+    from triton_backend.serving.interface import BAD_WORDS
+    from triton_backend.serving.tensors import read_strings
+    from triton_backend.serving.trtllm_interface import (
+        BAD_WORDS_LIST, FREQUENCY_PENALTY, MIN_TOKENS, PRESENCE_PENALTY, REPETITION_PENALTY, RETURN_LOG_PROBS,
+    )
+
+    fields = {"repetition_penalty": REPETITION_PENALTY, "presence_penalty": PRESENCE_PENALTY,
+              "frequency_penalty": FREQUENCY_PENALTY, "min_tokens": MIN_TOKENS}
+    out: dict[str, Any] = {}
+    for name, spec in fields.items():
+        value = read_scalar(arrays, spec)
+        if value is not None:
+            out[name] = value
+    words = tuple(w for w in read_strings(arrays, BAD_WORDS) if w)
+    if words:
+        out["bad_words"] = words
+    ids = read_word_list(arrays, BAD_WORDS_LIST)
+    if ids:
+        out["bad_token_ids"] = ids
+    if read_scalar(arrays, RETURN_LOG_PROBS):
+        out["return_log_probs"] = True
+    return out

@@ -1,0 +1,1 @@
+"""Speculative decoding over an engine: the generation loop, its rounds, the controller and gain rule, verification."""

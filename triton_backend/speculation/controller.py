@@ -1,0 +1,188 @@
+"""The speculation controller: how many tokens to draft next, and when not to speculate.
+
+Rules (``FallbackConfig.rule``, the ``fallback`` section of :class:`~triton_backend.core.config.SpeculationConfig`):
+
+- ``gain`` (the default): a per-round decision from expected gain
+  (:mod:`triton_backend.speculation.policy`). Every round the controller drafts the length
+  whose expected committed tokens per unit of pass cost (the measured pass-cost table plus
+  the drafter's own cost) beat a plain step, from an acceptance estimate that starts at the
+  drafter type's prior and is updated after every round; 0 (a plain step) when no length
+  pays. A paused request probes again later, and n-gram lookup decides per match: how long
+  the match is and how matches of that length fared in this request (a long match is a free
+  signal to speculate again). A Medusa round that cannot pay is not run.
+- ``threshold`` (the seed articles' rule): draft ``num_draft_tokens`` (or an adaptive length
+  from an EMA of the acceptance); over a sliding window of the last ``window`` drafted
+  tokens, once ``min_drafted`` are in it, fall back to plain decoding for good when the
+  window's acceptance is below ``threshold`` (0.5 when unset).
+- ``enabled=False``: always draft (fixed ``k``, or the adaptive length, never 0).
+
+A batch scheduler calls :func:`~triton_backend.speculation.policy.plan_round` with every
+active request's :meth:`SpeculationController.row_option` once per round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Callable
+
+from triton_backend.core.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.base import DraftCost, DrafterSession
+from triton_backend.speculation.policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+                                               RowOption, current_cost_model, prefix_probabilities)
+
+logger = logging.getLogger(__name__)
+
+
+def expected_tokens_per_round(acceptance: float, k: int) -> float:
+    """E = (1 - a^(k+1)) / (1 - a): expected tokens committed per target pass."""
+    if acceptance >= 1.0:
+        return float(k + 1)
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def gain_settings(config: FallbackConfig) -> GainSettings:
+    prior = None if config.prior_acceptance is None else (config.prior_acceptance, config.prior_acceptance)
+    return GainSettings(margin=config.gain_margin, prior=prior, prior_strength=config.prior_strength,
+                        decay=config.acceptance_decay, probe_interval=config.probe_interval)
+
+
+class SpeculationController:
+    """One request's draft-length decisions. ``kind``: the drafter type (its prior, and n-gram
+    lookup's per-match decision); ``verify_tokens(k)``: tokens a round drafting ``k`` carries
+    into the target pass (a Medusa tree's nodes + 1; default ``k + 1``)."""
+
+    def __init__(self, config: SpeculationConfig, draft_cost: float, *, ema_decay: float = 0.8,
+                 initial_acceptance: float = 0.7, kind: DrafterKind | None = None,
+                 cost_model: PassCostModel | None = None,
+                 verify_tokens: Callable[[int], int] | None = None) -> None:
+        self.config = config
+        self.draft_cost = max(0.0, float(draft_cost))
+        self.kind = kind or (DrafterKind.NGRAM if self.draft_cost == 0.0 else DrafterKind.DRAFT)
+        self._cost_model = cost_model
+        self._ema_decay = ema_decay
+        self.acceptance_ema = initial_acceptance
+        self._window: deque[bool] = deque(maxlen=config.fallback.window)
+        self.fallen_back = False  # threshold rule: for good; gain rule: the last decision was a plain step
+        self.max_k = config.draft_length.num_draft_tokens
+        self.gain_rule = config.fallback.enabled and config.fallback.rule is FallbackRule.GAIN and self.max_k > 0
+        self.policy: GainPolicy | None = None
+        self.match_policy: MatchLengthPolicy | None = None  # set when an n-gram session decides per match
+        if self.gain_rule:
+            self.policy = GainPolicy(self.kind, self.max_k, self.draft_cost, gain_settings(config.fallback),
+                                     cost_model, verify_tokens)
+
+    def attach_match_policy(self) -> MatchLengthPolicy | None:
+        """Under the gain rule, the per-match policy an n-gram session applies to each lookup
+        (the controller then lets every round look up; the session drafts what pays)."""
+        if self.gain_rule and self.kind is DrafterKind.NGRAM and self.match_policy is None:
+            self.match_policy = MatchLengthPolicy(self.max_k, gain_settings(self.config.fallback), self._cost_model)
+        return self.match_policy
+
+    @property
+    def cost_model(self) -> PassCostModel:
+        return self._cost_model or current_cost_model()
+
+    # -- the gain rule ----------------------------------------------------------------------
+    def row_option(self) -> RowOption:
+        """This request's row for a batch plan (:func:`~triton_backend.speculation.policy.plan_round`)."""
+        if self.policy is not None and self.match_policy is None:
+            return self.policy.current_option()
+        # n-gram under the gain rule (the session sizes each draft by its match) and the other
+        # rules: the running acceptance at every position, up to the length the rule allows
+        k = self.next_draft_length() if not self.gain_rule else self.max_k
+        return RowOption(tuple(prefix_probabilities([self.acceptance_ema] * k)), self.draft_cost)
+
+    def _gain_draft_length(self) -> int:
+        if self.match_policy is not None:  # lookup is free: the n-gram session decides per match
+            return self.max_k
+        assert self.policy is not None
+        k = self.policy.next_draft_length()
+        if k == 0 and not self.fallen_back:
+            logger.debug("speculation paused: no draft length pays at acceptance %s", self.policy.estimate.conditional()[:3])
+        self.fallen_back = k == 0
+        return k
+
+    def may_draft_next(self) -> bool:
+        """Whether the next :meth:`next_draft_length` could be above 0 (nothing changes): a
+        paused Medusa request skips the tree pass's hidden state while this is False."""
+        if self.max_k == 0:
+            return False
+        if self.gain_rule:
+            if self.match_policy is not None:
+                return True
+            assert self.policy is not None
+            return self.policy.may_draft_next()
+        return not self.fallen_back
+
+    # -- the threshold rule and fixed k -----------------------------------------------------
+    def round_cost(self, k: int) -> float:
+        """A round drafting ``k`` tokens, in target decoding steps (the threshold rule's adaptive k)."""
+        return 1.0 + k * (self.draft_cost + self.config.draft_length.verify_cost_per_token)
+
+    def _adaptive_length(self) -> int:
+        best_k, best_rate = self.config.draft_length.min_draft_tokens, -1.0
+        for k in range(best_k, self.max_k + 1):
+            rate = expected_tokens_per_round(self.acceptance_ema, k) / self.round_cost(k)
+            if rate > best_rate + 1e-9:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def next_draft_length(self) -> int:
+        """0 means: decode this step plainly."""
+        if self.max_k == 0:
+            return 0
+        if self.gain_rule:
+            return self._gain_draft_length()
+        if self.fallen_back:
+            return 0
+        return self._adaptive_length() if self.config.draft_length.adaptive else self.max_k
+
+    def window_acceptance(self) -> float | None:
+        return sum(self._window) / len(self._window) if self._window else None
+
+    def record(self, num_drafted: int, num_accepted: int) -> bool:
+        """Record one verification round; returns True when this round triggered a fallback for good."""
+        if num_drafted <= 0:
+            return False
+        self._window.extend(i < num_accepted for i in range(num_drafted))
+        self.acceptance_ema = self._ema_decay * self.acceptance_ema + (1 - self._ema_decay) * num_accepted / num_drafted
+        if self.match_policy is not None:
+            self.match_policy.record(num_drafted, num_accepted)
+        elif self.policy is not None:
+            self.policy.record(num_drafted, num_accepted)
+        cfg = self.config.fallback
+        if self.gain_rule or not cfg.enabled or self.fallen_back or len(self._window) < cfg.min_drafted:
+            return False
+        threshold = 0.5 if cfg.threshold is None else cfg.threshold
+        window_rate = self.window_acceptance()
+        if window_rate is None or window_rate >= threshold:
+            return False
+        self.fallen_back = True
+        logger.info("speculation fallback: over the last %d drafted tokens, acceptance %.3f is below %.3f; "
+                    "continuing with plain decoding", len(self._window), window_rate, threshold)
+        return True
+
+
+def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: DraftCost | None,
+                   session: DrafterSession | None = None, cost_model: PassCostModel | None = None) -> SpeculationController:
+    """The controller for one request of ``mode``: the drafter type's prior, a Medusa round's
+    cost counting its tree's nodes, n-gram lookup's per-match decision hooked into ``session``."""
+    from triton_backend.speculation.drafters.medusa import MedusaDrafter
+    from triton_backend.speculation.drafters.ngram import NgramSession
+
+    if drafter is None:
+        return SpeculationController(config, 0.0, cost_model=cost_model)
+    if isinstance(drafter, MedusaDrafter):
+        depths = list(drafter.depths)
+        per_depth = drafter.relative_cost / max(1, max(depths, default=1))
+        return SpeculationController(config, per_depth, kind=DrafterKind.MEDUSA, cost_model=cost_model,
+                                     verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k))
+    kind = DrafterKind.NGRAM if mode is SpeculationMode.NGRAM else DrafterKind.DRAFT
+    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model)
+    if isinstance(session, NgramSession):
+        session.policy = controller.attach_match_policy()
+    return controller
+
+
+__all__ = ["SpeculationController", "controller_for", "expected_tokens_per_round", "gain_settings"]

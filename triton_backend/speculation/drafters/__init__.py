@@ -1,0 +1,1 @@
+"""Drafters propose tokens for the target to verify: n-gram lookup, draft models, Medusa heads, EAGLE."""

@@ -1,0 +1,170 @@
+"""Drafting with an EAGLE drafter (:mod:`triton_backend.speculation.drafters.eagle_model`) on a torch target.
+
+The drafter's state per sequence is its layer's KV cache over pairs ``(feature_j,
+token_{j+1})`` where ``feature_j`` is the TARGET's last hidden state at position ``j``.
+After each target pass the round (:mod:`triton_backend.speculation.eagle_round`) hands the session the
+target's features at the positions it just verified and kept (:meth:`EagleSession.observe`);
+at the next proposal they are fed in one step, whose last output is the drafter's guess of
+the next feature, hence draft token 1; each further draft token is one more step on the
+drafter's own feature (a chain). When sampling, each draft token is sampled from the
+drafter's processed distribution ``q`` (over ``candidate_vocab`` when the file has one),
+and those rows are the ``q`` of the rejection rule, so output stays the target's.
+
+:meth:`EagleDrafter.draft_chain` is the batched core, a function of (features, tokens) for
+many rows at once with one KV cache of ``B`` rows and a committed length per row; a
+session is that core with ``B = 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleKV, load_eagle
+from triton_backend.core.errors import ModelLoadError
+from triton_backend.core.sampling import LogitsProcessor
+
+
+class EagleDrafter:
+    """An EAGLE drafter sharing the target's embedding and LM head."""
+
+    name = "eagle"
+
+    def __init__(self, checkpoint: EagleCheckpoint, target: Any) -> None:
+        """``target``: a torch-runtime engine (its ``model``, ``device``, ``vocab_size``)."""
+        info = checkpoint.info
+        config = target.model.config
+        if info.hidden_size != int(config.hidden_size) or info.vocab_size != target.vocab_size:
+            raise ModelLoadError(f"EAGLE drafter (hidden {info.hidden_size}, vocab {info.vocab_size}) does not fit the "
+                                 f"target (hidden {config.hidden_size}, vocab {target.vocab_size})")
+        self.info = info
+        self.dtype, self.device = target.model.dtype, target.device
+        self.net = checkpoint.net.to(device=self.device, dtype=self.dtype).eval()
+        self.embed = target.model.get_input_embeddings().weight.detach()
+        self.vocab = checkpoint.candidate_vocab.to(self.device) if checkpoint.candidate_vocab is not None else None
+        head = target.model.get_output_embeddings().weight.detach()
+        self.head = head[self.vocab] if self.vocab is not None else head
+        layer = sum(p.numel() for p in self.net.parameters())
+        self.relative_cost = (layer + self.head.numel()) / max(1, target.num_parameters())
+
+    @classmethod
+    def from_file(cls, path: str, target: Any) -> "EagleDrafter":
+        return cls(load_eagle(path), target)
+
+    def new_cache(self, rows: int, capacity: int = 256) -> EagleKV:
+        return EagleKV.empty(self.info, rows, capacity, self.dtype, self.device)
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, vocab] (-inf off the candidates)
+        small = (features @ self.head.t()).float()
+        if self.vocab is None:
+            return small
+        full = torch.full((features.shape[0], self.info.vocab_size), float("-inf"), device=small.device)
+        full[:, self.vocab] = small
+        return full
+
+    @torch.inference_mode()
+    def draft_chain(self, kv: EagleKV, starts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor,
+                    counts: torch.Tensor, k: int, processors: Sequence[LogitsProcessor],
+                    generators: Sequence[torch.Generator | None],
+                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``k`` draft tokens per row, batched. Row ``b`` lives in cache row ``slots[b]`` of ``kv``
+        (default ``b``; a scheduler keeps one :class:`EagleKV` with a row per engine slot).
+
+        Row ``b`` has cached drafter positions ``< starts[b]`` and ``counts[b] >= 1`` new pairs
+        (``features[b, :counts[b]]`` [T, H]: the target's features at ``starts[b] ..``;
+        ``tokens[b, :counts[b]]``: the token after each). Padding beyond ``counts[b]`` is
+        ignored. Afterwards row ``b``'s committed drafter length is ``starts[b] + counts[b]``
+        (entries after it are the chain's own, overwritten next time).
+        Returns draft tokens ``[B, k]`` and, when any row samples, ``q`` ``[B, k, vocab]``
+        (one-hot rows for greedy rows)."""
+        if features.ndim != 3 or tokens.shape != features.shape[:2] or not len(processors) == len(generators) == tokens.shape[0]:
+            raise ValueError("features [B, T, H], tokens [B, T] and one processor and generator per row expected")
+        rows = torch.arange(tokens.shape[0], device=self.device)
+        out = self.net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
+        feature = out[rows, counts - 1]  # [B, H]: the guess of the feature after each row's last pair
+        position = starts + counts
+        drafted, qs = [], []
+        sampling = any(not p.greedy for p in processors)
+        for step in range(k):
+            logits = self._logits(feature)
+            token, q = self._choose(logits, processors, generators, sampling)
+            drafted.append(token)
+            qs.append(q)
+            if step + 1 < k:
+                feature = self.net(feature[:, None], self.embed[token][:, None], position, kv, slots)[:, 0]
+                position = position + 1
+        probs = torch.stack(qs, 1) if sampling else None
+        return torch.stack(drafted, 1), probs
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, processors: Sequence[LogitsProcessor], generators: Sequence[torch.Generator | None],
+                sampling: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        tokens, rows = [], []
+        for b, (proc, gen) in enumerate(zip(processors, generators)):
+            token, q = proc.draw(logits[b:b + 1], None, gen)
+            if q is not None:
+                rows.append(q)
+            elif sampling:
+                rows.append(torch.nn.functional.one_hot(torch.tensor(token), logits.shape[-1]).float())
+            tokens.append(token)
+        return torch.tensor(tokens, device=logits.device), (torch.stack(rows) if sampling else None)
+
+    def new_session(self) -> "EagleSession":
+        return EagleSession(self)
+
+
+class EagleSession:
+    """One sequence: the drafter's KV cache, its committed length, and target features not fed yet.
+
+    Lazy by construction: while the controller pauses drafting, a round only hands over the
+    target's features (kept as a list of chunks, no per-round copy); the drafter's layer runs
+    again only at the next proposal, over the whole backlog in one pass."""
+
+    def __init__(self, drafter: EagleDrafter) -> None:
+        self._drafter = drafter
+        self._kv: EagleKV | None = None
+        self._cached = 0  # drafter positions holding the target's features
+        self._pending: list[torch.Tensor] = []  # [n_i, H] chunks: target features at positions _cached ..
+        self._pending_len = 0
+
+    @property
+    def feature_end(self) -> int:
+        """The first position whose target feature the session does not have yet."""
+        return self._cached + self._pending_len
+
+    def observe(self, start: int, features: torch.Tensor) -> None:
+        """The target's features ``[n, H]`` at positions ``start .. start + n - 1`` (``start`` at
+        most :attr:`feature_end`; earlier positions than that replace what was there)."""
+        if start > self.feature_end:
+            raise ValueError(f"features from position {start} leave a gap after {self.feature_end}")
+        if start < self._cached:  # the target rewound past what the drafter cached
+            self._cached, self._pending, self._pending_len = start, [], 0
+        if start < self.feature_end:  # replace the tail (rare: the loops hand over from feature_end)
+            kept = torch.cat(self._pending)[: start - self._cached]
+            self._pending, self._pending_len = [kept], int(kept.shape[0])
+        self._pending.append(features.detach())
+        self._pending_len += int(features.shape[0])
+
+    def propose(self, tokens: Sequence[int], k: int, processor: LogitsProcessor,
+                generator: torch.Generator | None) -> DraftProposal:
+        """``k`` tokens after ``tokens``; needs the target's features up to ``len(tokens) - 2``."""
+        new = len(tokens) - 1 - self._cached  # pairs (feature_j, token_{j+1}) for j < len(tokens) - 1
+        if k <= 0 or new < 1 or self._pending_len < new:
+            return EMPTY_PROPOSAL
+        drafter = self._drafter
+        if self._kv is None:
+            self._kv = drafter.new_cache(1, max(256, len(tokens) + k))
+        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        ids = torch.tensor([list(tokens[self._cached + 1:])], dtype=torch.long, device=drafter.device)
+        start = torch.tensor([self._cached], device=drafter.device)
+        drafted, probs = drafter.draft_chain(self._kv, start, pending[None, :new], ids,
+                                             torch.tensor([new], device=drafter.device), k, [processor], [generator])
+        self._cached += new
+        rest = pending[new:]
+        self._pending, self._pending_len = ([rest] if rest.shape[0] else []), int(rest.shape[0])
+        return DraftProposal(tokens=drafted[0].tolist(), probs=None if probs is None else probs[0])
+
+    def release(self) -> None:
+        self._kv, self._pending, self._pending_len, self._cached = None, [], 0, 0

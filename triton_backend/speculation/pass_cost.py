@@ -1,0 +1,255 @@
+"""A short measurement of a batched engine's pass costs at load, cached per machine.
+
+Through the batched engine contract (:mod:`triton_backend.engines.batch`): scratch slots
+are allocated, given a short context, then passes of ``rows x tokens`` new tokens are timed
+on top of it (each pass starts at the same position: rollback by start position), cheapest
+cells first, until the time budget is spent. The result is cached as JSON under
+``$SPECBUILD_CACHE_DIR/pass_cost/`` keyed by model, runtime settings and CPU model, so only
+the first load on a machine pays for it.
+
+An EAGLE drafter's cost per drafted token is measured the same way (:func:`install_measured_draft_costs`):
+a round's drafting (the target's features of two committed positions fed, then a chain of
+``DRAFT_K`` tokens) timed against the target's 1-row 1-token step, interleaved, and cached
+beside the pass costs. Its parameter ratio (0.066 of a step for the reference drafter)
+understates it: the drafter's small matmuls, attention and per-token bookkeeping cost far
+more per parameter than the target's pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from triton_backend.engines.batch import BatchRow, SlotsExhaustedError
+from triton_backend.core.reference_model import cache_dir as default_cache_dir
+
+if TYPE_CHECKING:
+    from triton_backend.speculation.policy import PassCostModel
+
+logger = logging.getLogger(__name__)
+
+# measured in this order until the budget is spent: one row's curve first (what a lone
+# request's decision needs), then batches of decode rows and of verify rows
+CELLS = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 9), (1, 3), (1, 6), (1, 16), (4, 1), (8, 1), (4, 4), (8, 4),
+         (2, 1), (2, 4), (16, 1), (16, 4))
+CONTEXT = 48
+REPEATS = 3
+WARMUP = 3
+STABLE = 0.25  # the 1-token step re-measured at the end must agree within this fraction
+
+
+class NoisyMeasurementError(RuntimeError):
+    """The machine was too busy (or too slow for the budget) to measure pass costs."""
+
+
+def _cache_path(cache_dir: Path | None, engine: Any, settings: str) -> Path:
+    from triton_backend.speculation.policy import machine_key
+
+    root = cache_dir if cache_dir is not None else default_cache_dir()
+    kernel = getattr(engine, "kernel_name", "")  # a changed matmul kernel has other costs: measured anew
+    return root / "pass_cost" / f"{machine_key(str(engine.name), settings + kernel)}.json"
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    """A read-only cache (an image's baked-in cache, a locked-down host) only costs the next load a re-measure."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        logger.warning("measured but not cached (%s: %s)", path, exc)
+
+
+def _allocate(engine: Any, want: int) -> list[int]:
+    slots: list[int] = []
+    try:
+        while len(slots) < want:
+            slots.append(engine.allocate())
+    except SlotsExhaustedError:
+        pass
+    return slots
+
+
+def _time_pass(engine: Any, slots: list[int], tokens: int) -> float:
+    rows = [BatchRow(slot=s, start=CONTEXT, tokens=[(11 * (i + j) + 7) % engine.vocab_size for j in range(tokens)],
+                     num_logits=tokens) for i, s in enumerate(slots)]
+    start = time.perf_counter()
+    engine.forward(rows)
+    return time.perf_counter() - start
+
+
+def measure_seconds(engine: Any, budget_s: float = 3.0) -> dict[tuple[int, int], float]:
+    """Seconds per pass (the fastest of a few: robust to a busy machine's spikes) for
+    ``(rows, tokens_per_row)`` cells in :data:`CELLS` order,
+    within the budget (slots are filled with a context only when a cell needs them)."""
+    slots = _allocate(engine, min(max(r for r, _ in CELLS), int(engine.num_slots)))
+    if not slots:
+        raise SlotsExhaustedError("no free slot to measure pass costs on")
+    try:
+        context = [(13 * i + 5) % engine.vocab_size for i in range(CONTEXT)]
+        deadline = time.perf_counter() + budget_s
+        ready = 0
+        seconds: dict[tuple[int, int], float] = {}
+        for rows, tokens in [(r, t) for r, t in CELLS if r <= len(slots)]:
+            if seconds and time.perf_counter() > deadline:
+                break
+            if rows > ready:
+                engine.forward([BatchRow(slot=s, start=0, tokens=context) for s in slots[ready:rows]])
+                if ready == 0:
+                    for _ in range(WARMUP):
+                        _time_pass(engine, slots[:1], 1)
+                ready = rows
+            seconds[(rows, tokens)] = min(_time_pass(engine, slots[:rows], tokens) for _ in range(REPEATS))
+        again = min(_time_pass(engine, slots[:1], 1) for _ in range(REPEATS))
+        if abs(again / seconds[(1, 1)] - 1) > STABLE:
+            raise NoisyMeasurementError(f"the 1-token step moved from {seconds[(1, 1)] * 1e3:.1f} ms to "
+                                        f"{again * 1e3:.1f} ms while measuring (a busy machine)")
+        seconds[(1, 1)] = min(again, seconds[(1, 1)])
+        return seconds
+    finally:
+        for slot in slots:
+            engine.release(slot)
+
+
+def _check(seconds: dict[tuple[int, int], float]) -> None:
+    """Plausible and complete enough to decide from: the whole one-row curve, and no pass much
+    dearer than decoding its tokens one at a time."""
+    missing = [t for r, t in CELLS if r == 1 and (1, t) not in seconds]
+    if missing:
+        raise NoisyMeasurementError(f"the budget ran out before the one-row curve was measured (missing {missing})")
+    step = seconds[(1, 1)]
+    bad = [cell for cell, value in seconds.items() if not 0.8 <= value / step <= 1.25 * cell[0] * cell[1]]
+    if bad:
+        raise NoisyMeasurementError(f"implausible pass costs for {bad} (a busy machine)")
+
+
+def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 3.0,
+                                cache_dir: Path | None = None) -> "PassCostModel | None":
+    """At load: measure (or read the cached) pass costs of a batched engine and make them the
+    process's cost model; engines outside the batched contract keep the default table."""
+    from triton_backend.engines.batch import BatchedEngine
+    from triton_backend.speculation.policy import PassCostModel, install_cost_model
+
+    if not isinstance(engine, BatchedEngine):
+        return None
+    model = PassCostModel.measure(engine, settings=settings, cache_dir=cache_dir, budget_s=budget_s)
+    install_cost_model(model)
+    return model
+
+
+def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings: str = "", cache_dir: Path | None = None,
+                            budget_s: float = 3.0) -> "PassCostModel":
+    path = _cache_path(cache_dir, engine, settings)
+    if path.is_file():
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring the unreadable pass-cost cache %s: %s", path, exc)
+    started = time.perf_counter()
+    try:
+        seconds = measure_seconds(engine, budget_s)
+        _check(seconds)
+    except NoisyMeasurementError as exc:
+        logger.warning("pass costs of %s not measured (%s); deciding from the default table", engine.name, exc)
+        return cls.default()
+    measured = cls.from_measurements(seconds, source=f"measured:{engine.name}")
+    # row counts the budget left out keep the default table's curves
+    table = {rows: dict(curve) for rows, curve in cls.default().table.items() if rows not in measured.table}
+    model = cls({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
+    logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
+    _write_cache(path, model.to_json())
+    return model
+
+
+# -- an EAGLE drafter's cost per drafted token --------------------------------------------------
+DRAFT_K = 4  # drafted tokens a timed round chains
+NEW_PAIRS = 2  # target features a round hands the drafter (the accepted drafts and the bonus token's root)
+MAX_DRAFT_COST = 3.0  # per drafted token, in target steps: beyond it the measurement is not believed
+
+
+def measure_eagle_draft_seconds(drafter: Any, engine: Any) -> tuple[float, float]:
+    """(seconds per drafted token, seconds per 1-row 1-token target pass) of an
+    :class:`~triton_backend.speculation.drafters.eagle.EagleDrafter` on ``engine``'s machine: the fastest of
+    a few rounds each, the two timed in turn so a busy machine slows both alike."""
+    import torch
+
+    from triton_backend.core.sampling import LogitsProcessor
+
+    slot = engine.allocate()
+    try:
+        context = [(13 * i + 5) % engine.vocab_size for i in range(CONTEXT)]
+        engine.forward([BatchRow(slot=slot, start=0, tokens=context)])
+        device = drafter.device
+        generator = torch.Generator().manual_seed(0)
+        features = torch.randn(1, CONTEXT, int(drafter.embed.shape[1]), generator=generator).to(device, drafter.dtype)
+        tokens = torch.tensor([context], dtype=torch.long, device=device)
+        kv = drafter.new_cache(1, CONTEXT + NEW_PAIRS + DRAFT_K)
+        greedy = [LogitsProcessor()]
+        drafter.draft_chain(kv, torch.tensor([0], device=device), features, tokens,
+                            torch.tensor([CONTEXT], device=device), 1, greedy, [None])  # the context, once
+        start, count = torch.tensor([CONTEXT], device=device), torch.tensor([NEW_PAIRS], device=device)
+
+        def one_round() -> float:  # each round drafts from the same position (rollback by start)
+            t0 = time.perf_counter()
+            drafter.draft_chain(kv, start, features[:, :NEW_PAIRS], tokens[:, :NEW_PAIRS], count, DRAFT_K, greedy, [None])
+            return time.perf_counter() - t0
+
+        drafts, steps = [], []
+        for i in range(WARMUP + 2 * REPEATS):
+            draft, step = one_round(), _time_pass(engine, [slot], 1)
+            if i >= WARMUP:
+                drafts.append(draft)
+                steps.append(step)
+        return min(drafts) / DRAFT_K, min(steps)
+    finally:
+        engine.release(slot)
+
+
+def measured_eagle_draft_cost(drafter: Any, engine: Any, settings: str = "", cache_dir: Path | None = None) -> float | None:
+    """The drafter's cost per drafted token in target steps: this machine's cached measurement,
+    else measured now and cached; None when the measurement is not believable (a busy machine)."""
+    identity = f"eagle:{sum(p.numel() for p in drafter.net.parameters())}:{int(drafter.head.shape[0])}"
+    path = _cache_path(cache_dir, engine, settings + identity)
+    if path.is_file():
+        try:
+            return float(json.loads(path.read_text())["draft_cost"])
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring the unreadable draft-cost cache %s: %s", path, exc)
+    per_token, step = measure_eagle_draft_seconds(drafter, engine)
+    cost = per_token / step
+    if not 0.0 < cost <= MAX_DRAFT_COST:
+        logger.warning("EAGLE draft cost of %.3f target steps per token is not believable; keeping %.3f",
+                       cost, drafter.relative_cost)
+        return None
+    logger.info("EAGLE drafter on %s: %.3f target steps per drafted token (%.2f ms per token, %.2f ms per step; "
+                "parameter ratio %.3f)", engine.name, cost, 1e3 * per_token, 1e3 * step, drafter.relative_cost)
+    _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
+    return cost
+
+
+def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], settings: str = "",
+                                 cache_dir: Path | None = None) -> None:
+    """At load: each EAGLE drafter's ``relative_cost`` (what the gain rule prices a drafted
+    token at) becomes its measured cost per drafted token on this machine. Other drafters, and
+    targets outside the batched engine contract, keep their parameter ratios."""
+    from triton_backend.speculation.drafters.eagle import EagleDrafter
+    from triton_backend.engines.batch import BatchedEngine
+
+    if not isinstance(target, BatchedEngine):
+        return
+    for drafter in drafters.values():
+        if isinstance(drafter, EagleDrafter):
+            try:
+                cost = measured_eagle_draft_cost(drafter, target, settings, cache_dir)
+            except SlotsExhaustedError:
+                cost = None
+            if cost is not None:
+                drafter.relative_cost = cost
+
+
+__all__ = ["NoisyMeasurementError", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
+           "measure_pass_cost_model", "measure_seconds", "measured_eagle_draft_cost"]

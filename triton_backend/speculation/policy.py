@@ -1,0 +1,428 @@
+"""When speculation pays: the pass-cost model, acceptance estimates and the per-round plan.
+
+Units: the cost of one target pass is measured in target decoding steps of one row and one
+token (``PassCostModel``). A round that drafts ``k`` tokens for a row commits, in
+expectation, ``E(k) = 1 + sum_{j=1..k} P_j`` tokens, where ``P_j`` is the probability that
+the first ``j`` drafts are all accepted (the ``1`` is the recovered/bonus token). A plan
+gives each row of a batch a draft length (0: decode plainly) that maximises the expected
+committed tokens per unit of time of the whole ragged pass; a row speculates only when that
+beats plain decoding by ``margin``. With one row this is the single-request decision.
+
+Acceptance per request starts from a prior per drafter type (a cold request does not pay to
+learn) and is updated every round (a Beta posterior per draft position whose evidence decays,
+so the estimate follows the text). A request whose speculation stops paying decodes plainly;
+it probes again after ``probe_interval`` plain steps (the interval doubles after each probe
+that does not pay) when the prior says a probe may pay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+logger = logging.getLogger(__name__)
+
+# Passes on one row: the CPU runtime's prepacked 8-row GEMMs (benchmarks/results/pass-cost-cpu.md);
+# several rows: the batch figures of DESIGN.md. Replaced by a measurement where one exists.
+DEFAULT_COST_TABLE: dict[int, dict[int, float]] = {
+    1: {1: 1.0, 2: 1.21, 3: 1.24, 4: 1.33, 8: 1.35, 9: 2.05, 16: 2.1},
+    4: {1: 1.59, 4: 2.84},
+    8: {1: 2.03, 4: 4.59},
+    16: {1: 3.41, 4: 8.15},
+}
+
+
+def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through sorted ``points``; past the last point, proportional to ``x``."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    last_x, last_y = points[-1]
+    return last_y * x / last_x
+
+
+@dataclass(frozen=True)
+class PassCostModel:
+    """Cost of one target pass, in units of one 1-row-1-token decode step.
+
+    ``table[rows][tokens_per_row]``: measured points. A ragged pass is looked up by its row
+    count and mean tokens per row, interpolated linearly between measured points (beyond the
+    table: proportional to the tokens, or to the rows).
+    """
+
+    table: Mapping[int, Mapping[int, float]]
+    source: str = "default"
+
+    def __post_init__(self) -> None:
+        if 1 not in self.table or 1 not in self.table[1]:
+            raise ValueError("a pass-cost table needs the 1-row 1-token step")
+        for rows, curve in self.table.items():
+            if rows < 1 or not curve or min(curve) < 1 or any(not (c > 0) for c in curve.values()):
+                raise ValueError(f"bad pass-cost table entry for {rows} rows: {dict(curve)}")
+
+    @classmethod
+    def default(cls) -> "PassCostModel":
+        return cls(DEFAULT_COST_TABLE, "default")
+
+    @classmethod
+    def from_measurements(cls, seconds: Mapping[tuple[int, int], float], source: str = "measured") -> "PassCostModel":
+        """From median seconds per pass keyed by ``(rows, tokens_per_row)``; normalised by (1, 1)."""
+        if (1, 1) not in seconds or not seconds[(1, 1)] > 0:
+            raise ValueError("measurements need the 1-row 1-token step")
+        step = seconds[(1, 1)]
+        table: dict[int, dict[int, float]] = {}
+        for (rows, tokens), value in sorted(seconds.items()):
+            table.setdefault(rows, {})[tokens] = max(value / step, 1e-3)
+        return cls(table, source)
+
+    def _curve_cost(self, rows: int, tokens: float) -> float:
+        curve = sorted(self.table[rows].items())
+        return _interpolate(curve, tokens)
+
+    def pass_cost(self, tokens_per_row: Sequence[int]) -> float:
+        """One ragged pass whose rows carry ``tokens_per_row`` new tokens each."""
+        rows = len(tokens_per_row)
+        if rows == 0:
+            return 0.0
+        mean = sum(tokens_per_row) / rows
+        known = sorted(self.table)
+        lower = max((r for r in known if r <= rows), default=known[0])
+        upper = min((r for r in known if r >= rows), default=None)
+        if upper is None:  # more rows than measured: proportional to the rows
+            return self._curve_cost(lower, mean) * rows / lower
+        if upper == lower:
+            return self._curve_cost(lower, mean)
+        c0, c1 = self._curve_cost(lower, mean), self._curve_cost(upper, mean)
+        return c0 + (c1 - c0) * (rows - lower) / (upper - lower)
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "table": {str(r): {str(t): c for t, c in curve.items()} for r, curve in self.table.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "PassCostModel":
+        table = {int(r): {int(t): float(c) for t, c in curve.items()} for r, curve in data["table"].items()}
+        return cls(table, str(data.get("source", "cached")))
+
+    @classmethod
+    def measure(cls, engine: object, *, settings: str = "", cache_dir: Path | None = None,
+                budget_s: float = 3.0) -> "PassCostModel":
+        """Measure (or read this machine's cached measurement of) ``engine``'s pass costs."""
+        from triton_backend.speculation.pass_cost import measure_pass_cost_model
+
+        return measure_pass_cost_model(cls, engine, settings=settings, cache_dir=cache_dir, budget_s=budget_s)
+
+
+_current_cost_model: PassCostModel | None = None
+
+
+def install_cost_model(model: PassCostModel | None) -> None:
+    """Make ``model`` the process's cost model (the loop's controllers read it); None: the default table."""
+    global _current_cost_model
+    _current_cost_model = model
+
+
+def current_cost_model() -> PassCostModel:
+    return _current_cost_model or PassCostModel.default()
+
+
+# -- expected gain ------------------------------------------------------------------------------
+
+
+def prefix_probabilities(conditional: Sequence[float]) -> list[float]:
+    """``P_j`` (all of the first ``j`` drafts accepted) from per-position conditional acceptance."""
+    out, running = [], 1.0
+    for p in conditional:
+        running *= min(1.0, max(0.0, p))
+        out.append(running)
+    return out
+
+
+@dataclass(frozen=True)
+class RowOption:
+    """What one row could draft this round.
+
+    ``prefix_probs[j - 1]``: probability that the first ``j`` drafts are all accepted
+    (``j = 1 .. max_k``). ``draft_cost``: drafting one more position, in target steps.
+    ``verify_tokens[k]``: tokens the row carries into the target pass when it drafts ``k``
+    (None: ``k + 1``; a Medusa tree carries its nodes).
+    """
+
+    prefix_probs: tuple[float, ...]
+    draft_cost: float = 0.0
+    verify_tokens: tuple[int, ...] | None = None
+
+    @property
+    def max_k(self) -> int:
+        return len(self.prefix_probs)
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + sum(self.prefix_probs[:k])
+
+    def tokens(self, k: int) -> int:
+        return self.verify_tokens[k] if self.verify_tokens is not None else k + 1
+
+
+def _rate(rows: Sequence[RowOption], ks: Sequence[int], cost_model: PassCostModel) -> float:
+    tokens = sum(r.expected_tokens(k) for r, k in zip(rows, ks))
+    cost = cost_model.pass_cost([r.tokens(k) for r, k in zip(rows, ks)]) + sum(r.draft_cost * k for r, k in zip(rows, ks))
+    return tokens / cost
+
+
+def plan_round(rows: Sequence[RowOption], cost_model: PassCostModel, margin: float = 0.03) -> list[int]:
+    """Each row's draft length (0: plain) for one ragged pass, maximising expected committed
+    tokens per unit of time of the whole pass. A row drafts only when that beats its plain
+    step by ``margin`` given the others (coordinate ascent; exhaustive for one row)."""
+    ks = [0] * len(rows)
+    for _ in range(4):
+        changed = False
+        for i, row in enumerate(rows):
+            def rate_at(k: int) -> float:
+                trial = list(ks)
+                trial[i] = k
+                return _rate(rows, trial, cost_model)
+
+            plain = rate_at(0)
+            best_k, best = 0, plain * (1.0 + margin)
+            for k in range(1, row.max_k + 1):
+                value = rate_at(k)
+                if value > best + 1e-12:
+                    best_k, best = k, value
+            if best_k != ks[i]:
+                ks[i], changed = best_k, True
+        if not changed:
+            break
+    return ks
+
+
+# -- acceptance estimates -----------------------------------------------------------------------
+
+
+class DrafterKind(str, enum.Enum):
+    NGRAM = "ngram"
+    DRAFT = "draft"
+    MEDUSA = "medusa"
+
+
+Prior = tuple[float, float]  # conditional acceptance of the first draft, and of each later one
+
+# what a request starts from (before any round of its own): (first position, later positions)
+PRIOR_ACCEPTANCE: dict[DrafterKind, Prior] = {DrafterKind.DRAFT: (0.6, 0.6), DrafterKind.MEDUSA: (0.5, 0.35),
+                                              DrafterKind.NGRAM: (0.3, 0.6)}
+
+
+class AcceptanceEstimate:
+    """Per-position conditional acceptance (drafts ``0..i-1`` accepted -> draft ``i`` accepted):
+    a Beta posterior per position whose evidence decays by ``decay`` each recorded round (the
+    estimate follows the text), with ``strength`` pseudo-observations of its prior."""
+
+    def __init__(self, positions: int, prior: Prior, strength: float = 2.0, decay: float = 0.9,
+                 pooled: bool = False) -> None:
+        self.prior = (float(prior[0]), float(prior[1]))
+        self.strength, self.decay = float(strength), float(decay)
+        self.pooled = pooled
+        self.accepted = [0.0] * positions
+        self.rejected = [0.0] * positions
+
+    def conditional(self) -> list[float]:
+        """Position 0 shrinks toward the first prior; later positions toward the later prior
+        scaled by how position 0 does against its prior (where first drafts fail in this
+        request, later ones are not trusted either). ``pooled``: the later positions share one
+        estimate (a copy that keeps being accepted at positions 1..6 is trusted at 7..15 too,
+        which per-position estimates never learn when only 7 were ever drafted)."""
+        s, (first, later) = self.strength, self.prior
+        out: list[float] = []
+        pooled_a, pooled_r = sum(self.accepted[1:]), sum(self.rejected[1:])
+        for i, (a, r) in enumerate(zip(self.accepted, self.rejected)):
+            prior = first if i == 0 else later * (min(1.0, out[0] / first) if first > 0 else 0.0)
+            if i > 0 and self.pooled:
+                a, r = pooled_a, pooled_r
+            out.append((s * prior + a) / (s + a + r))
+        return out
+
+    def prior_conditional(self) -> list[float]:
+        first, later = self.prior
+        return [first] + [later] * (len(self.accepted) - 1)
+
+    def age(self, factor: float) -> None:
+        """Evidence fades while nothing is drafted (a paused request's estimate drifts back to its prior)."""
+        self.accepted = [a * factor for a in self.accepted]
+        self.rejected = [r * factor for r in self.rejected]
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A round drafted ``drafted`` positions; the first ``accepted`` were accepted."""
+        self.accepted = [a * self.decay for a in self.accepted]
+        self.rejected = [r * self.decay for r in self.rejected]
+        for i in range(min(drafted, len(self.accepted))):
+            if i < accepted:
+                self.accepted[i] += 1.0
+            else:
+                self.rejected[i] += 1.0  # position i was tried and the chain broke here
+                break
+
+
+@dataclass(frozen=True)
+class GainSettings:
+    """The gain rule's knobs (from :class:`~triton_backend.core.config.SpeculationConfig`)."""
+
+    margin: float = 0.03
+    prior: Prior | None = None  # None: the drafter type's prior
+    prior_strength: float = 2.0
+    decay: float = 0.9
+    probe_interval: int = 8
+    max_probe_interval: int = 256
+    idle_decay: float = 0.97  # evidence kept per plain step while paused
+
+
+class GainPolicy:
+    """One request's per-round decision under the gain rule (draft models, Medusa)."""
+
+    def __init__(self, kind: DrafterKind, max_k: int, draft_cost: float, settings: GainSettings,
+                 cost_model: PassCostModel | None = None,
+                 verify_tokens: Callable[[int], int] | None = None) -> None:
+        prior = PRIOR_ACCEPTANCE[kind] if settings.prior is None else settings.prior
+        self.settings, self.max_k, self.draft_cost = settings, max_k, max(0.0, draft_cost)
+        self.cost_model = cost_model
+        self.estimate = AcceptanceEstimate(max_k, prior, settings.prior_strength, settings.decay,
+                                           pooled=kind is DrafterKind.NGRAM)
+        self._verify = tuple(verify_tokens(k) for k in range(max_k + 1)) if verify_tokens is not None else None
+        self.paused = False
+        self._plain_steps = 0
+        self._interval = settings.probe_interval
+        self._probing = False
+
+    def option(self, conditional: Sequence[float]) -> RowOption:
+        verify = self._verify[:len(conditional) + 1] if self._verify is not None else None
+        return RowOption(tuple(prefix_probabilities(conditional)), self.draft_cost, verify)
+
+    def current_option(self) -> RowOption:
+        """This request's row for :func:`plan_round` (a batch scheduler's input)."""
+        return self.option(self.estimate.conditional())
+
+    def _decide(self, conditional: Sequence[float]) -> int:
+        model = self.cost_model or current_cost_model()
+        return plan_round([self.option(conditional)], model, self.settings.margin)[0]
+
+    def next_draft_length(self, limit: int | None = None) -> int:
+        """This round's draft length (0: plain); ``limit``: at most this many (what a drafter has)."""
+        if self.max_k <= 0 or (limit is not None and limit <= 0):
+            return 0
+        cut = self.max_k if limit is None else min(limit, self.max_k)
+        k = self._decide(self.estimate.conditional()[:cut])
+        if k > 0:
+            self.paused = False
+            return k
+        self.paused = True
+        self.estimate.age(self.settings.idle_decay)
+        self._plain_steps += 1
+        if self._plain_steps >= self._interval:  # a probe, if the prior says drafting may pay
+            probe = self._decide(self.estimate.prior_conditional()[:cut])
+            if probe > 0:
+                self._plain_steps, self._probing = 0, True
+                self._interval = min(2 * self._interval, self.settings.max_probe_interval)
+                return min(probe, 2)
+        return 0
+
+    def may_draft_next(self, limit: int | None = None) -> bool:
+        """Whether the next :meth:`next_draft_length` call could draft (no state changes): a
+        drafter whose state costs something to keep (Medusa's hidden state) keeps it only then."""
+        if self.max_k <= 0 or (limit is not None and limit <= 0):
+            return False
+        cut = self.max_k if limit is None else min(limit, self.max_k)
+        if self._decide(self.estimate.conditional()[:cut]) > 0:
+            return True
+        return self._plain_steps + 1 >= self._interval and self._decide(self.estimate.prior_conditional()[:cut]) > 0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.estimate.record(drafted, accepted)
+        if self._probing and self._decide(self.estimate.conditional()) > 0:
+            self._interval = self.settings.probe_interval  # the probe paid: back to speculating
+        self._probing = False
+
+
+# n-gram matches by length: a bucket is the largest entry <= the match length; its prior is the
+# per-position conditional acceptance a request starts from (first draft, later drafts), fit on
+# held-out prompts (builder/data/heldout_prompts.txt, heldout_copy_prompts.json), not the bench's.
+# A short match whose n-gram occurs several times earlier is a weaker signal than a unique one:
+# those get their own bucket and prior.
+MATCH_BUCKETS = (1, 2, 3, 4, 6, 10, 16)
+MATCH_PRIOR: dict[int, Prior] = {1: (0.26, 0.66), 2: (0.58, 0.77), 3: (0.63, 0.79), 4: (0.79, 0.78), 6: (0.78, 0.85),
+                                 10: (0.88, 0.9), 16: (0.96, 0.93)}
+REPEATED_MATCH_PRIOR: dict[int, Prior] = {1: (0.1, 0.7)}
+
+MatchKey = tuple[int, bool]  # (length bucket, a short match whose n-gram occurs more than once)
+
+
+class MatchLengthPolicy:
+    """The gain rule for n-gram lookup: one :class:`GainPolicy` per match bucket (length, and
+    for short matches whether the n-gram is repeated), so the proposal's length follows how
+    long the match is and how matches of that kind fared in this request; a long match is a
+    free signal to speculate again after short ones failed."""
+
+    def __init__(self, max_k: int, settings: GainSettings, cost_model: PassCostModel | None = None,
+                 priors: Mapping[int, Prior] | None = None,
+                 repeated_priors: Mapping[int, Prior] | None = None) -> None:
+        explicit = settings.prior is not None
+        if priors is None:  # an explicit prior in the settings overrides the per-length table
+            priors = MATCH_PRIOR if not explicit else {b: settings.prior for b in MATCH_PRIOR}
+            if repeated_priors is None and not explicit:
+                repeated_priors = REPEATED_MATCH_PRIOR
+        priors = dict(priors)
+        repeated = dict(repeated_priors or {})
+        self.buckets = tuple(sorted(priors))
+        table: dict[MatchKey, Prior] = {(b, False): priors[b] for b in self.buckets}
+        table.update({(b, True): p for b, p in repeated.items() if b in priors})
+        self.policies = {key: GainPolicy(DrafterKind.NGRAM, max_k, 0.0, dataclasses.replace(settings, prior=prior),
+                                         cost_model) for key, prior in table.items()}
+        self._last: MatchKey | None = None  # the bucket of the last proposal, when it drafted
+        self.paused = False
+
+    def bucket(self, match_length: int) -> int:
+        return max((b for b in self.buckets if b <= match_length), default=self.buckets[0])
+
+    def key(self, match_length: int, occurrences: int = 1) -> MatchKey:
+        bucket = self.bucket(match_length)
+        repeated = occurrences > 1 and (bucket, True) in self.policies
+        return bucket, repeated
+
+    def draft_length(self, match_length: int, available: int, occurrences: int = 1) -> int:
+        key = self.key(match_length, occurrences)
+        k = self.policies[key].next_draft_length(limit=available)
+        self._last = key if k > 0 else None
+        self.paused = k == 0
+        return k
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if self._last is not None and drafted > 0:
+            self.policies[self._last].record(drafted, accepted)
+        self._last = None
+
+
+def machine_key(model: str, settings: str) -> str:
+    """Cache key of a pass-cost measurement: model, runtime settings and this machine's CPU."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    raw = json.dumps({"model": model, "settings": settings, "cpu": cpu, "cpus": os.cpu_count()}, sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+__all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "MATCH_PRIOR", "MatchLengthPolicy", "PRIOR_ACCEPTANCE", "REPEATED_MATCH_PRIOR",
+           "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "machine_key", "plan_round",
+           "prefix_probabilities"]
