@@ -164,7 +164,7 @@ def _stream_through_pump(request: FakeTritonRequest, partials: int) -> None:
     from triton_backend.speculation.loop import GenerationChunk
     from triton_backend.serving.response_pump import ResponsePump
     from triton_backend.serving.service import NullObserver, _Responder, parse_request
-    from triton_backend.serving.tensors import TritonResponseSink
+    from triton_backend.serving.triton.io import TritonResponseSink
 
     parsed = parse_request(GenerateRequest(prompt="p", stream=True).arrays(), SpeculationConfig(), 8)
     pump = ResponsePump(poll_interval_s=60)
@@ -195,7 +195,7 @@ def test_a_cancelled_stream_gets_nothing_more_and_ends_with_the_final_flag_alone
 
 
 def test_an_error_after_a_cancellation_sends_only_the_final_flag(pb_utils) -> None:
-    from triton_backend.serving.tensors import TritonResponseSink
+    from triton_backend.serving.triton.io import TritonResponseSink
 
     request = FakeTritonRequest(cancel_after=0)
     TritonResponseSink(request).fail(RuntimeError("late"))

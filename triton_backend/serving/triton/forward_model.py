@@ -21,7 +21,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.core.errors import InvalidRequestError
-from triton_backend.serving.tensors import error_response, model_parameters
+from triton_backend.serving.triton.io import error_response, model_parameters
 
 logger = logging.getLogger("triton_backend.serving.triton.forward_model")
 STREAM_INPUTS = ("stream", "streaming")

@@ -28,7 +28,7 @@ class FencedSender:
     """One request's responses through ``send(response, final)`` and ``send_final()``
     (the final flag alone), one at a time, the final one exactly once. ``cancelled``: whether
     the request is known to be cancelled, read before each response under the lock (keep it
-    cheap: :class:`~triton_backend.serving.tensors.TritonResponseSink` passes the answer its caller
+    cheap: :class:`~triton_backend.serving.triton.io.TritonResponseSink` passes the answer its caller
     got from Triton just before, not a second round trip)."""
 
     def __init__(self, send: Callable[[Any, bool], None], send_final: Callable[[], None],

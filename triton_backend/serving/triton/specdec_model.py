@@ -19,7 +19,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.serving.interface import ServingConfig
-from triton_backend.serving.tensors import TritonResponseSink, model_parameters, request_arrays
+from triton_backend.serving.triton.io import TritonResponseSink, model_parameters, request_arrays
 from triton_backend.serving.trtllm_interface import SERVED_INPUTS
 
 logger = logging.getLogger("triton_backend.serving.triton.specdec_model")

@@ -104,7 +104,7 @@ class _TokenizerModel:
         self.tokenizer = load_tokenizer(deployment.target)
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        from triton_backend.serving.tensors import error_response, inference_response
+        from triton_backend.serving.triton.io import error_response, inference_response
 
         responses = []
         for request in requests:

@@ -16,7 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.serving.interface import OUTPUTS, STREAM
-from triton_backend.serving.tensors import error_response, model_parameters
+from triton_backend.serving.triton.io import error_response, model_parameters
 
 
 class UnaryModel:
