@@ -10,6 +10,7 @@ import pytest
 
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SpeculationConfig
 from triton_backend.speculation.controller import SpeculationController
+from triton_backend.speculation.pass_cost import measure_pass_cost_model
 from triton_backend.speculation.policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, install_cost_model, plan_round,
                                                prefix_probabilities)
@@ -202,7 +203,7 @@ class ScriptedEngine:
 
 def test_measure_recovers_the_cost_curve_and_caches_it(tmp_path):
     engine = ScriptedEngine()
-    model = PassCostModel.measure(engine, settings="test", cache_dir=tmp_path, budget_s=3.0)
+    model = measure_pass_cost_model(engine, settings="test", cache_dir=tmp_path, budget_s=3.0)
     assert sorted(engine.free) == [0, 1, 2, 3]  # scratch slots given back
     assert model.pass_cost([4]) == pytest.approx(1.3, rel=0.3)
     assert model.pass_cost([1, 1]) == pytest.approx(1.4, rel=0.3)
@@ -210,14 +211,14 @@ def test_measure_recovers_the_cost_curve_and_caches_it(tmp_path):
     cached = list((tmp_path / "pass_cost").glob("*.json"))
     assert len(cached) == 1
     passes = engine.passes
-    again = PassCostModel.measure(engine, settings="test", cache_dir=tmp_path)
+    again = measure_pass_cost_model(engine, settings="test", cache_dir=tmp_path)
     assert engine.passes == passes and again.table == model.table  # read from the cache, no passes
     # keyed by runtime settings; a budget too short for the one-row curve: the default table, not cached
-    assert PassCostModel.measure(engine, settings="other runtime", cache_dir=tmp_path, budget_s=0.05) == PassCostModel.default()
+    assert measure_pass_cost_model(engine, settings="other runtime", cache_dir=tmp_path, budget_s=0.05) == PassCostModel.default()
     assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 1
     slow = ScriptedEngine()
     slow.forward = lambda rows, real=slow.forward: (time.sleep(0.01 * slow.passes), real(rows))[1]  # ever slower: busy
-    assert PassCostModel.measure(slow, settings="busy", cache_dir=tmp_path, budget_s=3.0) == PassCostModel.default()
+    assert measure_pass_cost_model(slow, settings="busy", cache_dir=tmp_path, budget_s=3.0) == PassCostModel.default()
 
 
 def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):
@@ -232,7 +233,7 @@ def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):
     slot = engine.allocate()  # a slot held by a request: measurement works around it and leaves it alone
     try:
         for attempt in range(3):  # a shared machine may be busy for one sub-millisecond measurement
-            model = PassCostModel.measure(engine, settings=f"tiny{attempt}", cache_dir=tmp_path, budget_s=2.0)
+            model = measure_pass_cost_model(engine, settings=f"tiny{attempt}", cache_dir=tmp_path, budget_s=2.0)
             if model.source != "default":
                 break
         assert model.source == "measured:tiny0" and model.pass_cost([1]) == 1.0

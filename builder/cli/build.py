@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from builder.cli.args import given
 from builder.stages.compile import CompileMode
 from builder.errors import BuildSpecError
 from builder.plan.spec import BuildSpec, GpuTarget, MedusaSpec, ModelSpec, Parallelism, TorchRuntimeSpec
@@ -43,13 +44,9 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workspace-gib", type=float, default=None, help="reserve per GPU for CUDA/TensorRT workspaces")
 
 
-def _given(**values: Any) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None}
-
-
 def spec_from_args(a: argparse.Namespace) -> BuildSpec:
     base = BuildSpec.load(a.spec) if a.spec else BuildSpec(target=ModelSpec(a.target or DEFAULT_REFERENCE))
-    target = replace(base.target, **_given(source=a.target, precision=a.precision))
+    target = replace(base.target, **given(source=a.target, precision=a.precision))
     draft = base.draft
     if a.draft is not None:
         draft = replace(draft or ModelSpec(a.draft), source=a.draft)
@@ -59,12 +56,12 @@ def spec_from_args(a: argparse.Namespace) -> BuildSpec:
         draft = replace(draft, precision=a.draft_precision)
     medusa = base.medusa
     if a.medusa_heads is not None or a.medusa_layers is not None or a.medusa_source is not None:
-        medusa = replace(medusa or MedusaSpec(), **_given(num_heads=a.medusa_heads, num_layers=a.medusa_layers,
+        medusa = replace(medusa or MedusaSpec(), **given(num_heads=a.medusa_heads, num_layers=a.medusa_layers,
                                                           source=a.medusa_source))
-    limits = replace(base.limits, **_given(max_batch_size=a.max_batch_size, max_input_len=a.max_input_len,
+    limits = replace(base.limits, **given(max_batch_size=a.max_batch_size, max_input_len=a.max_input_len,
                                            max_output_len=a.max_output_len, max_draft_len=a.max_draft_len,
                                            max_num_tokens=a.max_num_tokens))
-    parallel = replace(base.parallel, **_given(pp_size=a.pp))
+    parallel = replace(base.parallel, **given(pp_size=a.pp))
     if a.tp is not None:
         parallel = Parallelism(tp_size=a.tp, pp_size=parallel.pp_size)
     gpu = GpuTarget(kind=a.gpu or base.gpu.kind, count=a.gpus or base.gpu.count)
@@ -76,7 +73,7 @@ def spec_from_args(a: argparse.Namespace) -> BuildSpec:
 def _build_overrides(spec: BuildSpec, a: argparse.Namespace) -> BuildSpec:
     if not hasattr(a, "output"):
         return spec
-    calibration = replace(spec.calibration, **_given(text_file=a.calibration_file, num_samples=a.calibration_samples,
+    calibration = replace(spec.calibration, **given(text_file=a.calibration_file, num_samples=a.calibration_samples,
                                                      max_length=a.calibration_max_length))
     runtime = TorchRuntimeSpec(device=a.device or spec.torch_runtime.device,
                                dtype=a.torch_dtype or spec.torch_runtime.dtype)

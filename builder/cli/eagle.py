@@ -12,7 +12,7 @@ def _cmd_train_eagle(a: argparse.Namespace) -> int:
     from builder.train.eagle_job import EagleJob, run_train_eagle
     from builder.train.eagle import EagleTrainConfig
     from builder.train.target_data import default_prompts_file
-    from builder.cli.train import _data_config, _eval_config, _given
+    from builder.cli.args import data_config, eval_config, given
 
     heldout_dir = a.heldout_data_dir or f"{a.data_dir.rstrip('/')}-heldout"
     heldout_prompts = a.eval_prompts or str(default_prompts_file("heldout_prompts.txt"))
@@ -20,10 +20,10 @@ def _cmd_train_eagle(a: argparse.Namespace) -> int:
     train = EagleTrainConfig(target=a.target, data_dir=a.data_dir, heldout_dir=heldout_dir, out=out,
                              candidate_vocab=a.candidate_vocab, epochs=a.epochs, batch_size=a.batch_size,
                              time_limit_s=a.time_limit, unroll=a.unroll, cls_weight=a.cls_weight, seed=a.seed,
-                             **_given(lr=a.lr))
-    job = EagleJob(data=_data_config(a, a.data_dir, a.prompts, hidden=True),
-                   heldout=_data_config(a, heldout_dir, heldout_prompts, hidden=True), train=train,
-                   evaluation=_eval_config(a), headline=a.headline, generate=not a.existing_data, threads=a.threads, progress=not a.quiet)
+                             **given(lr=a.lr))
+    job = EagleJob(data=data_config(a, a.data_dir, a.prompts, hidden=True),
+                   heldout=data_config(a, heldout_dir, heldout_prompts, hidden=True), train=train,
+                   evaluation=eval_config(a), headline=a.headline, generate=not a.existing_data, threads=a.threads, progress=not a.quiet)
     report = run_train_eagle(job)
     print(report["summary"])
     if report["acceptance"]:
@@ -71,10 +71,10 @@ def _cmd_export_eagle(a: argparse.Namespace) -> int:
 
 
 def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from builder.cli.train import _data_arguments
+    from builder.cli.args import data_arguments
 
     t = sub.add_parser("train-eagle", help="train an EAGLE drafter on the frozen target; report held-out acceptance")
-    _data_arguments(t)
+    data_arguments(t)
     t.add_argument("--out", required=True, help="output folder (eagle.safetensors + training_report.json) or file")
     t.add_argument("--heldout-data-dir", default=None, help="held-out target data (default: <data-dir>-heldout)")
     t.add_argument("--candidate-vocab", type=int, default=8192, help="tokens the drafter's LM head ranks (0: all)")

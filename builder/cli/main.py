@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_training_commands(sub)
 
+    from builder.cli.eagle import register_eagle_commands
+
+    register_eagle_commands(sub)
+
     from builder.cli.bench import register as register_bench
 
     register_bench(sub)

@@ -8,21 +8,21 @@ request handle) calls :meth:`ResponseBuilder.partial` for every chunk that is no
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.stats import GenerationStats
 from triton_backend.serving.tensors import TritonType as T
 from triton_backend.serving.tensors import array_tensor, scalar_tensor, string_tensor
+from triton_backend.serving.interface import (
+    ACCEPTANCE_RATE, FALLBACK, FINISH_REASON, METHOD, NUM_OUTPUT_TOKENS, TARGET_PASSES, TEXT_OUTPUT, TOTAL_ACCEPTED,
+    TOTAL_DRAFT,
+)
+from triton_backend.serving.request import ServingRequest
 from triton_backend.serving.trtllm_interface import (
     ARRIVAL_NS, BATCH_INDEX, CUM_LOG_PROBS, OUTPUT_LOG_PROBS, FIRST_SCHEDULED_NS, FIRST_TOKEN_NS, KV_NEW_BLOCKS, KV_REUSED_BLOCKS, KV_TOTAL_BLOCKS,
     LAST_TOKEN_NS, OUTPUT_IDS, SEQUENCE_INDEX, SEQUENCE_LENGTH,
 )
-
-if TYPE_CHECKING:
-    from triton_backend.serving.service import ServingRequest
 
 Outputs = dict[str, np.ndarray]
 
@@ -45,10 +45,27 @@ def index_outputs() -> Outputs:
     return {BATCH_INDEX.name: scalar_tensor(0, T.INT32), SEQUENCE_INDEX.name: scalar_tensor(0, T.INT32)}
 
 
+def final_outputs(text: str, chunk: GenerationChunk) -> dict[str, np.ndarray]:
+    """The last response: text plus the request's acceptance statistics."""
+    stats = chunk.stats or GenerationStats()
+    reason = chunk.finish_reason.value if chunk.finish_reason is not None else ""
+    return {
+        TEXT_OUTPUT.name: string_tensor(text),
+        ACCEPTANCE_RATE.name: scalar_tensor(stats.acceptance_rate, T.FP32),
+        TOTAL_ACCEPTED.name: scalar_tensor(stats.accepted_tokens, T.INT32),
+        TOTAL_DRAFT.name: scalar_tensor(stats.drafted_tokens, T.INT32),
+        TARGET_PASSES.name: scalar_tensor(stats.target_passes, T.INT32),
+        FALLBACK.name: scalar_tensor(stats.fallback, T.BOOL),
+        NUM_OUTPUT_TOKENS.name: scalar_tensor(stats.generated_tokens, T.INT32),
+        METHOD.name: string_tensor(stats.method),
+        FINISH_REASON.name: string_tensor(reason),
+    }
+
+
 class ResponseBuilder:
     """Turns one request's chunks into response tensors (see the module doc)."""
 
-    def __init__(self, request: "ServingRequest") -> None:
+    def __init__(self, request: ServingRequest) -> None:
         self.request = request
         self.pieces: list[str] = [request.prompt] if request.include_prompt and not request.token_level else []
         self.ids: list[int] = list(request.prompt) if request.include_prompt and request.token_level else []
@@ -73,8 +90,6 @@ class ResponseBuilder:
 
     def final(self, chunk: GenerationChunk) -> Outputs:
         """The last response: the rest of the output, the request's statistics, perf metrics."""
-        from triton_backend.serving.service import final_outputs
-
         self._saw(chunk)
         text = "".join(self.pieces) + chunk.text
         out = final_outputs(text, chunk)

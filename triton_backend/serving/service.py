@@ -11,7 +11,6 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
@@ -24,9 +23,7 @@ from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
 from triton_backend.serving.interface import (
-    ACCEPTANCE_RATE, CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, FALLBACK, FINISH_REASON, METHOD, NUM_DRAFT_TOKENS,
-    NUM_OUTPUT_TOKENS, SPECULATION, STOP_WORDS, TARGET_PASSES, TEMPERATURE,
-    TEXT_OUTPUT, TOTAL_ACCEPTED, TOTAL_DRAFT, ServingConfig,
+    CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, NUM_DRAFT_TOKENS, SPECULATION, STOP_WORDS, TEMPERATURE, ServingConfig,
 )
 from triton_backend.serving.trtllm_inputs import (
     check_single_sequence, read_max_tokens, read_pad_id, read_prompt, read_seed, read_stream, read_top_k_p,
@@ -35,30 +32,13 @@ from triton_backend.serving.trtllm_inputs import (
 from triton_backend.serving.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.core.reference_model import REFERENCE_MODELS
 from triton_backend.serving.response_pump import ResponsePump
+from triton_backend.serving.request import ServingRequest
 from triton_backend.serving.responses import ResponseBuilder
 from triton_backend.batching.scheduler import BatchScheduler, RoundObserver, SchedulerConfig, batchable
 from triton_backend.core.stats import GenerationStats
-from triton_backend.serving.tensors import TritonType as T
-from triton_backend.serving.tensors import read_scalar, read_strings, scalar_tensor, string_tensor
+from triton_backend.serving.tensors import read_scalar, read_strings
 
 logger = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class ServingRequest:
-    """One parsed request. ``prompt`` is text, or token ids for the token-level interface
-    (``token_level``: ``input_ids`` in, ``output_ids`` out); both go to
-    :meth:`Decoder.encode` as they are."""
-
-    prompt: str | tuple[int, ...]
-    sampling: SamplingParams
-    speculation: SpeculationConfig
-    stream: bool = False
-    chat: bool = False
-    include_prompt: bool = False  # exclude_input_in_output = false: the output starts with the prompt as sent
-    token_level: bool = False
-    return_perf_metrics: bool = False
-    arrival_ns: int = 0  # time.time_ns() when parsed (perf metrics)
-
 
 def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConfig,
                   default_max_tokens: int = 64) -> ServingRequest:
@@ -100,27 +80,6 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
 
 def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
-
-
-def text_outputs(text: str) -> dict[str, np.ndarray]:
-    return {TEXT_OUTPUT.name: string_tensor(text)}
-
-
-def final_outputs(text: str, chunk: GenerationChunk) -> dict[str, np.ndarray]:
-    """The last response: text plus the request's acceptance statistics."""
-    stats = chunk.stats or GenerationStats()
-    reason = chunk.finish_reason.value if chunk.finish_reason is not None else ""
-    return {
-        TEXT_OUTPUT.name: string_tensor(text),
-        ACCEPTANCE_RATE.name: scalar_tensor(stats.acceptance_rate, T.FP32),
-        TOTAL_ACCEPTED.name: scalar_tensor(stats.accepted_tokens, T.INT32),
-        TOTAL_DRAFT.name: scalar_tensor(stats.drafted_tokens, T.INT32),
-        TARGET_PASSES.name: scalar_tensor(stats.target_passes, T.INT32),
-        FALLBACK.name: scalar_tensor(stats.fallback, T.BOOL),
-        NUM_OUTPUT_TOKENS.name: scalar_tensor(stats.generated_tokens, T.INT32),
-        METHOD.name: string_tensor(stats.method),
-        FINISH_REASON.name: string_tensor(reason),
-    }
 
 
 def load_deployment(path: Path) -> DeploymentConfig:
@@ -308,5 +267,5 @@ class SpecdecService:
 
 __all__ = [
     "NullObserver", "RequestObserver", "ResponseSink", "ServingRequest",
-    "SpecdecService", "final_outputs", "load_deployment", "parse_request", "text_outputs",
+    "SpecdecService", "load_deployment", "parse_request",
 ]

@@ -21,13 +21,11 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-from triton_backend.engines.batch import BatchRow, SlotsExhaustedError
 from triton_backend.core.reference_model import cache_dir as default_cache_dir
-
-if TYPE_CHECKING:
-    from triton_backend.speculation.policy import PassCostModel
+from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
+from triton_backend.speculation.policy import PassCostModel, install_cost_model, machine_key
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +44,6 @@ class NoisyMeasurementError(RuntimeError):
 
 
 def _cache_path(cache_dir: Path | None, engine: Any, settings: str) -> Path:
-    from triton_backend.speculation.policy import machine_key
-
     root = cache_dir if cache_dir is not None else default_cache_dir()
     kernel = getattr(engine, "kernel_name", "")  # a changed matmul kernel has other costs: measured anew
     return root / "pass_cost" / f"{machine_key(str(engine.name), settings + kernel)}.json"
@@ -128,21 +124,21 @@ def _check(seconds: dict[tuple[int, int], float]) -> None:
 
 
 def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 3.0,
-                                cache_dir: Path | None = None) -> "PassCostModel | None":
+                                cache_dir: Path | None = None) -> PassCostModel | None:
     """At load: measure (or read the cached) pass costs of a batched engine and make them the
     process's cost model; engines outside the batched contract keep the default table."""
-    from triton_backend.engines.batch import BatchedEngine
-    from triton_backend.speculation.policy import PassCostModel, install_cost_model
-
     if not isinstance(engine, BatchedEngine):
         return None
-    model = PassCostModel.measure(engine, settings=settings, cache_dir=cache_dir, budget_s=budget_s)
+    model = measure_pass_cost_model(engine, settings=settings, cache_dir=cache_dir, budget_s=budget_s)
     install_cost_model(model)
     return model
 
 
-def measure_pass_cost_model(cls: "type[PassCostModel]", engine: Any, *, settings: str = "", cache_dir: Path | None = None,
-                            budget_s: float = 3.0) -> "PassCostModel":
+def measure_pass_cost_model(engine: Any, *, settings: str = "", cache_dir: Path | None = None,
+                            budget_s: float = 3.0) -> PassCostModel:
+    """Measure (or read this machine's cached measurement of) ``engine``'s pass costs; the
+    default table when the machine is too busy to measure."""
+    cls = PassCostModel
     path = _cache_path(cache_dir, engine, settings)
     if path.is_file():
         try:

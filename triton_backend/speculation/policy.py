@@ -113,14 +113,6 @@ class PassCostModel:
         table = {int(r): {int(t): float(c) for t, c in curve.items()} for r, curve in data["table"].items()}
         return cls(table, str(data.get("source", "cached")))
 
-    @classmethod
-    def measure(cls, engine: object, *, settings: str = "", cache_dir: Path | None = None,
-                budget_s: float = 3.0) -> "PassCostModel":
-        """Measure (or read this machine's cached measurement of) ``engine``'s pass costs."""
-        from triton_backend.speculation.pass_cost import measure_pass_cost_model
-
-        return measure_pass_cost_model(cls, engine, settings=settings, cache_dir=cache_dir, budget_s=budget_s)
-
 
 _current_cost_model: PassCostModel | None = None
 

@@ -1,0 +1,27 @@
+"""One parsed request, as the service and its responses read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triton_backend.core.config import SamplingParams, SpeculationConfig
+
+
+@dataclass(frozen=True)
+class ServingRequest:
+    """One parsed request. ``prompt`` is text, or token ids for the token-level interface
+    (``token_level``: ``input_ids`` in, ``output_ids`` out); both go to
+    :meth:`Decoder.encode` as they are."""
+
+    prompt: str | tuple[int, ...]
+    sampling: SamplingParams
+    speculation: SpeculationConfig
+    stream: bool = False
+    chat: bool = False
+    include_prompt: bool = False  # exclude_input_in_output = false: the output starts with the prompt as sent
+    token_level: bool = False
+    return_perf_metrics: bool = False
+    arrival_ns: int = 0  # time.time_ns() when parsed (perf metrics)
+
+
+__all__ = ["ServingRequest"]
