@@ -142,12 +142,15 @@ class FrontModel:
     adapter: str
 
 
+FORWARD_MODULE = "triton_backend.serving.triton.forward_model"  # the text- and token-level tensorrtllm_backend models
+
+
 def front_models(serving: ServingConfig) -> list[FrontModel]:
     """The tensorrtllm_backend-named models this ServingConfig renders (names configurable)."""
     names = serving.trtllm_models
     if names is None:
         return []
-    forward, tok = ("triton_backend.serving.triton.forward_model", "ForwardModel"), "triton_backend.serving.triton.tokenizer_models"
+    forward, tok = (FORWARD_MODULE, "ForwardModel"), "triton_backend.serving.triton.tokenizer_models"
     specs = [(names.ensemble, True, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
              (names.bls, False, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
              (names.tokens, True, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward),
@@ -158,7 +161,7 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
 
 def render_front_config(serving: ServingConfig, model: FrontModel) -> str:
     return _config(model.name, decoupled=model.decoupled, inputs=model.inputs, outputs=model.outputs,
-                   count=serving.unary_instance_count if model.module.endswith("triton_forward") and not model.decoupled else 1,
+                   count=serving.unary_instance_count if model.module == FORWARD_MODULE and not model.decoupled else 1,
                    params={"target_model": serving.model_name}, max_batch_size=serving.max_batch_size)
 
 
