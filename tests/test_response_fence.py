@@ -161,7 +161,7 @@ def _stream_through_pump(request: FakeTritonRequest, partials: int) -> None:
     """``partials`` partial chunks and a final one, through the service's response pump."""
     from builder.ops.triton_client import GenerateRequest
     from triton_backend.core.config import SpeculationConfig
-    from triton_backend.speculation.loop import GenerationChunk
+    from triton_backend.speculation.commit import GenerationChunk
     from triton_backend.serving.response_pump import ResponsePump
     from triton_backend.serving.service import NullObserver, _Responder, parse_request
     from triton_backend.serving.triton.io import TritonResponseSink
