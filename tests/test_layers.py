@@ -28,3 +28,28 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     found = _checker().problems(tmp_path)
     assert any(line.startswith("upward import: triton_backend.core.a -> triton_backend.serving.b") for line in found)
     assert any(line.startswith("import cycle:") for line in found)
+
+
+def test_every_module_imports(monkeypatch) -> None:
+    """Every module imports (a name moved between modules fails here, not in a Triton stub). The
+    Triton models import ``triton_python_backend_utils``, which only Triton's stub provides: an
+    empty module stands in for it, so the imports after it are checked too (nothing of it is
+    used at import time; tests/test_triton_server.py runs the models in a real Triton)."""
+    import importlib
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    before = set(sys.modules)
+    failed = {}
+    for top in ("triton_backend", "builder"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - any import error is the finding
+                failed[name] = repr(exc)
+    for name in set(sys.modules) - before:  # the Triton models hold the stand-in: not for later tests
+        if name.startswith("triton_backend.serving.triton."):
+            del sys.modules[name]
+    assert failed == {}

@@ -21,8 +21,9 @@ import numpy as np
 
 from triton_backend.core.errors import InvalidRequestError, SpecbuildError
 from triton_backend.serving.tensors import (
-    TritonType, array_tensor, model_parameters, read_matrix, read_scalar, read_strings, scalar_tensor,
+    TritonType, array_tensor, read_matrix, read_scalar, read_strings, scalar_tensor,
 )
+from triton_backend.serving.triton.io import model_parameters
 from triton_backend.serving.trtllm_inputs import refuse_unsupported
 from triton_backend.serving.trtllm_interface import POST_INPUTS, PRE_INPUTS
 
