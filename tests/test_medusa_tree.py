@@ -20,8 +20,8 @@ from triton_backend.speculation.drafters.medusa import MedusaDrafter
 from triton_backend.core.errors import ConfigError, ModelLoadError
 from triton_backend.speculation.loop import SpeculativeDecoder
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint, MedusaHeads, MedusaHeadsInfo, load_medusa, save_medusa
-from triton_backend.core.tree import (ancestor_mask, choices_to_parents, node_depths, normalise_choices, path_to,
-                                 tree_attention_inputs)
+from triton_backend.core.tree import ancestor_mask, choices_to_parents, node_depths, normalise_choices, path_to
+from triton_backend.engines.torch.tree_attention import tree_attention_inputs
 from triton_backend.speculation.tree_verify import verify_tree_greedy, verify_tree_sampling, verify_tree_typical
 
 PARENTS = [-1, -1, 0, 0, 1, 2, 5, -1]  # three root children, branches of depth 1..4

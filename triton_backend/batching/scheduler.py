@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from triton_backend.batching.plan import BatchPolicy, DraftPlanner
 from triton_backend.batching.rounds import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_per_row,
@@ -359,7 +359,7 @@ class BatchScheduler:
             self._tell(handle.on_cancelled)
 
     @staticmethod
-    def _tell(callback, *args: object) -> bool:  # type: ignore[no-untyped-def]
+    def _tell(callback: Callable[..., object], *args: object) -> bool:
         """Call a client callback; False when it raised (the client is gone; logged)."""
         try:
             callback(*args)

@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from triton_backend.engines.batch import BatchRow, RowOutput, SlotsExhaustedError
 from triton_backend.engines.torch.hf_engine import TorchEngine
 from triton_backend.core.errors import ContextLengthError
-from triton_backend.core.tree import compact_cache, tree_attention_inputs
+from triton_backend.engines.torch.tree_attention import compact_cache, tree_attention_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ class TorchSession:
         committed token then each node (:meth:`head_logits` turns rows into logits, so a
         verifier pays the LM head only for the rows it visits). The nodes stay in the cache
         until :meth:`keep_tree_path` keeps the accepted ones."""
-        from triton_backend.core.tree import tree_attention_inputs
+        from triton_backend.engines.torch.tree_attention import tree_attention_inputs
 
         n = len(tokens) + len(tree_tokens)
         if n > self._engine.max_context:
@@ -118,7 +118,7 @@ class TorchSession:
     def keep_tree_path(self, path: Sequence[int]) -> None:
         """KV compaction, the one place the cache is rearranged: after :meth:`tree_hidden`,
         keep the committed tokens plus the tree nodes ``path`` (root-to-leaf); drop the rest."""
-        from triton_backend.core.tree import compact_cache
+        from triton_backend.engines.torch.tree_attention import compact_cache
 
         if not self._tree:
             if path:

@@ -147,7 +147,7 @@ class LlamaEngine:
         return out
 
     def _plan(self, rows: Sequence[BatchRow]) -> tuple[torch.Tensor, torch.Tensor, list[RowPlan], torch.Tensor]:
-        from triton_backend.core.tree import tree_attention_inputs
+        from triton_backend.engines.torch.tree_attention import tree_attention_inputs
 
         seen: set[int] = set()
         ids: list[int] = []

@@ -37,7 +37,7 @@ from torch import nn
 
 from triton_backend.engines.torch.kv_cache import SlotKVCache
 from triton_backend.engines.torch.packed_linear import MAX_CHUNKS, packed_matmul, packed_weight, packing_available
-from triton_backend.engines.torch.row_gemm import RowGemm
+from triton_backend.engines.torch.row_gemm import BoundGemm, RowGemm
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class RowLinear:
         self.bias = None if bias is None else bias.detach()
         self.row_gemm = row_gemm if (row_gemm is not None and self.weight.device.type == "cpu"
                                      and self.weight.dtype == torch.float32) else None
-        self._run = None
+        self._run: BoundGemm | None = None
         if self.row_gemm is not None:
             self.weight = self.weight.contiguous()
             self.bias = None if self.bias is None else self.bias.float().contiguous()
@@ -129,7 +129,7 @@ class RowLinear:
 
     def packed_bytes(self) -> int:
         """Memory of this layer's packed weight copy (row-kernel panels or MKL's packing), if any."""
-        packed = self._run.packed if self._run is not None else self.packed  # type: ignore[attr-defined]
+        packed = self._run.packed if self._run is not None else self.packed
         return 0 if packed is None else packed.numel() * packed.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -316,6 +316,26 @@ def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
     return fn, pack, attention
 
 
+class BoundGemm:
+    """One linear layer on the row kernel: ``x [M, K] -> x weight^T + bias [M, N]``. Holds the
+    packed weight and the bias, whose memory the kernel reads through raw pointers."""
+
+    def __init__(self, fn: Any, packed: torch.Tensor, bias: torch.Tensor | None, n: int, k: int) -> None:
+        self.packed, self.bias, self.n, self.k = packed, bias, n, k
+        self._fn = fn
+        self._w, self._b = packed.data_ptr(), None if bias is None else bias.data_ptr()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        k, n = self.k, self.n
+        if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"row_gemm needs x [M, {k}] float32 on CPU, got {tuple(x.shape)} {x.dtype} {x.device}")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], n, dtype=torch.float32)
+        if x.shape[0]:
+            self._fn(x.data_ptr(), x.shape[0], k, self._w, self._b, n, y.data_ptr())
+        return y
+
+
 class RowGemm:
     """The loaded kernel: ``row_gemm(x [M, K], weight [N, K], bias [N] | None) -> [M, N]``
     (float32 CPU), and :meth:`bind` for a layer whose weight is checked once."""
@@ -330,7 +350,7 @@ class RowGemm:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.bind(weight, bias)(x)
 
-    def bind(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    def bind(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "BoundGemm":
         """``x -> x weight^T + bias`` with the weight's checks done here, once (the per-call
         checks are the few that keep the kernel inside its buffers)."""
         if weight.dim() != 2 or any(t is not None and (t.dtype != torch.float32 or t.device.type != "cpu")
@@ -338,22 +358,10 @@ class RowGemm:
             raise ValueError("row_gemm runs float32 CPU tensors only: weight [N, K], bias [N]")
         if not weight.is_contiguous() or (bias is not None and (not bias.is_contiguous() or bias.shape != weight.shape[:1])):
             raise ValueError("row_gemm needs a contiguous weight (and bias [N])")
-        fn, (n, k) = self._fn, weight.shape
+        n, k = weight.shape
         packed = torch.empty(-(-n // PANEL) * k * PANEL, dtype=torch.float32)  # the weight in panels, once
         self._pack(weight.data_ptr(), n, k, packed.data_ptr())
-        w_ptr, b_ptr = packed.data_ptr(), None if bias is None else bias.data_ptr()
-
-        def run(x: torch.Tensor) -> torch.Tensor:  # x [M, K] -> [M, N]
-            if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.device.type != "cpu":
-                raise ValueError(f"row_gemm needs x [M, {k}] float32 on CPU, got {tuple(x.shape)} {x.dtype} {x.device}")
-            x = x.contiguous()
-            y = torch.empty(x.shape[0], n, dtype=torch.float32)
-            if x.shape[0]:
-                fn(x.data_ptr(), x.shape[0], k, w_ptr, b_ptr, n, y.data_ptr())
-            return y
-
-        run.packed, run.bias = packed, bias  # type: ignore[attr-defined]  # the pointers' owners stay alive
-        return run
+        return BoundGemm(self._fn, packed, bias, n, k)
 
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                   visible: torch.Tensor | None, scale: float, out: torch.Tensor, scratch: torch.Tensor) -> None:
@@ -390,4 +398,4 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["RowGemm", "cpu_isa", "kernel_digest", "load_row_gemm"]
+__all__ = ["BoundGemm", "RowGemm", "cpu_isa", "kernel_digest", "load_row_gemm"]
