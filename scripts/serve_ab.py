@@ -33,7 +33,8 @@ def start_server(tree: Path, log: Path, batch_policy: str, max_batch_size: int) 
     """``specbuild serve`` from ``tree``; returns the process and its gRPC address once ready."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "builder.cli.main", "serve", "--http-port", str(http), "--grpc-port", str(grpc),
+    cli = "builder.cli.main" if (tree / "builder" / "cli" / "main.py").is_file() else "builder.cli"  # trees before #19's packages
+    cmd = [sys.executable, "-m", cli, "serve", "--http-port", str(http), "--grpc-port", str(grpc),
            "--metrics-port", str(metrics), "--max-batch-size", str(max_batch_size), "--batch-policy", batch_policy,
            "--restart-limit", "0"]
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
