@@ -21,13 +21,14 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from triton_backend.core.reference_model import cache_dir as default_cache_dir
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
 from triton_backend.speculation.policy import PassCostModel, install_cost_model, machine_key
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # measured in this order until the budget is spent: one row's curve first (what a lone
 # request's decision needs), then batches of decode rows and of verify rows
@@ -47,6 +48,18 @@ def _cache_path(cache_dir: Path | None, engine: Any, settings: str) -> Path:
     root = cache_dir if cache_dir is not None else default_cache_dir()
     kernel = getattr(engine, "kernel_name", "")  # a changed matmul kernel has other costs: measured anew
     return root / "pass_cost" / f"{machine_key(str(engine.name), settings + kernel)}.json"
+
+
+def _read_cache(path: Path, parse: Callable[[dict], T]) -> T | None:
+    """A cached measurement parsed, or None when there is none; an unreadable one is logged and
+    measured anew."""
+    if not path.is_file():
+        return None
+    try:
+        return parse(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        logger.warning("ignoring the unreadable measurement cache %s: %s", path, exc)
+        return None
 
 
 def _write_cache(path: Path, data: dict) -> None:
@@ -138,24 +151,21 @@ def measure_pass_cost_model(engine: Any, *, settings: str = "", cache_dir: Path 
                             budget_s: float = 3.0) -> PassCostModel:
     """Measure (or read this machine's cached measurement of) ``engine``'s pass costs; the
     default table when the machine is too busy to measure."""
-    cls = PassCostModel
     path = _cache_path(cache_dir, engine, settings)
-    if path.is_file():
-        try:
-            return cls.from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring the unreadable pass-cost cache %s: %s", path, exc)
+    cached = _read_cache(path, PassCostModel.from_json)
+    if cached is not None:
+        return cached
     started = time.perf_counter()
     try:
         seconds = measure_seconds(engine, budget_s)
         _check(seconds)
     except NoisyMeasurementError as exc:
         logger.warning("pass costs of %s not measured (%s); deciding from the default table", engine.name, exc)
-        return cls.default()
-    measured = cls.from_measurements(seconds, source=f"measured:{engine.name}")
+        return PassCostModel.default()
+    measured = PassCostModel.from_measurements(seconds, source=f"measured:{engine.name}")
     # row counts the budget left out keep the default table's curves
-    table = {rows: dict(curve) for rows, curve in cls.default().table.items() if rows not in measured.table}
-    model = cls({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
+    table = {rows: dict(curve) for rows, curve in PassCostModel.default().table.items() if rows not in measured.table}
+    model = PassCostModel({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
     logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
     _write_cache(path, model.to_json())
     return model
@@ -210,11 +220,9 @@ def measured_eagle_draft_cost(drafter: Any, engine: Any, settings: str = "", cac
     else measured now and cached; None when the measurement is not believable (a busy machine)."""
     identity = f"eagle:{sum(p.numel() for p in drafter.net.parameters())}:{int(drafter.head.shape[0])}"
     path = _cache_path(cache_dir, engine, settings + identity)
-    if path.is_file():
-        try:
-            return float(json.loads(path.read_text())["draft_cost"])
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring the unreadable draft-cost cache %s: %s", path, exc)
+    cached = _read_cache(path, lambda data: float(data["draft_cost"]))
+    if cached is not None:
+        return cached
     per_token, step = measure_eagle_draft_seconds(drafter, engine)
     cost = per_token / step
     if not 0.0 < cost <= MAX_DRAFT_COST:
@@ -233,7 +241,6 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
     token at) becomes its measured cost per drafted token on this machine. Other drafters, and
     targets outside the batched engine contract, keep their parameter ratios."""
     from triton_backend.speculation.drafters.eagle import EagleDrafter
-    from triton_backend.engines.batch import BatchedEngine
 
     if not isinstance(target, BatchedEngine):
         return
