@@ -261,7 +261,7 @@ class BatchScheduler:
         donor, length = None, 0
         for other in self._active:
             if other.slot is not None:
-                n = common_prefix_length(other.tokens[:other.valid], seq.tokens)
+                n = min(common_prefix_length(other.tokens, seq.tokens), other.valid)  # no copy of its tokens
                 if n > length:
                     donor, length = other, n
         length = min(length, len(seq.tokens) - 1)  # the last prompt token is fed: its logits start decoding
