@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from builder.bench.concurrency import ConcurrencyConfig, LevelResult, run_concurrency_bench, summarize, write_concurrency_report
+from builder.bench.concurrency import (ConcurrencyConfig, LevelResult, merge_levels, run_concurrency_bench, summarize,
+                                      write_concurrency_report)
 from triton_backend.core.errors import ConfigError
 
 
@@ -36,20 +37,33 @@ def test_summary_figures_from_levels(tmp_path) -> None:
     assert "| load_aware | 8 |" in paths["markdown"].read_text()
 
 
+def test_repeats_pool_tokens_and_time_and_flag_a_text_that_changes() -> None:
+    merged = merge_levels([_level("off", 8, 400, 10.0), _level("off", 8, 200, 10.0)])
+    assert merged.tokens == 600 and merged.wall_s == 20.0 and merged.requests == 16
+    assert merged.summary()["tokens_per_s"] == pytest.approx(30.0)  # all tokens over all time, not a mean of rates
+    assert merged.summary()["tokens_per_s_by_repeat"] == [40.0, 20.0]
+    assert len(merged.latencies_s) == 16 and not merged.errors
+    changed = merge_levels([_level("off", 8, 400, 10.0), _level("off", 8, 400, 10.0, text="other")])
+    assert changed.errors == ["prompt 0: the text differs between repeats"]
+
+
 def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="modes"):
         ConcurrencyConfig(modes=("fast",))
     with pytest.raises(ConfigError, match="positive"):
         ConcurrencyConfig(concurrency=(0, 2))
+    with pytest.raises(ConfigError, match="repeats"):
+        ConcurrencyConfig(repeats=0)
 
 
 @pytest.mark.slow
 def test_tiny_run_through_triton(tmp_path) -> None:
     config = ConcurrencyConfig(concurrency=(1, 2), modes=("off", "load_aware"), max_tokens=4, requests_per_stream=1,
                                workloads=("copy",), prompts_per_workload=2, out_dir=tmp_path, plot=False,
-                               headline=False)
+                               headline=False, repeats=2)
     summary = run_concurrency_bench(config)
     assert len(summary["rows"]) == 4
     for row in summary["rows"]:
-        assert row["errors"] == 0 and row["tokens"] == 4 * row["concurrency"] and row["tokens_per_s"] > 0
+        assert row["errors"] == 0 and row["tokens"] == 2 * 4 * row["concurrency"] and row["tokens_per_s"] > 0
+        assert len(row["tokens_per_s_by_repeat"]) == 2
         assert row["identical_to_plain"] is True

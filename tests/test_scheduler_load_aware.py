@@ -29,12 +29,39 @@ def test_the_measured_best_regime_runs_and_the_others_only_as_probes(best) -> No
     rate = {r: 100.0 for r in Regime}
     rate[best] = 140.0
     chosen = _run(chooser, 16, 240, rate)
-    assert all(r in chosen[:6] for r in Regime)  # each tried first
-    steady = chosen[6:]
+    assert chosen[0] is Regime.PLAIN  # a bucket starts plain
+    assert all(r in chosen[:12 + 2] for r in Regime)  # each measured by the first probes
+    assert chosen[:2 * 12 + 2].count(best) >= 2  # the best one warmup times soon after
+    steady = chosen[30:]
     assert steady.count(best) / len(steady) >= 0.9
     # what the probes cost: at most a few % of the best regime's rate
     achieved = sum(rate[r] for r in steady) / len(steady)
     assert achieved / rate[best] >= 0.97
+
+
+def test_plain_stays_the_incumbent_unless_a_regime_clearly_beats_it() -> None:
+    """A speculating regime runs as the best only once measured ``switch_margin`` faster than
+    plain: a regime about as fast as plain (one lucky round is the same thing) is only probed."""
+    chooser = RegimeChooser(probe_every=8, switch_margin=0.05)
+    rate = {Regime.PLAIN: 100.0, Regime.PLAN: 103.0, Regime.OWN: 60.0}
+    chosen = _run(chooser, 8, 200, rate)
+    assert chosen.count(Regime.PLAN) <= 200 // 8 + 1
+    rate[Regime.PLAN] = 120.0
+    after = _run(chooser, 8, 40, rate)
+    assert after[-20:].count(Regime.PLAN) >= 18
+
+
+def test_a_larger_batch_starts_from_what_a_smaller_one_learned() -> None:
+    """Speculation pays less as the batch grows: regimes that kept losing at 4 rows are not
+    re-tried at once at 8 rows; they wait the interval they reached at 4."""
+    chooser = RegimeChooser(probe_every=16, max_probe_every=256)
+    rate = {Regime.PLAIN: 100.0, Regime.PLAN: 60.0, Regime.OWN: 50.0}
+    _run(chooser, 4, 600, rate)
+    learned = chooser.probe_intervals(4)
+    assert learned["plan"] >= 128 and learned["own"] >= 128
+    assert chooser.probe_intervals(8) == learned
+    chosen = _run(chooser, 8, 100, rate)
+    assert chosen == [Regime.PLAIN] * 100
 
 
 def test_a_regime_that_turns_worse_is_dropped_and_buckets_are_separate() -> None:
@@ -50,9 +77,10 @@ def test_a_regime_that_turns_worse_is_dropped_and_buckets_are_separate() -> None
 def test_a_regime_that_keeps_losing_is_probed_ever_less_and_found_again_once_it_wins() -> None:
     chooser = RegimeChooser(probe_every=16, max_probe_every=256, backoff_margin=0.1)
     rate = {Regime.PLAIN: 100.0, Regime.PLAN: 60.0, Regime.OWN: 50.0}
-    chosen = _run(chooser, 8, len(Regime), rate)  # the warmup: each regime's first probe
+    chosen = _run(chooser, 8, 18, rate)  # plain, then each other regime's first probe after 16 rounds
+    assert chosen[:15] == [Regime.PLAIN] * 15
     assert chooser.probe_intervals(8) == {"plan": 32, "own": 32, "plain": 16}
-    chosen += _run(chooser, 8, 1024 - len(Regime), rate)
+    chosen += _run(chooser, 8, 1024 - 18, rate)
     # fixed probing every 16 rounds would run each loser ~64 times; backing off: 16, 32, .., 256
     assert chosen.count(Regime.PLAN) <= 9 and chosen.count(Regime.OWN) <= 9
     assert sum(rate[r] for r in chosen) / len(chosen) >= 0.99 * rate[Regime.PLAIN]

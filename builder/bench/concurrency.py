@@ -1,8 +1,11 @@
 """``specbuild bench --concurrency 1,2,4,8,16``: serving throughput and latency under load.
 
-A real Triton server (loopback, free ports) per serving mode; at each concurrency ``c``,
-``c`` client threads each send ``requests_per_stream`` gRPC streaming requests (the bench
-prompts, fixed length) back to back. Per mode and ``c``: aggregate output tokens/s,
+A real Triton server (loopback, free ports) per serving mode, all up at once; at each
+concurrency ``c``, ``c`` client threads each send ``requests_per_stream`` gRPC streaming
+requests (the bench prompts, fixed length) back to back. The modes run one after another at
+each level, in an order that rotates, and the whole sweep is repeated ``repeats`` times, so
+a busy machine's drift falls on every mode alike (the ratios are measured side by side). Per
+mode and ``c`` over the repeats: aggregate output tokens/s (all tokens over all wall time),
 per-request p50/p95 latency and time to first token. Modes:
 
 - ``serial``: one request at a time (``max_batch_size`` 1, plain decoding): the old
@@ -50,6 +53,7 @@ class ConcurrencyConfig:
     prompts_per_workload: int = 5
     max_tokens: int = 64
     requests_per_stream: int = 2
+    repeats: int = 2  # interleaved sweeps over every level and mode
     num_threads: int = 1
     out_dir: Path = DEFAULT_OUT
     label: str = "cpu"
@@ -62,8 +66,8 @@ class ConcurrencyConfig:
             raise ConfigError(f"unknown concurrency modes {unknown}; choose from {MODES}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError("concurrency levels must be positive integers")
-        if self.max_tokens < 1 or self.requests_per_stream < 1:
-            raise ConfigError("max_tokens and requests_per_stream must be positive")
+        if self.max_tokens < 1 or self.requests_per_stream < 1 or self.repeats < 1:
+            raise ConfigError("max_tokens, requests_per_stream and repeats must be positive")
 
 
 @dataclass
@@ -77,13 +81,14 @@ class LevelResult:
     ttft_s: list[float] = field(default_factory=list)
     texts: dict[int, str] = field(default_factory=dict)  # prompt index -> text (greedy: the same every time)
     errors: list[str] = field(default_factory=list)
+    repeat_rates: list[float] = field(default_factory=list)  # tokens/s of each repeat (merged levels)
 
     def summary(self) -> dict[str, Any]:
         return {"mode": self.mode, "concurrency": self.concurrency, "requests": self.requests, "tokens": self.tokens,
                 "wall_s": self.wall_s, "tokens_per_s": self.tokens / self.wall_s if self.wall_s > 0 else 0.0,
                 "latency_p50_s": _percentile(self.latencies_s, 50), "latency_p95_s": _percentile(self.latencies_s, 95),
                 "ttft_p50_s": _percentile(self.ttft_s, 50), "ttft_p95_s": _percentile(self.ttft_s, 95),
-                "errors": len(self.errors)}
+                "errors": len(self.errors), "tokens_per_s_by_repeat": [round(r, 2) for r in self.repeat_rates]}
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -158,23 +163,58 @@ def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurr
     return result
 
 
+def merge_levels(runs: list[LevelResult]) -> LevelResult:
+    """One mode and level over its repeats: tokens and wall time summed (tokens/s is all
+    tokens over all time), latencies pooled; a greedy text that changes between repeats is
+    reported as an error (the output must not depend on the run)."""
+    first = runs[0]
+    merged = LevelResult(first.mode, first.concurrency, 0, 0, 0.0)
+    for run in runs:
+        merged.requests += run.requests
+        merged.tokens += run.tokens
+        merged.wall_s += run.wall_s
+        merged.latencies_s += run.latencies_s
+        merged.ttft_s += run.ttft_s
+        merged.errors += run.errors
+        merged.repeat_rates.append(run.tokens / run.wall_s if run.wall_s > 0 else 0.0)
+        for index, text in run.texts.items():
+            if merged.texts.setdefault(index, text) != text:
+                merged.errors.append(f"prompt {index}: the text differs between repeats")
+    return merged
+
+
 def run_concurrency_bench(config: ConcurrencyConfig) -> dict[str, Any]:
+    from contextlib import ExitStack
+
     from builder.stages.model_repository import render_model_repository
     from builder.ops.triton_server import ServerConfig, TritonServer
 
     prompts = _prompts(config)
-    levels: list[LevelResult] = []
-    for mode in config.modes:
-        deployment, serving, speculation = _serving(config, mode)
-        with tempfile.TemporaryDirectory(prefix=f"specbuild-concurrency-{mode}-") as work:
-            repository = render_model_repository(deployment, Path(work) / "model_repo", serving)
-            with TritonServer(ServerConfig(repository, exit_timeout_s=10, log_file=Path(work) / "triton.log")) as server:
-                url = server.endpoints.grpc_url
-                run_level(url, prompts[:1], speculation, mode, 1, replace(config, requests_per_stream=1))  # warm-up
-                for c in config.concurrency:
+    runs: dict[tuple[str, int], list[LevelResult]] = {(m, c): [] for m in config.modes for c in config.concurrency}
+    with ExitStack() as stack:
+        urls: dict[str, tuple[str, str]] = {}
+        for mode in config.modes:
+            deployment, serving, speculation = _serving(config, mode)
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"specbuild-concurrency-{mode}-")))
+            repository = render_model_repository(deployment, work / "model_repo", serving)
+            server = stack.enter_context(TritonServer(ServerConfig(repository, exit_timeout_s=10,
+                                                                   log_file=work / "triton.log")))
+            urls[mode] = (server.endpoints.grpc_url, speculation)
+            logger.info("%s: Triton up at %s", mode, urls[mode][0])
+        for mode, (url, speculation) in urls.items():  # warm-up
+            run_level(url, prompts[:1], speculation, mode, 1, replace(config, requests_per_stream=1))
+        turn = 0
+        for repeat in range(config.repeats):
+            for c in config.concurrency:
+                order = list(config.modes)
+                order = order[turn % len(order):] + order[:turn % len(order)]
+                turn += 1
+                for mode in order:
+                    url, speculation = urls[mode]
                     level = run_level(url, prompts, speculation, mode, c, config)
-                    logger.info("%s x%d: %s", mode, c, level.summary())
-                    levels.append(level)
+                    logger.info("repeat %d, %s x%d: %.1f tok/s", repeat + 1, mode, c, level.summary()["tokens_per_s"])
+                    runs[(mode, c)].append(level)
+    levels = [merge_levels(runs[(m, c)]) for m in config.modes for c in config.concurrency]
     return summarize(levels, config)
 
 
@@ -192,6 +232,7 @@ def summarize(levels: list[LevelResult], config: ConcurrencyConfig) -> dict[str,
         r["speedup_over_plain"] = r["tokens_per_s"] / base if base else None
     return {"config": {"target": config.target, "method": config.method, "k": config.num_draft_tokens,
                        "max_tokens": config.max_tokens, "requests_per_stream": config.requests_per_stream,
+                       "repeats": config.repeats,
                        "concurrency": list(config.concurrency), "modes": list(config.modes)},
             "rows": rows, "headline": headline_figures(rate, config.concurrency)}
 
@@ -211,11 +252,12 @@ def headline_figures(rate: dict[tuple[str, int], float], concurrency: tuple[int,
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
-    lines = ["| mode | streams | tok/s | x plain | p50 s | p95 s | TTFT p50 s | TTFT p95 s | same as plain | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | streams | tok/s | per repeat | x plain | p50 s | p95 s | TTFT p50 s | TTFT p95 s | same as plain | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         speedup = f"{r['speedup_over_plain']:.2f}" if r["speedup_over_plain"] else "-"
-        lines.append(f"| {r['mode']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {speedup} | "
+        each = ", ".join(f"{v:.1f}" for v in r.get("tokens_per_s_by_repeat", []))
+        lines.append(f"| {r['mode']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {each} | {speedup} | "
                      f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | {r['ttft_p50_s']:.3f} | "
                      f"{r['ttft_p95_s']:.3f} | {r['identical_to_plain']} | {r['errors']} |")
     for key, value in summary["headline"].items():

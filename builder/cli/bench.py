@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
     p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
     p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
+    p.add_argument("--concurrency-repeats", type=int, default=2,
+                   help="--concurrency: interleaved sweeps over every level and mode (figures pool them)")
     p.add_argument("--perf-analyzer", action="store_true",
                    help="rows from NVIDIA's perf_analyzer against a real Triton server (model --pa-model; "
                         "levels --concurrency, default 1,2,4); needs scripts/get_perf_analyzer.sh")
@@ -82,7 +84,8 @@ def _cmd_concurrency(args: argparse.Namespace) -> int:
         num_draft_tokens=args.draft_k[0], prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens,
-        requests_per_stream=args.requests_per_stream, num_threads=args.threads, out_dir=args.out, label=args.label,
+        requests_per_stream=args.requests_per_stream, repeats=args.concurrency_repeats, num_threads=args.threads,
+        out_dir=args.out, label=args.label,
         plot=not args.no_plot, headline=not args.no_headline)
     summary = run_concurrency_bench(config)
     paths = write_concurrency_report(summary, config)

@@ -19,11 +19,13 @@ a plan makes (an engine whose attention takes a slower path as soon as one row c
 several tokens) and it leaves out what a round costs besides the pass. So the load-aware
 planner also measures: per batch size (powers of two) it keeps the committed tokens per
 second of whole rounds run under each :class:`Regime` (every planned row plain, the
-pass-cost plan, each row's own controller as alone) and runs the best one, probing each of
-the others every ``probe_every`` rounds; a probe that loses by a clear margin doubles that
-regime's interval (up to ``max_probe_every``), one that comes close or wins resets it, so a
-regime that keeps losing costs ever fewer probe rounds and one that starts winning is still
-found (:class:`RegimeChooser`). Rounds that prefill a prompt are not measured. Greedy outputs
+pass-cost plan, each row's own controller as alone). Plain rounds are the incumbent: a
+speculating regime runs only once it has measured clearly faster than plain. The others are
+probed every ``probe_every`` rounds; a probe that loses by a clear margin doubles that
+regime's interval (up to ``max_probe_every``, and a larger batch starts from the interval a
+smaller one reached), one that comes close or wins resets it, so a regime that keeps losing
+costs ever fewer probe rounds and one that starts winning is still found
+(:class:`RegimeChooser`). Rounds that prefill a prompt are not measured. Greedy outputs
 do not depend on draft lengths, so exactness is untouched.
 """
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from triton_backend.batching.rounds import BatchSequence
@@ -66,36 +68,43 @@ class Regime(str, enum.Enum):
 class _RegimeRate:
     rate: float = 0.0  # committed tokens per second of round (mean whose weight decays per bucket round)
     samples: int = 0
-    last_round: int = -1  # the bucket's round of the latest sample
+    last_round: int = 0  # the bucket's round of the latest sample (0: the bucket's start)
     interval: int = 0  # bucket rounds from one probe of this regime to the next
 
 
 @dataclass
 class _Bucket:
+    rates: dict[Regime, _RegimeRate]
     rounds: int = 0
-    rates: dict[Regime, _RegimeRate] = field(default_factory=lambda: {r: _RegimeRate() for r in Regime})
     probe: Regime | None = None  # the regime the latest choice probed (not the best)
 
 
 class RegimeChooser:
     """Per batch-size bucket (powers of two), the measured committed tokens per second of the
-    rounds each :class:`Regime` ran. :meth:`choose` tries every regime ``warmup`` times, then
-    runs the best, and probes each other regime once its interval has passed since it last
-    ran (``probe_every`` rounds at first). A probe that measures the regime more than
-    ``backoff_margin`` below the best doubles its interval (at most ``max_probe_every``); a
-    probe within the margin (or better) resets it; the warmup counts as a first probe. Old
-    figures weigh ``decay`` per round of the bucket since they were measured, so a probe's
-    sample mostly replaces a stale figure (a regime that starts winning shows it at its next
-    probe) while the running regime's figure averages over its recent rounds."""
+    rounds each :class:`Regime` ran.
+
+    Plain rounds are the incumbent: a bucket starts plain, and another regime runs as the
+    best only once it has been measured ``warmup`` times and beats plain by ``switch_margin``
+    (a speculating regime must show that it pays; one lucky round of drafts that happened to
+    be accepted does not make it the best). Each other regime is probed once its interval
+    has passed since it last ran (``probe_every`` rounds at first; a new bucket starts from the
+    interval the next smaller measured bucket reached, since speculation pays less, not more,
+    as the batch grows). A probe that measures the regime more than ``backoff_margin`` below
+    the best doubles its interval (at most ``max_probe_every``); a probe within the margin (or
+    better) resets it. Old figures weigh ``decay`` per round of the bucket since they were
+    measured, so a probe's sample mostly replaces a stale figure (a regime that starts
+    winning shows it at its next probe) while the running regime's figure averages over its
+    recent rounds."""
 
     def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
-                 backoff_margin: float = 0.1) -> None:
+                 backoff_margin: float = 0.1, switch_margin: float = 0.05) -> None:
         if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
             raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
-        if max_probe_every < probe_every or not 0.0 <= backoff_margin < 1.0:
-            raise ValueError("need max_probe_every >= probe_every and 0 <= backoff_margin < 1")
+        if max_probe_every < probe_every or not 0.0 <= backoff_margin < 1.0 or not 0.0 <= switch_margin < 1.0:
+            raise ValueError("need max_probe_every >= probe_every and margins in [0, 1)")
         self.probe_every, self.warmup, self.decay = probe_every, warmup, decay
         self.max_probe_every, self.backoff_margin = max_probe_every, backoff_margin
+        self.switch_margin = switch_margin
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -103,17 +112,33 @@ class RegimeChooser:
         return 1 << max(0, rows - 1).bit_length()
 
     def _bucket(self, rows: int) -> _Bucket:
-        return self._buckets.setdefault(self.bucket(rows), _Bucket())
+        key = self.bucket(rows)
+        found = self._buckets.get(key)
+        if found is None:
+            smaller = [k for k, b in self._buckets.items() if k < key and b.rates[Regime.PLAIN].samples]
+            start = self._buckets[max(smaller)].rates if smaller else None
+            found = self._buckets[key] = _Bucket({r: _RegimeRate(interval=start[r].interval if start else 0)
+                                                  for r in Regime})
+        return found
+
+    def _best(self, b: _Bucket) -> Regime:
+        plain = b.rates[Regime.PLAIN]
+        if not plain.samples:
+            return Regime.PLAIN
+        ready = [r for r in Regime if r is not Regime.PLAIN and b.rates[r].samples >= self.warmup]
+        best = max(ready, key=lambda r: b.rates[r].rate, default=None)
+        if best is not None and b.rates[best].rate > (1.0 + self.switch_margin) * plain.rate:
+            return best
+        return Regime.PLAIN
 
     def choose(self, rows: int) -> Regime:
         b = self._bucket(rows)
         b.rounds += 1
         b.probe = None
         rates = b.rates
-        cold = [r for r in Regime if rates[r].samples < self.warmup]
-        if cold:
-            return min(cold, key=lambda r: rates[r].samples)
-        best = max(Regime, key=lambda r: rates[r].rate)
+        if not rates[Regime.PLAIN].samples:
+            return Regime.PLAIN
+        best = self._best(b)
         due = [r for r in Regime if r is not best and b.rounds - rates[r].last_round >= self._interval(rates[r])]
         if due:  # the longest overdue first
             b.probe = max(due, key=lambda r: (b.rounds - rates[r].last_round) / self._interval(rates[r]))
@@ -138,19 +163,10 @@ class RegimeChooser:
         entry.samples += 1
         entry.last_round = b.rounds
         if regime is b.probe:
-            best = max(v.rate for r, v in b.rates.items() if r is not regime)
-            losing = rate < (1.0 - self.backoff_margin) * best
+            others = [v.rate for r, v in b.rates.items() if r is not regime and v.samples]
+            losing = bool(others) and rate < (1.0 - self.backoff_margin) * max(others)
             entry.interval = min(2 * self._interval(entry), self.max_probe_every) if losing else self.probe_every
             b.probe = None
-        elif entry.samples == self.warmup and all(v.samples >= self.warmup for v in b.rates.values()):
-            self._after_warmup(b)
-
-    def _after_warmup(self, b: _Bucket) -> None:
-        """The warmup was each regime's first probe: one well below the best waits twice as long."""
-        best = max(v.rate for v in b.rates.values())
-        for entry in b.rates.values():
-            if entry.rate < (1.0 - self.backoff_margin) * best:
-                entry.interval = min(2 * self.probe_every, self.max_probe_every)
 
     def rates(self, rows: int) -> dict[str, float]:
         """The measured rates of ``rows``'s bucket (for the decision log)."""
