@@ -54,6 +54,25 @@ def test_every_row_is_bit_identical_whatever_the_batch(row_gemm, k, n):
     assert torch.equal(row_gemm(other, w, b)[0], full[0])
 
 
+@pytest.mark.skipif(ISAS != ["avx2", "avx512"], reason="needs a CPU with AVX-512 (both builds)")
+def test_both_builds_give_the_same_bits(monkeypatch):
+    """The AVX-512 build sweeps up to 8 rows per panel with 16-lane vectors, the AVX2 build 3
+    rows with 8-lane ones; each output is still the same single FMA chain over k, so an engine
+    gives the same tokens on either machine kind."""
+    kernels = {}
+    for isa in ISAS:
+        monkeypatch.setenv("SPECBUILD_ROW_KERNEL_ISA", isa)
+        kernels[isa] = row_gemm_module.load_row_gemm()
+        assert kernels[isa] is not None and kernels[isa].isa == isa
+    gen = torch.Generator().manual_seed(7)
+    for k, n in ((576, 196), (75, 37), (1536, 64)):
+        w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        for m in (1, 2, 3, 7, 8, 9, 16, 17):
+            x = torch.randn(m, k, generator=gen)
+            assert torch.equal(kernels["avx2"](x, w, b), kernels["avx512"](x, w, b)), (k, n, m)
+            assert torch.equal(kernels["avx2"](x, w), kernels["avx512"](x, w)), (k, n, m)
+
+
 def test_bad_inputs_are_refused(row_gemm):
     w = torch.randn(8, 16)
     with pytest.raises(ValueError, match=r"x \[M, 16\]"):

@@ -10,9 +10,10 @@ bounds a decode step) are the same for every row.
 
 The matmul (AVX2 + FMA; one thread) runs on a copy of the weight packed once into panels of 32
 output columns, each stored k-major (``K`` groups of 32 floats), so a pass streams every weight
-once, in order, and multiplies it into up to three input rows per sweep while it sits in L1:
-2-8 row passes cost little more than one row, and a one-row step is cheaper than MKL's GEMV
-(measured: scripts/matmul_rows.py). Element ``(m, j)`` is always ONE fused multiply-add chain
+once, in order, and multiplies it into several input rows per sweep while it sits in cache
+(up to 3 rows with AVX2's 16 registers, up to 8 with AVX-512's 32: an 8-row pass or an 8-token
+verify chain streams each panel once): 2-8 row passes cost little more than one row, and a
+one-row step is cheaper than MKL's GEMV (measured: scripts/matmul_rows.py). Element ``(m, j)`` is always ONE fused multiply-add chain
 over ``k`` ascending (a vector lane), then the bias. Tile shapes (how many rows share a sweep)
 change with ``M`` but never that order, so results are bit-identical for any
 ``M`` and any row position. The attention computes every query token alone over its visible
@@ -102,7 +103,7 @@ __attribute__((noinline)) static float tail_dot(const float* x, const float* w, 
 
 /* Weights are packed once into panels of P = 32 output columns: panel q holds
    w[q*P .. q*P+31][0 .. K-1] as K consecutive groups of 32 floats (zero padded past N). */
-enum { P = 32, MAX_TILE_ROWS = 3 };
+enum { P = 32 };
 
 extern "C" void specbuild_pack_panels(const float* w, int64_t N, int64_t K, float* p) {
     const int64_t panels = (N + P - 1) / P;
@@ -113,6 +114,47 @@ extern "C" void specbuild_pack_panels(const float* w, int64_t N, int64_t K, floa
         for (int64_t k = 0; k < K; ++k) dst[k * P] = src[k];
     }
 }
+
+#if defined(__AVX512F__)
+/* With 32 vector registers a tile holds up to 8 rows (16 accumulators: two 16-lane vectors per
+   row, the panel's 32 columns), so an 8-row pass streams each panel once. */
+enum { MAX_TILE_ROWS = 8 };
+
+/* R input rows x one panel: every output is ONE fused multiply-add chain over k = 0 .. K-1
+   in order (a lane of an accumulator), whatever R is, and the same chain as the 8-lane build's. */
+template <int R>
+static inline void panel_tile(const float* x, int64_t K, const float* pp, float* out) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+        const float* wk = pp + k * P;
+        const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+        for (int r = 0; r < R; ++r) {
+            const __m512 xv = _mm512_set1_ps(x[r * K + k]);
+            acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        _mm512_storeu_ps(out + r * P, acc[r][0]);
+        _mm512_storeu_ps(out + r * P + 16, acc[r][1]);
+    }
+}
+
+static inline void tile(int64_t r, const float* x, int64_t K, const float* pp, float* buf) {
+    switch (r) {
+        case 8: panel_tile<8>(x, K, pp, buf); break;
+        case 7: panel_tile<7>(x, K, pp, buf); break;
+        case 6: panel_tile<6>(x, K, pp, buf); break;
+        case 5: panel_tile<5>(x, K, pp, buf); break;
+        case 4: panel_tile<4>(x, K, pp, buf); break;
+        case 3: panel_tile<3>(x, K, pp, buf); break;
+        case 2: panel_tile<2>(x, K, pp, buf); break;
+        default: panel_tile<1>(x, K, pp, buf); break;
+    }
+}
+#else
+enum { MAX_TILE_ROWS = 3 };
 
 /* R input rows x one panel: every output is ONE fused multiply-add chain over k = 0 .. K-1
    in order (a lane of an accumulator), whatever R is. */
@@ -137,6 +179,13 @@ static inline void panel_tile(const float* x, int64_t K, const float* pp, float*
         for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + r * P + 8 * j, acc[r][j]);
 }
 
+static inline void tile(int64_t r, const float* x, int64_t K, const float* pp, float* buf) {
+    if (r == 3) panel_tile<3>(x, K, pp, buf);
+    else if (r == 2) panel_tile<2>(x, K, pp, buf);
+    else panel_tile<1>(x, K, pp, buf);
+}
+#endif
+
 /* y[M][N] = x[M][K] w[N][K]^T (+ b[N]) on the packed panels; row-major, contiguous. */
 extern "C" void specbuild_panel_gemm(const float* x, int64_t M, int64_t K, const float* p, const float* b,
                                      int64_t N, float* y) {
@@ -147,9 +196,7 @@ extern "C" void specbuild_panel_gemm(const float* x, int64_t M, int64_t K, const
         const int64_t n0 = q * P, nn = N - n0 < P ? N - n0 : P;
         for (int64_t m = 0; m < M;) {
             const int64_t r = M - m >= MAX_TILE_ROWS ? MAX_TILE_ROWS : M - m;
-            if (r == 3) panel_tile<3>(x + m * K, K, pp, buf);
-            else if (r == 2) panel_tile<2>(x + m * K, K, pp, buf);
-            else panel_tile<1>(x + m * K, K, pp, buf);
+            tile(r, x + m * K, K, pp, buf);
             for (int64_t i = 0; i < r; ++i) {
                 float* yr = y + (m + i) * N + n0;
                 const float* br = buf + i * P;
