@@ -11,7 +11,7 @@ bounds a decode step) are the same for every row.
 The matmul (AVX2 + FMA; one thread) runs on a copy of the weight packed once into panels of 32
 output columns, each stored k-major (``K`` groups of 32 floats), so a pass streams every weight
 once, in order, and multiplies it into several input rows per sweep while it sits in cache
-(up to 3 rows with AVX2's 16 registers, up to 8 with AVX-512's 32: an 8-row pass or an 8-token
+(up to 3 rows with AVX2's 16 registers, up to 12 with AVX-512's 32: an 8-row pass or a 9-token
 verify chain streams each panel once): 2-8 row passes cost little more than one row, and a
 one-row step is cheaper than MKL's GEMV (measured: scripts/matmul_rows.py). Element ``(m, j)`` is always ONE fused multiply-add chain
 over ``k`` ascending (a vector lane), then the bias. Tile shapes (how many rows share a sweep)
@@ -116,9 +116,9 @@ extern "C" void specbuild_pack_panels(const float* w, int64_t N, int64_t K, floa
 }
 
 #if defined(__AVX512F__)
-/* With 32 vector registers a tile holds up to 8 rows (16 accumulators: two 16-lane vectors per
-   row, the panel's 32 columns), so an 8-row pass streams each panel once. */
-enum { MAX_TILE_ROWS = 8 };
+/* With 32 vector registers a tile holds up to 12 rows (24 accumulators: two 16-lane vectors per
+   row, the panel's 32 columns), so an 8-row pass or a 9-token verify chain streams each panel once. */
+enum { MAX_TILE_ROWS = 12 };
 
 /* R input rows x one panel: every output is ONE fused multiply-add chain over k = 0 .. K-1
    in order (a lane of an accumulator), whatever R is, and the same chain as the 8-lane build's. */
@@ -143,6 +143,10 @@ static inline void panel_tile(const float* x, int64_t K, const float* pp, float*
 
 static inline void tile(int64_t r, const float* x, int64_t K, const float* pp, float* buf) {
     switch (r) {
+        case 12: panel_tile<12>(x, K, pp, buf); break;
+        case 11: panel_tile<11>(x, K, pp, buf); break;
+        case 10: panel_tile<10>(x, K, pp, buf); break;
+        case 9: panel_tile<9>(x, K, pp, buf); break;
         case 8: panel_tile<8>(x, K, pp, buf); break;
         case 7: panel_tile<7>(x, K, pp, buf); break;
         case 6: panel_tile<6>(x, K, pp, buf); break;
