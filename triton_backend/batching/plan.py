@@ -97,7 +97,7 @@ class RegimeChooser:
     recent rounds."""
 
     def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
-                 backoff_margin: float = 0.1, switch_margin: float = 0.05) -> None:
+                 backoff_margin: float = 0.1, switch_margin: float = 0.03) -> None:
         if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
             raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
         if max_probe_every < probe_every or not 0.0 <= backoff_margin < 1.0 or not 0.0 <= switch_margin < 1.0:
