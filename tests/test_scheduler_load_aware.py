@@ -152,3 +152,38 @@ def test_every_regime_keeps_outputs_identical_to_each_request_alone() -> None:
     finally:
         scheduler.shutdown()
     assert set(chooser.seen) == set(Regime)
+
+
+class FixedChooser(RegimeChooser):
+    def __init__(self, regime: Regime) -> None:
+        super().__init__()
+        self.regime = regime
+
+    def choose(self, rows: int) -> Regime:
+        return self.regime
+
+
+def test_the_plan_sizes_ngram_drafts_by_each_rows_match() -> None:
+    """Under the pass-cost plan an n-gram row offers the match its next proposal would use: a
+    row without one is a free plain row, a row whose text repeats a long stretch gets drafts,
+    and its session then drafts exactly the planned length (recorded in that match's bucket)."""
+    from triton_backend.batching.rounds import BatchSequence, PlannedRow, propose_per_row
+    from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
+
+    decoder = tiny_decoder_with_every_drafter()
+    mode, drafter = decoder.resolve(SpeculationMode.NGRAM)
+    spec = SpeculationConfig(method="ngram")
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    repeated = list(range(3, 23)) + list(range(3, 20))  # the suffix 3..19 occurred before, then 20, 21, 22, 3, ..
+    fresh = [5, 9, 2, 30, 17, 11]  # no earlier occurrence of any suffix
+    seqs = [BatchSequence(decoder.target, decoder.tokenizer, p, params, spec, mode, drafter, started=0.0)
+            for p in (repeated, fresh)]
+    cheap = PassCostModel({1: {1: 1.0, 8: 1.1}, 2: {1: 1.02, 8: 1.2}})
+    planner = DraftPlanner(BatchPolicy.LOAD_AWARE, cost_model=cheap, chooser=FixedChooser(Regime.PLAN))
+    assert seqs[1].row_option().max_k == 0
+    ks = planner.plan(seqs)
+    assert ks[0] >= 2 and ks[1] == 0
+    rows = [PlannedRow(seq, k) for seq, k in zip(seqs, ks)]
+    propose_per_row(rows)
+    assert rows[0].proposal.tokens == [20, 21, 22, 3, 4, 5, 6, 7, 8][:ks[0]]  # exactly the planned length
+    assert len(rows[1].proposal) == 0

@@ -6,8 +6,9 @@ so the same output even when sampling, batched or alone). ``load_aware``: per ro
 draft length of every row of the ragged pass from
 :func:`triton_backend.speculation.policy.plan_round`: expected committed tokens per unit
 of pass time under the measured pass-cost table, each row's running acceptance (its
-controller's :meth:`~triton_backend.speculation.controller.SpeculationController.row_option`) and the
-current batch (speculate at low load, back off as the batch grows). Rows whose controller
+controller's :meth:`~triton_backend.speculation.controller.SpeculationController.row_option`; for n-gram
+lookup, the match its next proposal would use and how matches of that kind fared in the request,
+no match being a free plain row) and the current batch (speculate at low load, back off as the batch grows). Rows whose controller
 does not follow the gain rule (``fallback`` off: always speculate; the threshold rule) and
 seeded sampling requests (their RNG use, hence their output, must not depend on who else
 is in the batch) keep their controller's decision; so does a row alone in its pass. Every
@@ -209,11 +210,12 @@ class DraftPlanner:
         options = [NO_DRAFT] * len(seqs)
         for i, seq in enumerate(seqs):
             # the rows the plan does not decide still share the pass: their tokens count
-            options[i] = seq.controller.row_option() if i in planned else RowOption(prefix_probs=(0.0,) * ks[i])
+            options[i] = seq.row_option() if i in planned else RowOption(prefix_probs=(0.0,) * ks[i])
         margin = seqs[planned[0]].controller.config.fallback.gain_margin
         chosen = plan_round_fixed(options, ks, planned, self.cost_model or current_cost_model(), margin)
         for i in planned:
             ks[i] = seqs[i].cap_draft_length(chosen[i])
+            seqs[i].plan_draft(ks[i])
         logger.debug("load-aware plan over %d rows: %s", len(seqs), ks)
         return ks
 

@@ -28,9 +28,11 @@ from triton_backend.core.config import SamplingParams, SpeculationConfig, Specul
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
 from triton_backend.speculation.drafters.eagle import EagleSession
 from triton_backend.speculation.drafters.medusa import MedusaSession
+from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.speculation.eagle_round import accept_eagle
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.engines.batch import BatchedEngine, BatchRow, RowOutput
+from triton_backend.speculation.policy import RowOption
 from triton_backend.speculation.run_state import Accepted, RunState
 from triton_backend.speculation.tree_round import accept_tree
 
@@ -64,6 +66,25 @@ class BatchSequence(RunState):
         self.draft_slot: int | None = None
         self.draft_valid = 0
         self.plain_rounds = 0  # consecutive rounds the plan gave no draft (load-aware probing)
+
+    def row_option(self) -> RowOption:
+        """This request's row for a batch plan. N-gram lookup under the gain rule offers the
+        match the next proposal would use: nothing when there is none (a free plain row), else
+        the running acceptance of matches of its kind in this request, over its continuation
+        (the plan then sizes the draft: :meth:`plan_draft`)."""
+        session, policy = self.drafter_session, self.controller.match_policy
+        if isinstance(session, NgramSession) and policy is not None:
+            match = session.peek(self.tokens, self.controller.max_k)
+            if match is None:
+                return RowOption(prefix_probs=())
+            return policy.option(match.length, len(match.continuation), match.occurrences)
+        return self.controller.row_option()
+
+    def plan_draft(self, k: int) -> None:
+        """The batch plan gave this row ``k`` drafts: an n-gram session drafts exactly that."""
+        policy = self.controller.match_policy
+        if k > 0 and policy is not None and isinstance(self.drafter_session, NgramSession):
+            policy.plan_next(k)
 
     @property
     def seeded_sampling(self) -> bool:

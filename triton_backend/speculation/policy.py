@@ -378,6 +378,7 @@ class MatchLengthPolicy:
         self.policies = {key: GainPolicy(DrafterKind.NGRAM, max_k, 0.0, dataclasses.replace(settings, prior=prior),
                                          cost_model) for key, prior in table.items()}
         self._last: MatchKey | None = None  # the bucket of the last proposal, when it drafted
+        self._planned: int | None = None  # a batch plan's length for the next proposal
         self.paused = False
 
     def bucket(self, match_length: int) -> int:
@@ -388,9 +389,25 @@ class MatchLengthPolicy:
         repeated = occurrences > 1 and (bucket, True) in self.policies
         return bucket, repeated
 
+    def option(self, match_length: int, available: int, occurrences: int = 1) -> RowOption:
+        """This match's row for a batch plan: the running acceptance of its bucket, at most
+        ``available`` positions (the continuation the match offers)."""
+        policy = self.policies[self.key(match_length, occurrences)]
+        return policy.option(policy.estimate.conditional()[:max(0, available)])
+
+    def plan_next(self, k: int) -> None:
+        """A batch plan decided the next proposal's length (``k`` > 0): it drafts exactly that
+        (cut to the continuation) instead of this request's own decision, and is recorded
+        in its match bucket as usual."""
+        self._planned = k if k > 0 else None
+
     def draft_length(self, match_length: int, available: int, occurrences: int = 1) -> int:
         key = self.key(match_length, occurrences)
-        k = self.policies[key].next_draft_length(limit=available)
+        planned, self._planned = self._planned, None
+        if planned is not None:
+            k = min(planned, available)
+        else:
+            k = self.policies[key].next_draft_length(limit=available)
         self._last = key if k > 0 else None
         self.paused = k == 0
         return k

@@ -85,6 +85,13 @@ class NgramSession:
         self._index = NgramIndex(drafter.min_n, drafter.max_n)
         self.policy: MatchLengthPolicy | None = None  # set by the controller under the gain rule
 
+    def peek(self, tokens: Sequence[int], k: int) -> NgramMatch | None:
+        """The match the next proposal would draft from (up to ``k`` tokens), without deciding
+        its length (a batch plan sizes it)."""
+        self._index.update(tokens)
+        found = self._index.lookup(k) if k > 0 else None
+        return found if found is not None and found.continuation else None
+
     def propose(self, tokens: Sequence[int], k: int, processor: LogitsProcessor,
                 generator: torch.Generator | None) -> DraftProposal:
         self._index.update(tokens)
