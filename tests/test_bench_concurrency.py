@@ -47,6 +47,18 @@ def test_repeats_pool_tokens_and_time_and_flag_a_text_that_changes() -> None:
     assert changed.errors == ["prompt 0: the text differs between repeats"]
 
 
+def test_every_level_can_send_the_same_requests() -> None:
+    same = ConcurrencyConfig(concurrency=(1, 2, 8), requests_per_level=8)
+    for c in (1, 2, 8):
+        sent = sorted(n for s in range(c) for n in same.stream_requests(s, c))
+        assert sent == list(range(8))  # the same work at every level
+    assert same.stream_requests(0, 1) == list(range(8)) and same.stream_requests(1, 2) == [1, 3, 5, 7]
+    own = ConcurrencyConfig(requests_per_stream=2)
+    assert own.stream_requests(3, 8) == [6, 7]
+    with pytest.raises(ConfigError, match="requests_per_level"):
+        ConcurrencyConfig(concurrency=(1, 16), requests_per_level=8)
+
+
 def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="modes"):
         ConcurrencyConfig(modes=("fast",))
@@ -60,10 +72,10 @@ def test_config_errors() -> None:
 def test_tiny_run_through_triton(tmp_path) -> None:
     config = ConcurrencyConfig(concurrency=(1, 2), modes=("off", "load_aware"), max_tokens=4, requests_per_stream=1,
                                workloads=("copy",), prompts_per_workload=2, out_dir=tmp_path, plot=False,
-                               headline=False, repeats=2)
+                               headline=False, repeats=2, requests_per_level=2)
     summary = run_concurrency_bench(config)
     assert len(summary["rows"]) == 4
     for row in summary["rows"]:
-        assert row["errors"] == 0 and row["tokens"] == 2 * 4 * row["concurrency"] and row["tokens_per_s"] > 0
+        assert row["errors"] == 0 and row["tokens"] == 2 * 4 * 2 and row["tokens_per_s"] > 0  # 2 requests a level
         assert len(row["tokens_per_s_by_repeat"]) == 2
         assert row["identical_to_plain"] is True

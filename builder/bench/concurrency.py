@@ -1,8 +1,10 @@
 """``specbuild bench --concurrency 1,2,4,8,16``: serving throughput and latency under load.
 
 A real Triton server (loopback, free ports) per serving mode, all up at once; at each
-concurrency ``c``, ``c`` client threads each send ``requests_per_stream`` gRPC streaming
-requests (the bench prompts, fixed length) back to back. The modes run one after another at
+concurrency ``c``, ``c`` client threads send gRPC streaming requests (the bench prompts,
+fixed length) back to back: with ``requests_per_level`` every level sends the same requests
+round-robin over its streams (one stream sends all of them in turn), so each level does the
+same work; else each stream sends ``requests_per_stream`` of its own. The modes run one after another at
 each level, in an order that rotates, and the whole sweep is repeated ``repeats`` times, so
 a busy machine's drift falls on every mode alike (the ratios are measured side by side). Per
 mode and ``c`` over the repeats: aggregate output tokens/s (all tokens over all wall time),
@@ -53,6 +55,7 @@ class ConcurrencyConfig:
     prompts_per_workload: int = 5
     max_tokens: int = 64
     requests_per_stream: int = 2
+    requests_per_level: int | None = None  # set: every level sends these requests, round-robin over its streams
     repeats: int = 2  # interleaved sweeps over every level and mode
     num_threads: int = 1
     out_dir: Path = DEFAULT_OUT
@@ -68,6 +71,18 @@ class ConcurrencyConfig:
             raise ConfigError("concurrency levels must be positive integers")
         if self.max_tokens < 1 or self.requests_per_stream < 1 or self.repeats < 1:
             raise ConfigError("max_tokens, requests_per_stream and repeats must be positive")
+        if self.requests_per_level is not None and self.requests_per_level < max(self.concurrency):
+            raise ConfigError(f"requests_per_level ({self.requests_per_level}) must be at least the largest "
+                              f"concurrency ({max(self.concurrency)}): every stream sends one")
+
+    def stream_requests(self, stream: int, concurrency: int) -> list[int]:
+        """The request numbers stream ``stream`` of ``concurrency`` sends, in order (request
+        ``i`` asks prompt ``i`` modulo the prompts). With ``requests_per_level`` every level
+        sends the same requests, so its tokens/s compares the same work (the same prompts,
+        hence the same prefill); else each stream sends ``requests_per_stream`` of its own."""
+        if self.requests_per_level is not None:
+            return list(range(stream, self.requests_per_level, concurrency))
+        return [stream * self.requests_per_stream + r for r in range(self.requests_per_stream)]
 
 
 @dataclass
@@ -128,7 +143,7 @@ def _prompts(config: ConcurrencyConfig) -> list[str]:
 
 def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurrency: int,
               config: ConcurrencyConfig) -> LevelResult:
-    """``concurrency`` streams, each sending ``requests_per_stream`` requests back to back."""
+    """``concurrency`` streams, each sending its requests (:meth:`ConcurrencyConfig.stream_requests`) back to back."""
     from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 
     client = ClientConfig(url, ClientProtocol.GRPC)
@@ -136,8 +151,8 @@ def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurr
     lock = threading.Lock()
 
     def stream(s: int) -> None:
-        for r in range(config.requests_per_stream):
-            index = (s * config.requests_per_stream + r) % len(prompts)
+        for number in config.stream_requests(s, concurrency):
+            index = number % len(prompts)
             request = GenerateRequest(prompt=prompts[index], max_tokens=config.max_tokens, speculation=speculation,
                                       num_draft_tokens=config.num_draft_tokens, chat=True, stream=True, ignore_eos=True)
             try:
@@ -202,7 +217,8 @@ def run_concurrency_bench(config: ConcurrencyConfig) -> dict[str, Any]:
             urls[mode] = (server.endpoints.grpc_url, speculation)
             logger.info("%s: Triton up at %s", mode, urls[mode][0])
         for mode, (url, speculation) in urls.items():  # warm-up
-            run_level(url, prompts[:1], speculation, mode, 1, replace(config, requests_per_stream=1))
+            run_level(url, prompts[:1], speculation, mode, 1, replace(config, requests_per_stream=1,
+                                                                      requests_per_level=None))
         turn = 0
         for repeat in range(config.repeats):
             for c in config.concurrency:
@@ -232,7 +248,7 @@ def summarize(levels: list[LevelResult], config: ConcurrencyConfig) -> dict[str,
         r["speedup_over_plain"] = r["tokens_per_s"] / base if base else None
     return {"config": {"target": config.target, "method": config.method, "k": config.num_draft_tokens,
                        "max_tokens": config.max_tokens, "requests_per_stream": config.requests_per_stream,
-                       "repeats": config.repeats,
+                       "requests_per_level": config.requests_per_level, "repeats": config.repeats,
                        "concurrency": list(config.concurrency), "modes": list(config.modes)},
             "rows": rows, "headline": headline_figures(rate, config.concurrency)}
 

@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
     p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
     p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
+    p.add_argument("--requests-per-level", type=int, default=16,
+                   help="--concurrency: requests every level sends, round-robin over its streams (the same work "
+                        "at every level); 0: --requests-per-stream per stream instead")
     p.add_argument("--concurrency-repeats", type=int, default=2,
                    help="--concurrency: interleaved sweeps over every level and mode (figures pool them)")
     p.add_argument("--perf-analyzer", action="store_true",
@@ -84,7 +87,8 @@ def _cmd_concurrency(args: argparse.Namespace) -> int:
         num_draft_tokens=args.draft_k[0], prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens,
-        requests_per_stream=args.requests_per_stream, repeats=args.concurrency_repeats, num_threads=args.threads,
+        requests_per_stream=args.requests_per_stream, requests_per_level=args.requests_per_level or None,
+        repeats=args.concurrency_repeats, num_threads=args.threads,
         out_dir=args.out, label=args.label,
         plot=not args.no_plot, headline=not args.no_headline)
     summary = run_concurrency_bench(config)
