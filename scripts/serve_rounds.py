@@ -6,7 +6,14 @@ and mode runs ``c`` requests (the bench prompts, chat, ``ignore_eos``) through a
 building: everything the Triton model does except gRPC), interleaving the modes ``repeats``
 times so a busy machine's noise falls on all of them alike. Prints aggregate tok/s per mode
 and concurrency, the ratios the headline keys use, and per round: engine pass time against
-the whole round, rows speculating, tokens per pass.
+the whole round, rows speculating, tokens per pass, and the scheduler thread's CPU time per
+output token (its own clock: a busy machine slows the wall clock, not this one).
+
+``--requests-per-stream 2 --max-tokens 64`` sends what the concurrency bench sends: each of
+``c`` streams sends its requests back to back, stream ``s``'s ``r``-th with prompt
+``s * 2 + r`` (so x1 sends two short chat prompts, x8 all fifteen, the long copy prompts
+too: their prefill is a larger share of the x8 level's work). ``scripts/serve_paths.py``
+runs the same levels in process and through Triton side by side.
 
     .venv/bin/python scripts/serve_rounds.py --concurrency 1,8,16 --modes off,always,load_aware
 """
@@ -65,6 +72,8 @@ class RoundLog:
 
     rounds: list[tuple[float, float, int, int, int]] = field(default_factory=list)
     regimes: dict[str, int] = field(default_factory=dict)  # the load-aware planner's regime: rounds
+    cpu_s: float = 0.0  # the scheduler thread's CPU time in the rounds (immune to other processes' load)
+    tokens: int = 0  # output tokens of the level's requests
 
 
 PROFILE = None  # a cProfile.Profile over every round's work on the scheduler thread (--profile)
@@ -87,7 +96,7 @@ def instrument(service: SpecdecService, log: RoundLog) -> None:
 
     def one_round() -> None:
         state["pass"] = 0.0
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         if PROFILE is not None:
             PROFILE.enable()
         try:
@@ -96,6 +105,7 @@ def instrument(service: SpecdecService, log: RoundLog) -> None:
             if PROFILE is not None:
                 PROFILE.disable()
         log.rounds.append((state["pass"], time.perf_counter() - t0, state["rows"], state["spec"], state["tokens"]))
+        log.cpu_s += time.thread_time() - cpu0
         regime = scheduler.planner.regime
         log.regimes[regime.value if regime is not None else "-"] = log.regimes.get(regime.value if regime else "-", 0) + 1
 
@@ -104,7 +114,10 @@ def instrument(service: SpecdecService, log: RoundLog) -> None:
 
 
 def run_level(decoder, prompts: list[str], mode: str, c: int, k: int, max_tokens: int,  # noqa: ANN001
-              pump: bool = True, share_prefix: bool = True) -> tuple[float, RoundLog]:
+              pump: bool = True, share_prefix: bool = True, requests_per_stream: int = 1) -> tuple[float, RoundLog]:
+    """``c`` streams sending ``requests_per_stream`` requests each, back to back; stream ``s``'s
+    ``r``-th request has prompt ``(s * requests_per_stream + r) % len(prompts)``, as in the
+    concurrency bench. Returns aggregate tok/s and the rounds' log."""
     spec = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=k))
     if mode == "always":
         spec = replace(spec, fallback=FallbackConfig(enabled=False))
@@ -119,22 +132,35 @@ def run_level(decoder, prompts: list[str], mode: str, c: int, k: int, max_tokens
     log = RoundLog()
     instrument(service, log)
     speculation = "off" if mode in ("serial", "off") else "ngram"
-    sinks = [Sink() for _ in range(c)]
+    sinks: list[Sink] = []
+    lock = threading.Lock()
+
+    def stream(s: int) -> None:  # the bench's client: requests back to back, its prompt choice
+        for r in range(requests_per_stream):
+            request = GenerateRequest(prompt=prompts[(s * requests_per_stream + r) % len(prompts)], max_tokens=max_tokens,
+                                      speculation=speculation, num_draft_tokens=k, chat=True, stream=True,
+                                      ignore_eos=True)
+            sink = Sink()
+            with lock:
+                sinks.append(sink)
+            service.submit(request.arrays(), sink)
+            sink.done.wait(600)
+
+    threads = [threading.Thread(target=stream, args=(s,)) for s in range(c)]
     try:
         started = time.perf_counter()
-        for i, sink in enumerate(sinks):
-            request = GenerateRequest(prompt=prompts[i % len(prompts)], max_tokens=max_tokens, speculation=speculation,
-                                      num_draft_tokens=k, chat=True, stream=True, ignore_eos=True)
-            service.submit(request.arrays(), sink)
-        for sink in sinks:
-            sink.done.wait(600)
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         wall = time.perf_counter() - started
     finally:
         service.shutdown()
     errors = [e for s in sinks for e in s.errors]
     if errors:
         raise RuntimeError(f"{mode} x{c}: {errors[:3]}")
-    return sum(s.tokens for s in sinks) / wall, log
+    log.tokens = sum(s.tokens for s in sinks)
+    return log.tokens / wall, log
 
 
 def summarize_rounds(log: RoundLog) -> str:
@@ -147,7 +173,8 @@ def summarize_rounds(log: RoundLog) -> str:
     tokens = [t for *_, t in r]
     return (f"rounds {len(r)}, pass {1e3 * statistics.median(passes):.0f} ms of round {1e3 * statistics.median(whole):.0f} ms"
             f" (outside pass {1e3 * (sum(whole) - sum(passes)) / len(r):.0f} ms/round), rows speculating mean "
-            f"{statistics.mean(spec):.2f}, tokens/pass {statistics.mean(tokens):.1f}, regimes {log.regimes}")
+            f"{statistics.mean(spec):.2f}, tokens/pass {statistics.mean(tokens):.1f}, regimes {log.regimes}, "
+            f"scheduler CPU {1e3 * log.cpu_s / max(1, log.tokens):.1f} ms/token")
 
 
 def main() -> None:
@@ -157,6 +184,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--draft-k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--requests-per-stream", type=int, default=1,
+                        help="requests each stream sends back to back (the concurrency bench sends 2)")
     parser.add_argument("--verbose-rounds", action="store_true")
     parser.add_argument("--compare-pump", action="store_true",
                         help="also run each level with the scheduler thread sending responses itself")
@@ -182,15 +211,18 @@ def main() -> None:
     decoder = build_decoder(deployment)
     run_level(decoder, prompts[:1], "off", 1, args.draft_k, 8)  # warm-up
     rates: dict[tuple[str, int], list[float]] = {}
+    cpu_per_token: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.repeats):
         for c in levels:
             for mode in modes:
                 variants = [(True, True)] + ([(False, True)] if args.compare_pump else []) + \
                     ([(True, False)] if args.compare_prefix else [])
                 for pump, share in variants:
-                    rate, log = run_level(decoder, prompts, mode, c, args.draft_k, args.max_tokens, pump, share)
+                    rate, log = run_level(decoder, prompts, mode, c, args.draft_k, args.max_tokens, pump, share,
+                                          args.requests_per_stream)
                     name = mode if pump and share else f"{mode}-nopump" if share else f"{mode}-noprefix"
                     rates.setdefault((name, c), []).append(rate)
+                    cpu_per_token.setdefault((name, c), []).append(log.cpu_s / max(1, log.tokens))
                     print(f"{name:>16} x{c:<3} {rate:6.1f} tok/s  {summarize_rounds(log)}", flush=True)
                 if args.verbose_rounds:
                     for p, w, n, s, t in log.rounds:
@@ -203,7 +235,9 @@ def main() -> None:
     print("\nmedian tok/s:", {f"{m}x{c}": round(statistics.median(v), 1) for (m, c), v in rates.items()})
     for name in ("off", "off-nopump", "off-noprefix"):
         if (name, 1) in best and (name, 8) in best:
-            print(f"{name} 8-over-1: {statistics.median(rates[(name, 8)]) / statistics.median(rates[(name, 1)]):.2f}")
+            print(f"{name} 8-over-1: {statistics.median(rates[(name, 8)]) / statistics.median(rates[(name, 1)]):.2f} "
+                  f"(scheduler CPU per token, x1 over x8: "
+                  f"{statistics.median(cpu_per_token[(name, 1)]) / statistics.median(cpu_per_token[(name, 8)]):.2f})")
     for c in levels:
         if all((m, c) in rates for m in ("off", "always", "load_aware")):
             med = {m: statistics.median(rates[(m, c)]) for m in ("off", "always", "load_aware")}
