@@ -14,8 +14,8 @@ from test_eagle import _decoder, _random_drafter
 from test_eagle_serving import FIXED, PROMPTS, ProposalLog, _scheduled, assert_drafts_from_scratch
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
 from triton_backend.engines.torch.llama_engine import LlamaEngine
-from triton_backend.speculation.drafters.eagle import target_kernel
-from triton_backend.speculation.drafters.eagle_model import EagleNet
+from triton_backend.speculation.drafters.eagle import EagleDrafter, target_kernel
+from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleNet
 
 
 def _kernel_target():
@@ -38,6 +38,9 @@ def test_drafter_layer_and_head_run_on_the_target_kernel():
     ours = drafter.net(features, embeds, starts, drafter.new_cache(2, 8))
     theirs = reference.eval()(features, embeds, starts, drafter.new_cache(2, 8))
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    checkpoint = EagleCheckpoint(reference, vocab)  # the caller's net keeps torch's layers (a net in training, say)
+    assert EagleDrafter(checkpoint, target).net is not reference
+    assert isinstance(reference.fc, torch.nn.Linear)
     small = drafter._small_logits(features[:, -1])  # [2, candidates]
     torch.testing.assert_close(small, features[:, -1] @ drafter.head.t(), rtol=1e-4, atol=1e-4)
     # greedy drafts: the candidates' argmax, the token the full-vocabulary row's argmax names

@@ -17,6 +17,7 @@ session is that core with ``B = 1``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import torch
@@ -58,7 +59,8 @@ class EagleDrafter:
         self.relative_cost = (layer + self.head.numel()) / max(1, target.num_parameters())
         kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
         self._head_gemm: BoundGemm | None = None
-        if kernel is not None:
+        if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers
+            self.net = copy.deepcopy(self.net)
             self.net.use_kernel(kernel)
             self._head_gemm = kernel.bind(self.head.contiguous())
         self.kernel_name = kernel.name if kernel is not None else "torch"  # part of its cached draft cost's key
