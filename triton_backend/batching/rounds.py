@@ -132,9 +132,16 @@ class PlannedRow:
     def target_row(self) -> BatchRow:
         seq, start = self.seq, self.seq._start()
         tokens = seq.tokens[start:] + self.proposal.tokens
-        if seq.medusa is not None or seq.eagle is not None:  # EAGLE: the chain after the root as a one-branch tree
-            parents = self.proposal.parents if seq.medusa is not None else list(range(-1, len(tokens) - 2))
-            parents = parents if parents is not None else []
+        if seq.eagle is not None:  # the chain after the drafter's root as a one-branch tree
+            parents = list(range(-1, len(tokens) - 2))
+            # the drafter lacks only the last committed token's feature (every round after the
+            # first): the row's logits are the verifier's, computed in the pass's one LM-head
+            # product with the other rows' (a head call per row would cost a pass's head each)
+            fused = len(tokens) == len(self.proposal) + 1
+            return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
+                            return_hidden=True, return_logits=fused)
+        if seq.medusa is not None:
+            parents = self.proposal.parents if self.proposal.parents is not None else []
             return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
                             return_hidden=True, return_logits=False)
         return BatchRow(seq.slot, start, tokens, num_logits=len(self.proposal) + 1)
@@ -202,7 +209,7 @@ def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> Accept
     elif seq.eagle is not None:
         assert out.hidden is not None
         start = seq._start()
-        accepted = accept_eagle(seq, seq.eagle, engine.head_logits, out.hidden, proposal, start)
+        accepted = accept_eagle(seq, seq.eagle, engine.head_logits, out.hidden, proposal, start, out.logits)
         engine.keep_tree_path(seq.slot, start + 1, accepted.path)
         seq.valid = start + 1 + len(accepted.path)
     else:

@@ -25,13 +25,19 @@ from triton_backend.speculation.tree_round import Head
 
 
 def accept_eagle(run: RunState, drafter: EagleSession, head: Head, hidden: torch.Tensor, proposal: DraftProposal,
-                 start: int) -> Accepted:
+                 start: int, logits: torch.Tensor | None = None) -> Accepted:
     """Verify an EAGLE pass whose rows start at the drafter's root ``start`` (``hidden``:
     ``[1 + known + k, H]``) and hand the drafter the target's features at every position
-    kept. ``path``: the chain's nodes to keep after the root (the committed tokens the
-    drafter lacked, then the accepted drafts)."""
+    kept. ``logits``: the last ``k + 1`` rows' logits when the pass computed them (a batch
+    pass puts them in its one LM-head product), else ``head`` makes them from ``hidden``.
+    ``path``: the chain's nodes to keep after the root (the committed tokens the drafter
+    lacked, then the accepted drafts)."""
     known = len(run.tokens) - 1 - start  # committed tokens after the drafter's root, before the last one
-    accepted = run.verify_chain(head(hidden[known:]), proposal)  # [k + 1, vocab]: penalties per row, log probs
+    if logits is None:
+        logits = head(hidden[known:])
+    elif logits.shape[0] != len(proposal) + 1:
+        raise ValueError(f"{logits.shape[0]} logits rows for a chain of {len(proposal)} drafts")
+    accepted = run.verify_chain(logits, proposal)  # [k + 1, vocab]: penalties per row, log probs
     kept = known + accepted.accepted
     drafter.observe(start, hidden[: kept + 1])
     return Accepted(accepted.block, accepted.drafted, accepted.accepted, list(range(kept)))

@@ -218,7 +218,7 @@ def measure_eagle_draft_seconds(drafter: Any, engine: Any) -> tuple[float, float
 def measured_eagle_draft_cost(drafter: Any, engine: Any, settings: str = "", cache_dir: Path | None = None) -> float | None:
     """The drafter's cost per drafted token in target steps: this machine's cached measurement,
     else measured now and cached; None when the measurement is not believable (a busy machine)."""
-    identity = f"eagle:{sum(p.numel() for p in drafter.net.parameters())}:{int(drafter.head.shape[0])}"
+    identity = f"eagle:{sum(p.numel() for p in drafter.net.parameters())}:{int(drafter.head.shape[0])}:{drafter.kernel_name}"
     path = _cache_path(cache_dir, engine, settings + identity)
     cached = _read_cache(path, lambda data: float(data["draft_cost"]))
     if cached is not None:

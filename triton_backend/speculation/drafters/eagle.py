@@ -17,6 +17,7 @@ session is that core with ``B = 1``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import torch
@@ -25,6 +26,14 @@ from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftPropos
 from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleKV, load_eagle
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.core.sampling import LogitsProcessor
+from triton_backend.engines.torch.llama_engine import LlamaEngine
+from triton_backend.engines.torch.row_gemm import BoundGemm, RowGemm
+
+
+def target_kernel(target: Any) -> RowGemm | None:
+    """The row kernel ``target``'s passes run on (a :class:`LlamaEngine` on it: float32 CPU,
+    ``runtime.row_kernel``), which the drafter then uses too; None otherwise."""
+    return target.forward_impl.kernel if isinstance(target, LlamaEngine) else None
 
 
 class EagleDrafter:
@@ -48,6 +57,13 @@ class EagleDrafter:
         self.head = head[self.vocab] if self.vocab is not None else head
         layer = sum(p.numel() for p in self.net.parameters())
         self.relative_cost = (layer + self.head.numel()) / max(1, target.num_parameters())
+        kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
+        self._head_gemm: BoundGemm | None = None
+        if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers
+            self.net = copy.deepcopy(self.net)
+            self.net.use_kernel(kernel)
+            self._head_gemm = kernel.bind(self.head.contiguous())
+        self.kernel_name = kernel.name if kernel is not None else "torch"  # part of its cached draft cost's key
 
     @classmethod
     def from_file(cls, path: str, target: Any) -> "EagleDrafter":
@@ -56,11 +72,22 @@ class EagleDrafter:
     def new_cache(self, rows: int, capacity: int = 256) -> EagleKV:
         return EagleKV.empty(self.info, rows, capacity, self.dtype, self.device)
 
+    def _small_logits(self, features: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, candidates]
+        if self._head_gemm is not None:
+            return self._head_gemm(features.contiguous())
+        return (features @ self.head.t()).float()
+
+    def _greedy(self, small: torch.Tensor) -> torch.Tensor:  # [B, candidates] -> token ids [B]
+        best = small.argmax(-1)
+        return self.vocab[best] if self.vocab is not None else best
+
     def _logits(self, features: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, vocab] (-inf off the candidates)
-        small = (features @ self.head.t()).float()
+        return self._expand(self._small_logits(features))
+
+    def _expand(self, small: torch.Tensor) -> torch.Tensor:  # [B, candidates] -> [B, vocab]
         if self.vocab is None:
             return small
-        full = torch.full((features.shape[0], self.info.vocab_size), float("-inf"), device=small.device)
+        full = torch.full((small.shape[0], self.info.vocab_size), float("-inf"), device=small.device)
         full[:, self.vocab] = small
         return full
 
@@ -88,8 +115,11 @@ class EagleDrafter:
         drafted, qs = [], []
         sampling = any(not p.greedy for p in processors)
         for step in range(k):
-            logits = self._logits(feature)
-            token, q = self._choose(logits, processors, generators, sampling)
+            small = self._small_logits(feature)
+            if sampling:
+                token, q = self._choose(self._expand(small), processors, generators, sampling)
+            else:  # every row greedy (drafts take no penalties): the argmax over the candidates
+                token, q = self._greedy(small), None
             drafted.append(token)
             qs.append(q)
             if step + 1 < k:

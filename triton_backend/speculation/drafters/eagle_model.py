@@ -37,6 +37,7 @@ from torch.nn import functional as F
 
 from triton_backend.speculation.drafters.drafter_file import read_drafter_file
 from triton_backend.engines.torch.llama_forward import rotate
+from triton_backend.engines.torch.row_gemm import BoundGemm, RowGemm
 from triton_backend.core.errors import ModelLoadError
 
 FORMAT = "specbuild-eagle"
@@ -184,6 +185,24 @@ class _Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class _KernelLinear(nn.Module):
+    """An ``nn.Linear`` run on the target's row kernel (its weights also packed in the kernel's
+    panels): on one thread the kernel's small-row products cost about half of torch's
+    ``F.linear`` (a drafted token's cost is mostly these products). It keeps the layer's
+    ``weight`` and ``bias`` parameters under their names (``state_dict`` unchanged); the panels
+    are a packed copy made here, so later changes to the weights are not seen."""
+
+    def __init__(self, linear: nn.Linear, kernel: RowGemm) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        bias = None if linear.bias is None else linear.bias.detach().contiguous()
+        self._gemm: BoundGemm = kernel.bind(linear.weight.detach().contiguous(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        lead = x.shape[:-1]
+        return self._gemm(x.reshape(-1, x.shape[-1])).view(*lead, self._gemm.n)
+
+
 class EagleNet(nn.Module):
     def __init__(self, info: EagleInfo) -> None:
         super().__init__()
@@ -195,6 +214,14 @@ class EagleNet(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+
+    def use_kernel(self, kernel: RowGemm) -> None:
+        """Run every linear layer on ``kernel`` (float32 CPU weights; see :class:`_KernelLinear`).
+        Draft quality only: the products round differently from torch's, exactness is the verifier's."""
+        for module in list(self.modules()):
+            for name, child in list(module.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(module, name, _KernelLinear(child, kernel))
 
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor,
                 kv: EagleKV, slots: torch.Tensor | None = None) -> torch.Tensor:
