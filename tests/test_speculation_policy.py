@@ -85,6 +85,28 @@ def test_gain_policy_stops_within_a_few_rounds_and_never_at_zero_gain():
     assert all(hopeless.next_draft_length() == 0 for _ in range(200))  # probes too: the prior says it cannot pay
 
 
+def test_a_model_drafters_estimate_follows_a_low_acceptance_below_its_prior_floor():
+    """Evidence decays, so with a fixed prior weight the estimate of a drafter accepting 8 %
+    would settle near 0.17 (the prior 0.6 at weight 2 against at most 10 decayed rounds) and
+    keep it drafting at a loss; the prior's weight fades too, so the estimate reaches ~0.1.
+    N-gram match buckets keep their prior's full weight."""
+    def settle(kind: DrafterKind) -> float:
+        policy = GainPolicy(kind, 1, 0.1, GainSettings(prior=(0.6, 0.6)), PassCostModel.default())
+        seen = []
+        for i in range(200):
+            policy.record(1, 1 if i % 12 == 0 else 0)  # 1 in 12 accepted
+            seen.append(policy.estimate.conditional()[0])
+        return sum(seen[100:]) / 100  # the settled mean
+
+    assert settle(DrafterKind.DRAFT) < 0.125
+    assert settle(DrafterKind.NGRAM) > 0.155
+    # where drafting pays the faded prior changes nothing: the evidence carries the estimate
+    policy = GainPolicy(DrafterKind.DRAFT, 1, 0.1, GainSettings(prior=(0.6, 0.6)), PassCostModel.default())
+    for _ in range(200):
+        policy.record(1, 1)
+    assert policy.estimate.conditional()[0] > 0.9
+
+
 def test_gain_policy_probes_and_resumes_when_acceptance_returns():
     policy = GainPolicy(DrafterKind.DRAFT, 4, 0.1, GainSettings(probe_interval=8), PassCostModel.default())
     trace = []

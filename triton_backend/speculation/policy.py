@@ -218,9 +218,10 @@ class AcceptanceEstimate:
     estimate follows the text), with ``strength`` pseudo-observations of its prior."""
 
     def __init__(self, positions: int, prior: Prior, strength: float = 2.0, decay: float = 0.9,
-                 pooled: bool = False) -> None:
+                 pooled: bool = False, min_strength: float | None = None) -> None:
         self.prior = (float(prior[0]), float(prior[1]))
         self.strength, self.decay = float(strength), float(decay)
+        self.min_strength = min_strength  # set: the prior's weight fades with the evidence, down to this
         self.pooled = pooled
         self.accepted = [0.0] * positions
         self.rejected = [0.0] * positions
@@ -254,6 +255,8 @@ class AcceptanceEstimate:
         """A round drafted ``drafted`` positions; the first ``accepted`` were accepted."""
         self.accepted = [a * self.decay for a in self.accepted]
         self.rejected = [r * self.decay for r in self.rejected]
+        if self.min_strength is not None:
+            self.strength = max(self.min_strength, self.strength * self.decay)
         for i in range(min(drafted, len(self.accepted))):
             if i < accepted:
                 self.accepted[i] += 1.0
@@ -273,6 +276,11 @@ class GainSettings:
     probe_interval: int = 8
     max_probe_interval: int = 256
     idle_decay: float = 0.97  # evidence kept per plain step while paused
+    # a model drafter's prior fades with the evidence down to this weight: evidence decays too, so
+    # with a fixed prior weight the estimate could never fall below ~(2 x prior) / 12 (0.17 for a
+    # 0.6 prior), and a drafter accepting 0.08 kept drafting at a loss. N-gram match buckets keep
+    # their full prior (fit per match length on held-out prompts).
+    min_prior_strength: float = 0.5
 
 
 class GainPolicy:
@@ -284,8 +292,10 @@ class GainPolicy:
         prior = PRIOR_ACCEPTANCE[kind] if settings.prior is None else settings.prior
         self.settings, self.max_k, self.draft_cost = settings, max_k, max(0.0, draft_cost)
         self.cost_model = cost_model
-        self.estimate = AcceptanceEstimate(max_k, prior, settings.prior_strength, settings.decay,
-                                           pooled=kind is DrafterKind.NGRAM)
+        ngram = kind is DrafterKind.NGRAM
+        self.estimate = AcceptanceEstimate(max_k, prior, settings.prior_strength, settings.decay, pooled=ngram,
+                                           min_strength=None if ngram else min(settings.min_prior_strength,
+                                                                               settings.prior_strength))
         self._verify = tuple(verify_tokens(k) for k in range(max_k + 1)) if verify_tokens is not None else None
         self.paused = False
         self._plain_steps = 0
