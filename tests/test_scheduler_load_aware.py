@@ -79,7 +79,8 @@ def test_a_regime_that_keeps_losing_is_probed_ever_less_and_found_again_once_it_
     rate = {Regime.PLAIN: 100.0, Regime.PLAN: 60.0, Regime.OWN: 50.0}
     chosen = _run(chooser, 8, 18, rate)  # plain, then each other regime's first probe after 16 rounds
     assert chosen[:15] == [Regime.PLAIN] * 15
-    assert chooser.probe_intervals(8) == {"plan": 32, "own": 32, "plain": 16}
+    # doubled, or spaced by what the probe cost (0.4 and 0.5 of a round at 1 % overhead)
+    assert chooser.probe_intervals(8) == {"plan": 40, "own": 50, "plain": 16}
     chosen += _run(chooser, 8, 1024 - 18, rate)
     # fixed probing every 16 rounds would run each loser ~64 times; backing off: 16, 32, .., 256
     assert chosen.count(Regime.PLAN) <= 9 and chosen.count(Regime.OWN) <= 9
@@ -187,3 +188,21 @@ def test_the_plan_sizes_ngram_drafts_by_each_rows_match() -> None:
     propose_per_row(rows)
     assert rows[0].proposal.tokens == [20, 21, 22, 3, 4, 5, 6, 7, 8][:ks[0]]  # exactly the planned length
     assert len(rows[1].proposal) == 0
+
+
+def test_a_probe_that_runs_long_is_spaced_out_by_what_it_costs() -> None:
+    """At a large batch a probe that drafts for every row can take several plain rounds' time
+    for fewer tokens per second: such probes are spaced so they cost at most ~1 % of the time."""
+    chooser = RegimeChooser(probe_every=16, max_probe_every=1024, probe_overhead=0.01)
+    seconds = {Regime.PLAIN: 1.0, Regime.PLAN: 1.5, Regime.OWN: 4.0}
+    rate = {Regime.PLAIN: 100.0, Regime.PLAN: 80.0, Regime.OWN: 50.0}
+    spent = {r: 0.0 for r in Regime}
+    for _ in range(4000):
+        regime = chooser.choose(8)
+        chooser.record(8, regime, tokens=round(rate[regime] * seconds[regime]), seconds=seconds[regime])
+        spent[regime] += seconds[regime]
+    # OWN's probe loses 4 x 0.5 = 2 plain rounds: probed at most every 200 rounds
+    assert chooser.probe_intervals(8)["own"] >= 200 and chooser.probe_intervals(8)["plan"] >= 30
+    total = sum(spent.values())
+    achieved = sum(rate[r] * spent[r] for r in Regime) / total
+    assert achieved >= 0.98 * rate[Regime.PLAIN]

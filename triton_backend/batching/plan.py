@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -68,6 +69,7 @@ class Regime(str, enum.Enum):
 @dataclass
 class _RegimeRate:
     rate: float = 0.0  # committed tokens per second of round (mean whose weight decays per bucket round)
+    round_s: float = 0.0  # seconds per round, the same kind of mean
     samples: int = 0
     last_round: int = 0  # the bucket's round of the latest sample (0: the bucket's start)
     interval: int = 0  # bucket rounds from one probe of this regime to the next
@@ -92,17 +94,23 @@ class RegimeChooser:
     interval the next smaller measured bucket reached, since speculation pays less, not more,
     as the batch grows). A probe that measures the regime more than ``backoff_margin`` below
     the best doubles its interval (at most ``max_probe_every``); a probe within the margin (or
-    better) resets it. Old figures weigh ``decay`` per round of the bucket since they were
+    better) resets it; a losing probe is also spaced so that what it cost (its round's time
+    over the best regime's, times the tokens/s it gave up) stays within ``probe_overhead`` of the
+    time between probes (a probe drafting for every row of a large batch can run several plain
+    rounds long). Old figures weigh ``decay`` per round of the bucket since they were
     measured, so a probe's sample mostly replaces a stale figure (a regime that starts
     winning shows it at its next probe) while the running regime's figure averages over its
     recent rounds."""
 
     def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
-                 backoff_margin: float = 0.1, switch_margin: float = 0.03) -> None:
+                 backoff_margin: float = 0.1, switch_margin: float = 0.03, probe_overhead: float = 0.01) -> None:
         if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
             raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
         if max_probe_every < probe_every or not 0.0 <= backoff_margin < 1.0 or not 0.0 <= switch_margin < 1.0:
             raise ValueError("need max_probe_every >= probe_every and margins in [0, 1)")
+        if not 0.0 < probe_overhead < 1.0:
+            raise ValueError("need 0 < probe_overhead < 1")
+        self.probe_overhead = probe_overhead
         self.probe_every, self.warmup, self.decay = probe_every, warmup, decay
         self.max_probe_every, self.backoff_margin = max_probe_every, backoff_margin
         self.switch_margin = switch_margin
@@ -157,16 +165,24 @@ class RegimeChooser:
         entry = b.rates[regime]
         rate = tokens / seconds
         if entry.samples == 0:
-            entry.rate = rate
+            entry.rate, entry.round_s = rate, seconds
         else:
             weight = self.decay ** max(1, b.rounds - entry.last_round)
             entry.rate = weight * entry.rate + (1 - weight) * rate
+            entry.round_s = weight * entry.round_s + (1 - weight) * seconds
         entry.samples += 1
         entry.last_round = b.rounds
         if regime is b.probe:
-            others = [v.rate for r, v in b.rates.items() if r is not regime and v.samples]
-            losing = bool(others) and rate < (1.0 - self.backoff_margin) * max(others)
+            others = [v for r, v in b.rates.items() if r is not regime and v.samples]
+            best = max(others, key=lambda v: v.rate, default=None)
+            losing = best is not None and rate < (1.0 - self.backoff_margin) * best.rate
             entry.interval = min(2 * self._interval(entry), self.max_probe_every) if losing else self.probe_every
+            if losing and best.round_s > 0:
+                # what the probe cost, in rounds of the best regime: a probe that drafts for every row
+                # of a large batch runs several times as long as a plain round; space such probes
+                # out so they take at most ``probe_overhead`` of the time
+                lost = seconds / best.round_s * (1.0 - rate / best.rate)
+                entry.interval = min(max(entry.interval, math.ceil(lost / self.probe_overhead)), self.max_probe_every)
             b.probe = None
 
     def rates(self, rows: int) -> dict[str, float]:
