@@ -94,9 +94,8 @@ class NgramSession:
 
     def propose(self, tokens: Sequence[int], k: int, processor: LogitsProcessor,
                 generator: torch.Generator | None) -> DraftProposal:
-        self._index.update(tokens)
-        found = self._index.lookup(k) if k > 0 else None
-        if found is None or not found.continuation:
+        found = self.peek(tokens, k)
+        if found is None:
             return EMPTY_PROPOSAL
         drafts = found.continuation
         if self.policy is not None:
