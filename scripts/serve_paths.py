@@ -28,6 +28,7 @@ import serve_rounds
 from serve_ab import start_server, stop_server
 
 from builder.bench.concurrency import ConcurrencyConfig, _prompts, run_level
+from builder.loadtest.streams import process_tree
 from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.deployment.torch_deployment import build_decoder
@@ -36,27 +37,9 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SERVING_MODEL = "/specdec/1/model.py"  # in the stub's command line: the model that holds the scheduler
 
 
-def descendants(root: int) -> list[int]:
-    """``root`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def serving_stub(server_pid: int) -> int:
     """The Python backend stub that runs the serving model (its scheduler thread)."""
-    for pid in descendants(server_pid):
+    for pid in process_tree(server_pid):
         try:
             if SERVING_MODEL in Path(f"/proc/{pid}/cmdline").read_text():
                 return pid
