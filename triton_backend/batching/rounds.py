@@ -65,7 +65,6 @@ class BatchSequence(RunState):
         self.valid = 0  # leading committed tokens the target slot holds
         self.draft_slot: int | None = None
         self.draft_valid = 0
-        self.plain_rounds = 0  # consecutive rounds the plan gave no draft (load-aware probing)
 
     def row_option(self) -> RowOption:
         """This request's row for a batch plan. N-gram lookup under the gain rule offers the
