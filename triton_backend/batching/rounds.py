@@ -86,6 +86,11 @@ class BatchSequence(RunState):
             policy.plan_next(k)
 
     @property
+    def prompting(self) -> bool:
+        """Nothing committed after the prompt yet: the row's next pass prefills (the rest of) it."""
+        return len(self.tokens) == self.commit.prompt_len
+
+    @property
     def seeded_sampling(self) -> bool:
         """A seeded sampling request: its draft lengths must not depend on the batch (same output alone)."""
         return self.params.seed is not None and not self.processor.greedy

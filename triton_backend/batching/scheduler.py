@@ -278,6 +278,9 @@ class BatchScheduler:
     def _round(self) -> None:
         started = time.perf_counter()
         prefill, planned = self._split(self._active)
+        # a prompt short enough for the round's budget rides in a planned row: such a round
+        # runs several plain rounds long, whatever the regime, so it is not measured either
+        prompting = bool(prefill) or any(r.seq.prompting for r in planned)
         ks = self.planner.plan([r.seq for r in planned])
         for row, k in zip(planned, ks):
             row.k = k
@@ -292,7 +295,7 @@ class BatchScheduler:
         for row in prefill:
             next(s for s in self._active if s.slot == row.slot).after_prefill(row)
         committed = sum(self._verify_and_stream(row, out, verify_s) for row, out in zip(planned, outputs[len(prefill):]))
-        if not prefill:  # the planner measures its regimes on decode/verify rounds only
+        if not prompting:  # the planner measures its regimes on decode/verify rounds only
             self.planner.record_round(len(rows), committed, time.perf_counter() - started)
         speculating = sum(1 for r in planned if len(r.proposal))
         if logger.isEnabledFor(logging.DEBUG):  # the round's shape is built only for the decision log
