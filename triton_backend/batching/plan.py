@@ -68,11 +68,30 @@ class Regime(str, enum.Enum):
 
 @dataclass
 class _RegimeRate:
-    rate: float = 0.0  # committed tokens per second of round (mean whose weight decays per bucket round)
-    round_s: float = 0.0  # seconds per round, the same kind of mean
+    """Decayed sums over a regime's measured rounds: committed tokens, seconds, rounds."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    weight: float = 0.0
     samples: int = 0
     last_round: int = 0  # the bucket's round of the latest sample (0: the bucket's start)
     interval: int = 0  # bucket rounds from one probe of this regime to the next
+
+    @property
+    def rate(self) -> float:
+        """Committed tokens per second over the kept rounds (a ratio of sums: a round that
+        happened to accept every draft weighs by its length, not as a rate of its own)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def round_s(self) -> float:
+        return self.seconds / self.weight if self.weight > 0 else 0.0
+
+    def add(self, tokens: int, seconds: float, keep: float) -> None:
+        self.tokens = keep * self.tokens + tokens
+        self.seconds = keep * self.seconds + seconds
+        self.weight = keep * self.weight + 1.0
+        self.samples += 1
 
 
 @dataclass
@@ -97,21 +116,25 @@ class RegimeChooser:
     better) resets it; a losing probe is also spaced so that what it cost (its round's time
     over the best regime's, times the tokens/s it gave up) stays within ``probe_overhead`` of the
     time between probes (a probe drafting for every row of a large batch can run several plain
-    rounds long). Old figures weigh ``decay`` per round of the bucket since they were
-    measured, so a probe's sample mostly replaces a stale figure (a regime that starts
-    winning shows it at its next probe) while the running regime's figure averages over its
-    recent rounds."""
+    rounds long). A regime's figure is a ratio of decayed sums over its rounds (tokens over
+    seconds): each new round keeps ``decay`` of the older ones, times ``stale_decay`` per
+    round of the bucket in between. A round's tokens vary with how many drafts happened to
+    be accepted and its time with a busy machine (15 % from round to round on a shared VM),
+    so a probe's round is weighed with the regime's earlier probes, not taken alone; a
+    figure many rounds old still fades (a regime that starts winning shows it within a
+    probe or two), and the running regime's figure averages over its recent rounds."""
 
-    def __init__(self, probe_every: int = 16, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
-                 backoff_margin: float = 0.1, switch_margin: float = 0.03, probe_overhead: float = 0.01) -> None:
-        if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0:
-            raise ValueError("need probe_every >= 2, warmup >= 1 and 0 <= decay < 1")
+    def __init__(self, probe_every: int = 8, warmup: int = 1, decay: float = 0.8, max_probe_every: int = 256,
+                 backoff_margin: float = 0.1, switch_margin: float = 0.03, probe_overhead: float = 0.01,
+                 stale_decay: float = 0.99) -> None:
+        if probe_every < 2 or warmup < 1 or not 0.0 <= decay < 1.0 or not 0.0 < stale_decay <= 1.0:
+            raise ValueError("need probe_every >= 2, warmup >= 1, 0 <= decay < 1 and 0 < stale_decay <= 1")
         if max_probe_every < probe_every or not 0.0 <= backoff_margin < 1.0 or not 0.0 <= switch_margin < 1.0:
             raise ValueError("need max_probe_every >= probe_every and margins in [0, 1)")
         if not 0.0 < probe_overhead < 1.0:
             raise ValueError("need 0 < probe_overhead < 1")
         self.probe_overhead = probe_overhead
-        self.probe_every, self.warmup, self.decay = probe_every, warmup, decay
+        self.probe_every, self.warmup, self.decay, self.stale_decay = probe_every, warmup, decay, stale_decay
         self.max_probe_every, self.backoff_margin = max_probe_every, backoff_margin
         self.switch_margin = switch_margin
         self._buckets: dict[int, _Bucket] = {}
@@ -163,25 +186,19 @@ class RegimeChooser:
             return
         b = self._bucket(rows)
         entry = b.rates[regime]
-        rate = tokens / seconds
-        if entry.samples == 0:
-            entry.rate, entry.round_s = rate, seconds
-        else:
-            weight = self.decay ** max(1, b.rounds - entry.last_round)
-            entry.rate = weight * entry.rate + (1 - weight) * rate
-            entry.round_s = weight * entry.round_s + (1 - weight) * seconds
-        entry.samples += 1
+        age = max(1, b.rounds - entry.last_round)
+        entry.add(tokens, seconds, self.decay * self.stale_decay ** (age - 1))
         entry.last_round = b.rounds
         if regime is b.probe:
             others = [v for r, v in b.rates.items() if r is not regime and v.samples]
             best = max(others, key=lambda v: v.rate, default=None)
-            losing = best is not None and rate < (1.0 - self.backoff_margin) * best.rate
+            losing = best is not None and entry.rate < (1.0 - self.backoff_margin) * best.rate
             entry.interval = min(2 * self._interval(entry), self.max_probe_every) if losing else self.probe_every
             if losing and best.round_s > 0:
                 # what the probe cost, in rounds of the best regime: a probe that drafts for every row
                 # of a large batch runs several times as long as a plain round; space such probes
                 # out so they take at most ``probe_overhead`` of the time
-                lost = seconds / best.round_s * (1.0 - rate / best.rate)
+                lost = seconds / best.round_s * (1.0 - entry.rate / best.rate)
                 entry.interval = min(max(entry.interval, math.ceil(lost / self.probe_overhead)), self.max_probe_every)
             b.probe = None
 
