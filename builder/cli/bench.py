@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
     p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
     p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
-    p.add_argument("--requests-per-level", type=int, default=16,
+    p.add_argument("--requests-per-level", type=int, default=32,
                    help="--concurrency: requests every level sends, round-robin over its streams (the same work "
                         "at every level); 0: --requests-per-stream per stream instead")
     p.add_argument("--concurrency-repeats", type=int, default=2,
