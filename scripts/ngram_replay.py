@@ -68,9 +68,10 @@ def _record(path: Path, max_tokens: int) -> None:
     from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
     decoder = build_decoder(DeploymentConfig(target=DEFAULT_REFERENCE, runtime=RuntimeConfig(num_threads=1)))
+    bench = json.loads((ROOT / "benchmarks" / "prompts.json").read_text())["workloads"]
     records = []
-    for which in ("tune", "check"):
-        for workload, texts in _prompts(which, 5).items():
+    for which in ("tune", "check", "bench"):
+        for workload, texts in (_prompts(which, 5) if which != "bench" else {w: t[:5] for w, t in bench.items()}).items():
             for text in texts:
                 templated = decoder.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                                   add_generation_prompt=True, tokenize=False)
