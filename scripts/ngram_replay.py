@@ -10,6 +10,10 @@ model), then replay as often as needed (fast)::
 
     .venv/bin/python scripts/ngram_replay.py --record /tmp/plain.json --max-tokens 160
     .venv/bin/python scripts/ngram_replay.py /tmp/plain.json --k 4,8,16 --set tune
+    .venv/bin/python scripts/ngram_replay.py /tmp/plain.json --k 8 --set bench --trace copy  # round by round
+
+``--record`` stores the held-out sets (``tune``, ``check``) and the bench's own prompts
+(``bench``: benchmarks/prompts.json, the first 5 per workload as ``specbuild bench`` runs them).
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], spec: SpeculationConfig, cost_model: PassCostModel,
-           max_tokens: int) -> tuple[int, float, int, int, int]:
-    """(tokens after the first round, their cost in steps, passes, drafted, accepted) of one request."""
+           max_tokens: int, trace: list[str] | None = None) -> tuple[int, float, int, int, int]:
+    """(tokens after the first round, their cost in steps, passes, drafted, accepted) of one
+    request; ``trace``: gets each round as ``drafted/accepted`` (``-``: no n-gram matched)."""
     drafter = NgramDrafter(spec.ngram.min_n, spec.ngram.max_n)
     session = drafter.new_session()
     controller = controller_for(spec, SpeculationMode.NGRAM, drafter, session, cost_model)
@@ -40,6 +45,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], spec: SpeculationConfig
     cost, counted, passes, drafted, accepted = 0.0, 0, 0, 0, 0
     while done < len(output):
         k = max(0, min(controller.next_draft_length(), max_tokens - done - 1))
+        matched = k > 0 and session.peek(tokens, k) is not None
         proposal = session.propose(tokens, k, None, None).tokens if k > 0 else []
         m = 0
         while m < len(proposal) and done + m < len(output) and proposal[m] == output[done + m]:
@@ -51,6 +57,8 @@ def replay(prompt: Sequence[int], output: Sequence[int], spec: SpeculationConfig
         passes += 1
         drafted, accepted = drafted + len(proposal), accepted + m
         controller.record(len(proposal), m)
+        if trace is not None:
+            trace.append(f"{len(proposal)}/{m}" if matched or k == 0 else "-")
         tokens += block
         done += len(block)
     return counted, cost, passes, drafted, accepted
@@ -68,9 +76,10 @@ def _record(path: Path, max_tokens: int) -> None:
     from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
     decoder = build_decoder(DeploymentConfig(target=DEFAULT_REFERENCE, runtime=RuntimeConfig(num_threads=1)))
+    bench = json.loads((ROOT / "benchmarks" / "prompts.json").read_text())["workloads"]
     records = []
-    for which in ("tune", "check"):
-        for workload, texts in _prompts(which, 5).items():
+    for which in ("tune", "check", "bench"):
+        for workload, texts in (_prompts(which, 5) if which != "bench" else {w: t[:5] for w, t in bench.items()}).items():
             for text in texts:
                 templated = decoder.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                                   add_generation_prompt=True, tokenize=False)
@@ -97,6 +106,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--costs", default=None, help="a pass-cost JSON file, or 1:1,2:1.75,8:1.78,9:3 (one row)")
     parser.add_argument("--ngram-max", type=int, default=None)
+    parser.add_argument("--trace", default=None, help="print this workload's rounds, drafted/accepted ('-': no match)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.record:
@@ -112,7 +122,10 @@ def main() -> None:
         spec = SpeculationConfig(method="ngram", draft_length=DraftLengthConfig(num_draft_tokens=k), ngram=ngram)
         sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0, 0, 0])
         for r in records:
-            t, c, p, d, a = replay(r["prompt"], r["output"], spec, model, args.max_tokens)
+            trace: list[str] | None = [] if r["workload"] == args.trace else None
+            t, c, p, d, a = replay(r["prompt"], r["output"], spec, model, args.max_tokens, trace)
+            if trace is not None:
+                print(f"k={k} {r['set']}/{r['workload']}: {' '.join(trace)}")
             for key in (r["workload"], "all"):
                 s = sums[key]
                 s[0] += t

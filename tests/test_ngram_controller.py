@@ -26,7 +26,7 @@ def test_ngram_prefers_longest_and_most_recent_match():
 
 def test_ngram_edge_cases():
     assert find_ngram_continuation([4], 3, 1, 3) == []
-    assert find_ngram_continuation([4, 4], 3, 1, 3) == [4]
+    assert find_ngram_continuation([4, 4], 3, 1, 3) == [4, 4, 4]  # the run repeats
     assert find_ngram_continuation([1, 2, 3], 0, 1, 3) == []
     assert find_ngram_continuation([1, 2, 3, 4], 3, 1, 2) == []
 
@@ -158,14 +158,29 @@ def test_ngram_index_is_incremental_and_agrees_with_a_full_scan():
                 assert found.occurrences == sum(1 for x in range(n, end) if tokens[x - n:x] == gram) >= 1
 
 
+def test_an_overlapping_match_continues_with_its_period():
+    # "x a b a b a b": the suffix (a, b, a... ) last occurred two tokens back; what followed
+    # it runs into the suffix itself, so the draft repeats the period (a, b) instead of stopping
+    assert find_ngram_continuation([9, 1, 2, 1, 2, 1, 2], 5, 1, 3) == [1, 2, 1, 2, 1]
+    assert find_ngram_continuation([9, 4, 4, 4], 6, 1, 3) == [4] * 6  # a run of one token
+    assert find_ngram_continuation([1, 2, 3, 7, 1, 2, 3], 3, 1, 3) == [7, 1, 2]  # no overlap: as before
+    index = NgramIndex(1, 3)
+    index.update([5, 6, 7, 5, 6, 7, 5, 6])
+    found = index.lookup(8)
+    assert found is not None and found.continuation == [7, 5, 6, 7, 5, 6, 7, 5]
+
+
 def _full_scan(tokens, k, min_n, max_n):
     """The slow reference: the most recent earlier match of the longest suffix n-gram."""
     length = len(tokens)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = tokens[length - n:]
         for end in range(length - 1, n - 1, -1):
-            if tokens[end - n:end] == suffix:
-                return tokens[end:end + k]
+            if tokens[end - n:end] == suffix:  # an overlapping occurrence repeats with its period
+                extended = list(tokens)
+                while len(extended) < end + k:
+                    extended.append(extended[len(extended) - (length - end)])
+                return extended[end:end + k]
     return []
 
 

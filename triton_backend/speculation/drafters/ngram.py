@@ -1,6 +1,7 @@
 """N-gram / prompt lookup drafting: propose what followed the latest earlier occurrence of
 the sequence's last ``n`` tokens (``n`` from ``max_n`` down to ``min_n``), searching the prompt
-and the output. No model, no cost.
+and the output. No model, no cost. An occurrence close enough to overlap the suffix (the text
+repeats with a short period) continues periodically past the end of the sequence.
 
 The lookup is incremental: each session keeps an index from every n-gram of the committed
 sequence to its latest end position, extended by the tokens committed since the last round
@@ -65,8 +66,19 @@ class NgramIndex:
             match = n
             while match < MAX_MATCH_LENGTH and end - match - 1 >= 0 and seq[end - match - 1] == seq[length - match - 1]:
                 match += 1
-            return NgramMatch(match, seq[end:end + k], self._count.get(gram, 1))
+            return NgramMatch(match, continuation(seq, end, k), self._count.get(gram, 1))
         return None
+
+
+def continuation(seq: Sequence[int], end: int, k: int) -> list[int]:
+    """Up to ``k`` tokens after an occurrence ending at ``end``. An occurrence that overlaps the
+    suffix it matches (a repetition of period ``len(seq) - end``) runs past the end of ``seq``:
+    the pattern repeats, so the draft continues with its own tokens, one period back."""
+    out = list(seq[end:end + k])
+    period = len(seq) - end
+    while 0 < len(out) < k:
+        out.append(out[len(out) - period])
+    return out
 
 
 def find_ngram_continuation(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
