@@ -45,7 +45,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], spec: SpeculationConfig
     cost, counted, passes, drafted, accepted = 0.0, 0, 0, 0, 0
     while done < len(output):
         k = max(0, min(controller.next_draft_length(), max_tokens - done - 1))
-        matched = k > 0 and session.peek(tokens, k) is not None
+        matched = trace is not None and k > 0 and session.peek(tokens, k) is not None  # only the trace asks
         proposal = session.propose(tokens, k, None, None).tokens if k > 0 else []
         m = 0
         while m < len(proposal) and done + m < len(output) and proposal[m] == output[done + m]:
