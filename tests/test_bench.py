@@ -70,7 +70,7 @@ def test_pass_cost_profile_tiny_budget(tmp_path):
     assert sorted(cells) == [(1, 1), (1, 4), (2, 1), (2, 4)]  # one row x one token is always measured: the unit
     assert cells[(1, 1)]["ours_x_step"] == pytest.approx(1.0) and cells[(1, 1)]["hf_x_step"] == pytest.approx(1.0)
     assert all(r["ours_ms"] > 0 and r["hf_ms"] > 0 for r in cells.values())
-    paths = write_pass_cost(result, tmp_path, "t", headline=False)  # a test never touches the headline figures
+    paths = write_pass_cost(result, tmp_path, "t")  # headline None: a test never touches the headline figures
     assert "| 2 | 4 |" in pass_cost_markdown(result) and json.loads(paths["json"].read_text())["rows"]
     with pytest.raises(ConfigError):
         PassCostConfig(target="x", sizes=(0,))

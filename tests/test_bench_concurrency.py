@@ -22,8 +22,7 @@ def test_summary_figures_from_levels(tmp_path) -> None:
     levels = [_level("off", 1, 100, 10.0), _level("off", 8, 400, 10.0), _level("always", 1, 150, 10.0),
               _level("always", 8, 300, 10.0, text="different"), _level("load_aware", 1, 140, 10.0),
               _level("load_aware", 8, 400, 10.0)]
-    config = ConcurrencyConfig(concurrency=(1, 8), modes=("off", "always", "load_aware"), out_dir=tmp_path,
-                               headline=False)
+    config = ConcurrencyConfig(concurrency=(1, 8), modes=("off", "always", "load_aware"), out_dir=tmp_path)
     summary = summarize(levels, config)
     rows = {(r["mode"], r["concurrency"]): r for r in summary["rows"]}
     assert rows[("off", 8)]["tokens_per_s"] == pytest.approx(40.0)
@@ -72,7 +71,7 @@ def test_config_errors() -> None:
 def test_tiny_run_through_triton(tmp_path) -> None:
     config = ConcurrencyConfig(concurrency=(1, 2), modes=("off", "load_aware"), max_tokens=4, requests_per_stream=1,
                                workloads=("copy",), prompts_per_workload=2, out_dir=tmp_path, plot=False,
-                               headline=False, repeats=2, requests_per_level=2)
+                               repeats=2, requests_per_level=2)
     summary = run_concurrency_bench(config)
     assert len(summary["rows"]) == 4
     for row in summary["rows"]:

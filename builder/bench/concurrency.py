@@ -61,7 +61,7 @@ class ConcurrencyConfig:
     out_dir: Path = DEFAULT_OUT
     label: str = "cpu"
     plot: bool = True
-    headline: bool = True
+    headline: Path | None = None  # the headline file to merge the figures into (None: not written)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.modes) - set(MODES))
@@ -317,10 +317,11 @@ def write_concurrency_report(summary: dict[str, Any], config: ConcurrencyConfig)
         image = plot(summary, stem.with_suffix(".png"))
         if image is not None:
             paths["plot"] = image
-    if config.headline and summary["headline"]:
+    if config.headline is not None and summary["headline"]:
         from builder.headline import update_headline
 
-        update_headline(summary["headline"])
+        update_headline(summary["headline"], config.headline)
+        paths["headline"] = config.headline
     return paths
 
 

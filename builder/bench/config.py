@@ -11,6 +11,14 @@ from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.json"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+HEADLINE_NAME = "headline.json"
+
+
+def headline_file(out_dir: Path, choice: Path | None = None) -> Path:
+    """Where a bench run writes its headline figures: ``choice`` (``--headline FILE``) when given,
+    else ``headline.json`` in the run's output folder. One rule for every key and every kind of
+    run, so a bench pointed elsewhere (``--out /tmp/x``) never touches the committed file."""
+    return Path(choice) if choice is not None else Path(out_dir) / HEADLINE_NAME
 
 
 @dataclass(frozen=True)

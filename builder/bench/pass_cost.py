@@ -47,7 +47,6 @@ class PassCostConfig:
     num_threads: int = 1
     packed_gemm_rows: int = RuntimeConfig().packed_gemm_rows
     row_kernel: bool = RuntimeConfig().row_kernel  # ours: the row-invariant CPU matmul (engines/row_gemm.py)
-    write_headline: bool = True
 
     def __post_init__(self) -> None:
         if not self.sizes or not self.batch or min(self.sizes) < 1 or min(self.batch) < 1:
@@ -136,14 +135,16 @@ def pass_cost_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: bool = True) -> dict[str, Path]:
+def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: Path | None = None) -> dict[str, Path]:
+    """The table's markdown and JSON in ``out_dir``; its headline figures merged into ``headline``
+    (see :func:`builder.bench.config.headline_file`; None: not written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out_dir / f"pass-cost-{label}.md", "json": out_dir / f"pass-cost-{label}.json"}
     paths["markdown"].write_text(pass_cost_markdown(result))
     paths["json"].write_text(json.dumps(result, indent=2) + "\n")
-    if headline:
-        from builder.headline import HEADLINE_PATH, update_headline
+    if headline is not None:
+        from builder.headline import update_headline
 
-        update_headline({k: round(v, 3) for k, v in result["headline"].items()})
-        paths["headline"] = HEADLINE_PATH
+        update_headline({k: round(v, 3) for k, v in result["headline"].items()}, headline)
+        paths["headline"] = headline
     return paths

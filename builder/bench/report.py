@@ -209,15 +209,17 @@ def plot(summary: dict, path: Path) -> Path | None:
     return path
 
 
-def write_report(summary: dict, out_dir: Path, label: str) -> dict[str, Path]:
+def write_report(summary: dict, out_dir: Path, label: str, headline: Path | None = None) -> dict[str, Path]:
+    """The run's JSON, markdown and plot in ``out_dir``; its headline figures merged into
+    ``headline`` (see :func:`builder.bench.config.headline_file`; None: not written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"bench-{label}.json", "markdown": out_dir / f"bench-{label}.md"}
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
     paths["markdown"].write_text(to_markdown(summary))
     figures = headline_figures(summary)
-    if figures:  # benchmarks/results/headline.json for the default output folder
-        update_headline(figures, out_dir / "headline.json")
-        paths["headline"] = out_dir / "headline.json"
+    if figures and headline is not None:
+        update_headline(figures, headline)
+        paths["headline"] = headline
     png = plot(summary, out_dir / f"bench-{label}.png")
     if png is not None:
         paths["plot"] = png

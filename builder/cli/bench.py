@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS, BenchConfig
+from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS, BenchConfig, headline_file
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -42,7 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pass-sizes", type=_ints, default=None, help="tokens per row for --pass-cost (default 1..8)")
     p.add_argument("--pass-batch", type=_ints, default=None, help="rows per pass for --pass-cost (default 1,2,4,8,16)")
     p.add_argument("--pass-context", type=int, default=200, help="cached tokens per row for --pass-cost")
-    p.add_argument("--no-headline", action="store_true", help="--pass-cost: do not write benchmarks/results/headline.json")
+    p.add_argument("--headline", type=Path, default=None,
+                   help="the headline file this run's figures are merged into (default: OUT/headline.json, "
+                        "so only a run with the default --out updates benchmarks/results/headline.json)")
+    p.add_argument("--no-headline", action="store_true", help="write no headline figures at all")
     p.add_argument("--concurrency", type=_ints, default=None,
                    help="instead: serving throughput/latency through Triton at these stream counts (e.g. 1,2,4,8,16)")
     p.add_argument("--concurrency-modes", default="serial,off,always,load_aware",
@@ -59,6 +62,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "levels --concurrency, default 1,2,4); needs scripts/get_perf_analyzer.sh")
     p.add_argument("--pa-model", default="ensemble", help="--perf-analyzer: ensemble (streaming) or tensorrt_llm_bls")
     p.set_defaults(func=_cmd_bench)
+
+
+def _headline(args: argparse.Namespace) -> Path | None:
+    """The one rule for every figure of every bench run: --headline FILE, else OUT/headline.json."""
+    return None if args.no_headline else headline_file(args.out, args.headline)
 
 
 def _cmd_perf_analyzer(args: argparse.Namespace) -> int:
@@ -90,7 +98,7 @@ def _cmd_concurrency(args: argparse.Namespace) -> int:
         requests_per_stream=args.requests_per_stream, requests_per_level=args.requests_per_level or None,
         repeats=args.concurrency_repeats, num_threads=args.threads,
         out_dir=args.out, label=args.label,
-        plot=not args.no_plot, headline=not args.no_headline)
+        plot=not args.no_plot, headline=_headline(args))
     summary = run_concurrency_bench(config)
     paths = write_concurrency_report(summary, config)
     print(to_markdown(summary))
@@ -106,7 +114,7 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
     config = PassCostConfig(target=args.target, sizes=args.pass_sizes or DEFAULT_SIZES, batch=args.pass_batch or DEFAULT_BATCH,
                             context=args.pass_context, repeats=args.repeats * 3, num_threads=args.threads)
     result = measure_pass_cost(config)
-    paths = write_pass_cost(result, args.out, args.label, headline=not args.no_headline)
+    paths = write_pass_cost(result, args.out, args.label, headline=_headline(args))
     print(pass_cost_markdown(result))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
@@ -131,11 +139,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
     )
     summary = summarize(run_bench(config))
-    paths = write_report(summary, config.out_dir, config.label)
-    if config.eagle is not None and not args.no_headline:
+    headline = _headline(args)
+    paths = write_report(summary, config.out_dir, config.label, headline)
+    if config.eagle is not None and headline is not None:
         from builder.train.eagle_job import eagle_bench_headline
 
-        eagle_bench_headline(summary)
+        eagle_bench_headline(summary, headline)
     print(to_markdown(summary))
     for kind, path in paths.items():
         print(f"{kind}: {path}")

@@ -93,9 +93,10 @@ def run_eval_eagle(job: EagleEvalJob) -> AcceptanceReport:
     return report
 
 
-def eagle_bench_headline(summary: dict[str, Any]) -> dict[str, float]:
-    """``eagle_chat_x_plain`` (and the row it came from) from a ``specbuild bench --eagle`` run:
-    the best EAGLE row's median chat throughput over plain decoding's, outputs identical."""
+def eagle_bench_headline(summary: dict[str, Any], headline: Path) -> dict[str, float]:
+    """``eagle_chat_x_plain`` from a ``specbuild bench --eagle`` run, merged into ``headline``
+    (the run's own headline file, as every other key): the best EAGLE row's median chat
+    throughput over plain decoding's, outputs identical."""
     rows = [e for e in summary["rows"] if e.get("method") == "eagle" and e["workload"] == "chat"
             and e.get("speedup_vs_plain") is not None and e.get("identical_to_plain")]
     if not rows:
@@ -106,5 +107,5 @@ def eagle_bench_headline(summary: dict[str, Any]) -> dict[str, float]:
     figures = {"eagle_chat_x_plain": float(best["speedup_vs_plain"])}
     from builder.headline import update_headline
 
-    update_headline(figures)
+    update_headline(figures, headline)
     return figures
