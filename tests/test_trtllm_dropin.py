@@ -194,7 +194,8 @@ def _generate(t: RunningTriton, model: str, body: dict, stream: bool = False) ->
 
 
 @pytest.mark.slow
-def test_readme_curl_requests_answer_like_the_local_decoder(triton, local_decoder) -> None:
+def test_documented_curl_requests_answer_like_the_local_decoder(triton, local_decoder) -> None:
+    """The curl request of docs/drop-in.md, and its streaming and refused variants."""
     from triton_backend.core.config import SamplingParams
 
     want = local_decoder.generate(PROMPT, SamplingParams(max_tokens=12), DEPLOYMENT.speculation)

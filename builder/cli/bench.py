@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rows from NVIDIA's perf_analyzer against a real Triton server (model --pa-model; "
                         "levels --concurrency, default 1,2,4); needs scripts/get_perf_analyzer.sh")
     p.add_argument("--pa-model", default="ensemble", help="--perf-analyzer: ensemble (streaming) or tensorrt_llm_bls")
+    p.add_argument("--render-readme", action="store_true",
+                   help="instead: rewrite the figure tables of README.md and docs/benchmarks.md from benchmarks/results/")
+    p.add_argument("--check", action="store_true", help="--render-readme: only report stale tables (exit 1 if any)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -121,7 +124,20 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_render(args: argparse.Namespace) -> int:
+    from builder.bench.docs_render import render_docs
+
+    stale = render_docs(check=args.check)
+    for path in stale:
+        print(f"{'stale' if args.check else 'rendered'}: {path}")
+    if not stale:
+        print("every figure table matches benchmarks/results/")
+    return 1 if stale and args.check else 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.render_readme:
+        return _cmd_render(args)
     if args.pass_cost:
         return _cmd_pass_cost(args)
     if args.perf_analyzer:

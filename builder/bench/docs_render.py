@@ -1,0 +1,166 @@
+"""Figure tables in README.md and docs/*.md, rendered from the files the benchmarks wrote.
+
+A table lives between two markers naming its block::
+
+    <!-- BEGIN rendered:headline (specbuild bench --render-readme) -->
+    ...
+    <!-- END rendered:headline -->
+
+and is replaced by :func:`render_file` with what its renderer makes of its source file under
+``benchmarks/results/``. ``specbuild bench --render-readme`` rewrites every block;
+``--check`` only reports the stale ones (``tests/test_readme.py`` fails on any), so no figure
+a reader sees can drift from the file a benchmark wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from builder.bench.config import DEFAULT_OUT
+from builder.headline import read_headline
+from triton_backend.core.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+DOC_FILES = ("README.md", "docs/benchmarks.md")
+_BLOCK = re.compile(r"(<!-- BEGIN rendered:(?P<name>[a-z_-]+)[^\n]*-->\n)(?P<body>.*?)(<!-- END rendered:(?P=name) -->)",
+                    re.DOTALL)
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    key: str  # the headline.json key
+    label: str  # what it measures
+    goal: float
+    at_most: bool = False  # the goal is an upper bound (counts of failures)
+    digits: int = 2
+
+
+HEADLINE_ROWS = (
+    HeadlineRow("engine_plain_decode_x_hf", "slot engine 1 x 1 pass over the HF path", 1.15),
+    HeadlineRow("engine_decode_throughput_8_over_1", "8 decode rows in one pass over 1", 3.5),
+    HeadlineRow("serving_throughput_8_over_1", "served plain tok/s, 8 streams over 1", 3.5),
+    HeadlineRow("policy_worst_ratio_to_best", "load-aware over the best of off/always, worst concurrency", 0.97),
+    HeadlineRow("worst_speculative_row_x_plain", "worst speculative row x plain", 0.98),
+    HeadlineRow("best_copy_x_plain", "best row x plain, copy", 1.8),
+    HeadlineRow("best_all_x_plain", "best row x plain, all workloads", 1.2),
+    HeadlineRow("copy_x_hf_prompt_lookup", "copy: ours over HF prompt lookup", 1.3),
+    HeadlineRow("eagle_acceptance_pos1", "EAGLE acceptance at draft position 1", 0.6),
+    HeadlineRow("eagle_tokens_per_pass", "EAGLE tokens per target pass", 2.0),
+    HeadlineRow("eagle_chat_x_plain", "EAGLE chat x plain", 1.3),
+    HeadlineRow("abrupt_client_aborts_per_1000", "abrupt gRPC client sessions that abort Triton, per 1,000", 0.0,
+                at_most=True, digits=0),
+)
+
+
+def _num(value: float, digits: int) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def render_headline(figures: dict[str, Any]) -> str:
+    missing = [r.key for r in HEADLINE_ROWS if r.key not in figures]
+    if missing:
+        raise ConfigError(f"headline figures {missing} are not in the headline file")
+    lines = ["| figure (`headline.json` key) | value | goal | met |", "|---|---|---|---|"]
+    for r in HEADLINE_ROWS:
+        value = float(figures[r.key])
+        met = value <= r.goal if r.at_most else value >= r.goal
+        goal = ("<= " if r.at_most else ">= ") + _num(r.goal, r.digits)
+        lines.append(f"| {r.label} (`{r.key}`) | {_num(value, r.digits)} | {goal} | {'yes' if met else 'no'} |")
+    return "\n".join(lines)
+
+
+def render_methods(bench: dict[str, Any]) -> str:
+    """Speed-up over plain decoding, workload x row, from a ``bench-<label>.json``."""
+    rows = [e for e in bench["rows"] if e["row"] != "plain"]
+    names = list(dict.fromkeys(e["row"] for e in rows))
+    workloads = list(dict.fromkeys(e["workload"] for e in bench["rows"]))
+    cell = {(e["workload"], e["row"]): e.get("speedup_vs_plain") for e in rows}
+    plain = {e["workload"]: e["tokens_per_s"] for e in bench["rows"] if e["row"] == "plain"}
+    lines = ["| workload | plain tok/s | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for w in workloads:
+        values = ["-" if cell.get((w, n)) is None else f"{cell[(w, n)]:.2f}" for n in names]
+        lines.append(f"| {w} | {plain.get(w, 0.0):.1f} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+PASS_CELLS = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (4, 1), (8, 1), (8, 4), (16, 1), (16, 4))
+
+
+def render_pass_cost(result: dict[str, Any]) -> str:
+    """ms per pass (and x one 1-row, 1-token step), rows x tokens, from a ``pass-cost-<label>.json``."""
+    by = {(r["rows"], r["tokens"]): r for r in result["rows"]}
+    cells = [c for c in PASS_CELLS if c in by]
+    lines = ["| rows x tokens | " + " | ".join(f"{b}x{t}" for b, t in cells) + " |", "|---" * (len(cells) + 1) + "|"]
+    for engine, name in (("ours", "slot engine"), ("hf", "HF-wrapped")):
+        lines.append(f"| {name} | " + " | ".join(
+            f"{by[c][f'{engine}_ms']:.1f} ({by[c][f'{engine}_x_step']:.2f})" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+MODE_LABELS = {"serial": "serial (one at a time)", "off": "batched, speculation off", "always": "always on",
+               "load_aware": "load-aware"}
+
+
+def render_concurrency(summary: dict[str, Any]) -> str:
+    """Aggregate tok/s per serving mode and stream count, from a ``concurrency-<label>.json``."""
+    modes = list(dict.fromkeys(r["mode"] for r in summary["rows"]))
+    levels = sorted({r["concurrency"] for r in summary["rows"]})
+    rate = {(r["mode"], r["concurrency"]): r["tokens_per_s"] for r in summary["rows"]}
+    lines = ["| streams | " + " | ".join(MODE_LABELS.get(m, m) + " tok/s" for m in modes) + " |",
+             "|---" * (len(modes) + 1) + "|"]
+    for c in levels:
+        lines.append(f"| {c} | " + " | ".join("-" if (m, c) not in rate else f"{rate[(m, c)]:.1f}" for m in modes) + " |")
+    return "\n".join(lines)
+
+
+def _json(name: str) -> Callable[[Path], dict[str, Any]]:
+    return lambda results: json.loads((results / name).read_text())
+
+
+# block name -> (its source under benchmarks/results/, its renderer)
+BLOCKS: dict[str, tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
+    "headline": (lambda results: read_headline(results / "headline.json"), render_headline),
+    "methods": (_json("bench-cpu.json"), render_methods),
+    "pass-cost": (_json("pass-cost-cpu.json"), render_pass_cost),
+    "concurrency": (_json("concurrency-cpu.json"), render_concurrency),
+}
+
+
+def render_text(text: str, results: Path = DEFAULT_OUT) -> str:
+    """``text`` with every rendered block filled from ``results``; a file with an unknown block
+    name is an error."""
+    def fill(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in BLOCKS:
+            raise ConfigError(f"unknown rendered block {name!r} (known: {sorted(BLOCKS)})")
+        load, render = BLOCKS[name]
+        return match.group(1) + render(load(results)) + "\n" + match.group(4)
+
+    return _BLOCK.sub(fill, text)
+
+
+def blocks_in(text: str) -> list[str]:
+    return [m.group("name") for m in _BLOCK.finditer(text)]
+
+
+def render_docs(root: Path = REPO, results: Path | None = None, *, check: bool = False) -> list[Path]:
+    """Render the blocks of README.md and the docs pages; returns the files that were stale
+    (rewritten unless ``check``)."""
+    results = results if results is not None else root / "benchmarks" / "results"
+    stale = []
+    for name in DOC_FILES:
+        path = root / name
+        text = path.read_text()
+        new = render_text(text, results)
+        if new != text:
+            stale.append(path)
+            if not check:
+                path.write_text(new)
+    return stale
+
+
+__all__ = ["BLOCKS", "DOC_FILES", "HEADLINE_ROWS", "blocks_in", "render_docs", "render_text"]

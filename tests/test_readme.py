@@ -1,0 +1,83 @@
+"""The newcomer's page: README.md is one page with the two commands, its figure tables (and
+docs/benchmarks.md's) are exactly what the benchmark result files render to, and every link
+of README.md and docs/ resolves."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from builder.bench.docs_render import DOC_FILES, HEADLINE_ROWS, blocks_in, render_docs, render_text
+from triton_backend.core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+DEMO = "bash scripts/setup.sh && .venv/bin/specbuild demo"
+TESTS = "bash scripts/setup.sh && .venv/bin/python -m pytest"
+# pages other branches of this session add; remove a name here once its page is merged
+PENDING_PAGES = {"docs/openai.md", "docs/kubernetes.md", "docs/structured-output.md", "docs/security.md",
+                 "docs/nvidia-ci-clients.md"}
+
+
+def test_every_rendered_table_matches_its_result_file() -> None:
+    stale = render_docs(ROOT, check=True)
+    assert stale == [], f"stale figure tables in {stale}: run `specbuild bench --render-readme`"
+    assert "headline" in blocks_in(README.read_text())
+    assert set(blocks_in((ROOT / "docs" / "benchmarks.md").read_text())) == {"headline", "methods", "pass-cost",
+                                                                            "concurrency"}
+
+
+def test_a_changed_figure_makes_the_readme_stale(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("headline.json", "bench-cpu.json", "pass-cost-cpu.json", "concurrency-cpu.json"):
+        (results / name).write_text((RESULTS / name).read_text())
+    text = README.read_text()
+    assert render_text(text, results) == text
+    figures = json.loads((results / "headline.json").read_text())
+    figures["best_copy_x_plain"] = round(figures["best_copy_x_plain"] + 0.31, 4)
+    (results / "headline.json").write_text(json.dumps(figures))
+    assert render_text(text, results) != text
+    del figures["eagle_chat_x_plain"]  # a key the README cites must stay in the file
+    (results / "headline.json").write_text(json.dumps(figures))
+    with pytest.raises(ConfigError, match="eagle_chat_x_plain"):
+        render_text(text, results)
+    with pytest.raises(ConfigError, match="unknown rendered block"):
+        render_text("<!-- BEGIN rendered:nope x -->\n<!-- END rendered:nope -->\n", results)
+
+
+def test_readme_cites_every_headline_key_and_the_file_holds_them() -> None:
+    text = README.read_text()
+    figures = json.loads((RESULTS / "headline.json").read_text())
+    for row in HEADLINE_ROWS:
+        assert f"`{row.key}`" in text and row.key in figures
+
+
+def test_readme_is_one_page_with_the_two_commands() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 80
+    assert f"```bash\n{DEMO}\n```" in text and f"```bash\n{TESTS}\n```" in text
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == TESTS  # CI runs the README's test command, exactly
+
+
+def _links(path: Path) -> list[str]:
+    return [m for m in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()) if "://" not in m]
+
+
+def test_every_relative_link_resolves() -> None:
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    assert {ROOT / name for name in DOC_FILES} <= set(pages)
+    for page in pages:
+        for link in _links(page):
+            target = (page.parent / link).resolve()
+            rel = target.relative_to(ROOT).as_posix()
+            assert target.exists() or rel in PENDING_PAGES, f"{page.relative_to(ROOT)} links to missing {link}"
+    assert "docs/index.md" in _links(README)
+    in_index = {"docs/" + link for link in _links(ROOT / "docs" / "index.md")}
+    on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")} - {"docs/index.md"}
+    assert on_disk | PENDING_PAGES <= in_index, f"pages missing from docs/index.md: {on_disk | PENDING_PAGES - in_index}"
