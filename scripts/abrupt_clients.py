@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder.loadtest.abrupt_clients import AbruptConfig, markdown, run_abrupt_clients  # noqa: E402
 from builder.headline import HEADLINE_PATH, update_headline  # noqa: E402
+from builder.report_paths import portable  # noqa: E402
 from builder.stages.model_repository import render_model_repository  # noqa: E402
 from builder.ops.triton_server import ServerConfig  # noqa: E402
 from triton_backend.deployment.config import DeploymentConfig  # noqa: E402
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server log: {server.log_file}")
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        a.out.write_text(json.dumps(portable(result.to_json()), indent=2) + "\n")
         print(f"results: {a.out}")
     if not a.no_headline and result.sessions >= 1000:
         key = "abrupt_client_aborts_per_1000" + ("_grpc_error_mode" if a.grpc_error_mode else "")

@@ -3,7 +3,7 @@ or lazy imports alike). Run from the repository root; prints each problem, exits
 
 Layers, earliest first (a module may import its own layer and earlier ones):
 ``triton_backend``: core, engines, speculation, batching, deployment, serving, serving.triton;
-``builder``: errors, headline, plan, stages, train, ops, loadtest, bench, cli. The runtime never
+``builder``: errors, report_paths, headline, plan, stages, train, ops, loadtest, bench, cli. The runtime never
 imports ``builder``.
 
     .venv/bin/python scripts/check_layers.py
@@ -17,7 +17,7 @@ from pathlib import Path
 
 LAYERS = {
     "triton_backend": ["core", "engines", "speculation", "batching", "deployment", "serving", "serving.triton"],
-    "builder": ["errors", "headline", "plan", "stages", "train", "ops", "loadtest", "bench", "cli"],
+    "builder": ["errors", "report_paths", "headline", "plan", "stages", "train", "ops", "loadtest", "bench", "cli"],
 }
 
 

@@ -311,7 +311,9 @@ def write_concurrency_report(summary: dict[str, Any], config: ConcurrencyConfig)
     config.out_dir.mkdir(parents=True, exist_ok=True)
     stem = config.out_dir / f"concurrency-{config.label}"
     paths = {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md")}
-    paths["json"].write_text(json.dumps(summary, indent=2))
+    from builder.report_paths import portable
+
+    paths["json"].write_text(json.dumps(portable(summary), indent=2))
     paths["markdown"].write_text(to_markdown(summary) + "\n")
     if config.plot:
         image = plot(summary, stem.with_suffix(".png"))

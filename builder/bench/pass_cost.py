@@ -141,7 +141,9 @@ def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: Path |
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out_dir / f"pass-cost-{label}.md", "json": out_dir / f"pass-cost-{label}.json"}
     paths["markdown"].write_text(pass_cost_markdown(result))
-    paths["json"].write_text(json.dumps(result, indent=2) + "\n")
+    from builder.report_paths import portable
+
+    paths["json"].write_text(json.dumps(portable(result), indent=2) + "\n")
     if headline is not None:
         from builder.headline import update_headline
 

@@ -79,7 +79,9 @@ def to_markdown(rows: list[PerfRow], config: PerfAnalyzerBenchConfig) -> str:
 def write_perf_analyzer_report(rows: list[PerfRow], config: PerfAnalyzerBenchConfig) -> dict[str, Path]:
     config.out_dir.mkdir(parents=True, exist_ok=True)
     stem = config.out_dir / f"perf_analyzer_{config.label}"
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    from builder.report_paths import portable
+
+    settings = portable(asdict(config))
     stem.with_suffix(".json").write_text(json.dumps({"config": settings, "rows": [asdict(r) for r in rows]}, indent=2))
     stem.with_suffix(".md").write_text(to_markdown(rows, config))
     return {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md")}

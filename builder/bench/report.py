@@ -11,6 +11,7 @@ from pathlib import Path
 
 from builder.bench.config import BenchRun, Sample
 from builder.headline import update_headline
+from builder.report_paths import portable
 from builder.bench.rows import is_speculative_row
 from triton_backend.speculation.controller import expected_tokens_per_round
 
@@ -108,8 +109,7 @@ def summarize(run: BenchRun) -> dict:
                           for s in samples if (twin, s.workload, s.prompt_index, s.repeat) in by_key]
                 entry["serving_overhead"] = statistics.median(ratios) - 1 if ratios else None
             table.append(entry)
-    return {"environment": run.environment, "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(run.config).items()},
-            "rows": table}
+    return {"environment": run.environment, "config": portable(asdict(run.config)), "rows": table}
 
 
 def headline_figures(summary: dict) -> dict[str, float]:

@@ -152,7 +152,9 @@ def _short(metric: str) -> str:
 
 def write(results: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    from builder.report_paths import portable
+
+    out.write_text(json.dumps(portable(results), indent=1, default=str) + "\n")
 
 
 __all__ = ["LoadReport", "SessionConfig", "SigtermReport", "markdown", "run_session", "sigterm_under_load", "write"]

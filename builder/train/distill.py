@@ -24,6 +24,7 @@ import torch
 
 from builder.errors import BuildSpecError
 from builder.train.target_data import iter_records
+from builder.report_paths import repo_path
 from builder.train.schedule import TimedCosine
 from triton_backend.engines.torch.draft_arch import SubsetLlamaConfig, SubsetLlamaForCausalLM
 
@@ -66,7 +67,7 @@ class DistillReport:
     losses: list[float] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"draft -> {self.out_dir}: {self.draft_parameters / 1e6:.1f}M parameters "
+        return (f"draft -> {repo_path(self.out_dir)}: {self.draft_parameters / 1e6:.1f}M parameters "
                 f"(target {self.target_parameters / 1e6:.1f}M), {self.sequences} sequences, {self.steps} steps in "
                 f"{self.seconds:.0f}s, final loss {self.losses[-1] if self.losses else float('nan'):.3f}")
 

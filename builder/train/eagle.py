@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from builder.report_paths import repo_path
 from builder.errors import BuildSpecError
 from builder.train.target_data import iter_records
 from builder.train.schedule import TimedCosine
@@ -88,7 +89,7 @@ class EagleTrainReport:
     losses: list[float] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"EAGLE drafter -> {self.out}: {self.train_positions} training positions, {self.steps} steps in "
+        return (f"EAGLE drafter -> {repo_path(self.out)}: {self.train_positions} training positions, {self.steps} steps in "
                 f"{self.seconds:.0f}s; held-out top-1 at draft position 1: {self.top1_pos1:.3f} "
                 f"(untrained {self.top1_untrained:.3f}), position 2: {self.top1_pos2:.3f} ({self.heldout_positions} positions)")
 

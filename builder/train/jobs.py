@@ -107,5 +107,7 @@ def run_train_medusa(job: MedusaJob) -> dict[str, Any]:
 
 def _write(path: Path, report: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    from builder.report_paths import portable
+
+    path.write_text(json.dumps(portable(report), indent=2, default=str) + "\n")
     logger.info("report written to %s", path)

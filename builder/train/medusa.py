@@ -23,6 +23,7 @@ import torch
 
 from builder.errors import BuildSpecError
 from builder.train.target_data import iter_records
+from builder.report_paths import repo_path
 from builder.train.schedule import TimedCosine
 from triton_backend.speculation.drafters.medusa_model import MedusaHeads, MedusaHeadsInfo, save_medusa
 from triton_backend.core.tree import Choices
@@ -72,7 +73,7 @@ class MedusaTrainReport:
 
     def summary(self) -> str:
         heads = ", ".join(f"head {i}: {a:.3f} (untrained {u:.3f})" for i, (a, u) in enumerate(zip(self.top1, self.top1_untrained)))
-        return (f"Medusa heads -> {self.out}: {self.train_positions} training positions, {self.steps} steps in "
+        return (f"Medusa heads -> {repo_path(self.out)}: {self.train_positions} training positions, {self.steps} steps in "
                 f"{self.seconds:.0f}s; held-out top-1 accuracy ({self.heldout_positions} positions): {heads}; "
                 f"tree of {len(self.medusa_choices)} nodes")
 
