@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 from triton_fixtures import DEPLOYMENT, RunningTriton, local_decoder, triton  # noqa: F401 (fixtures)
 
 from builder.cli.main import main as cli_main
-from builder.ops.demo import DemoConfig, run_demo
+from builder.ops.demo import DemoConfig, run_demo, tokens_per_s
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_client import ClientConfig, ClientError, ClientProtocol, GenerateRequest, RemoteResult, generate
 from builder.ops.triton_server import ServerConfig, ServerError, TritonServer, free_port
@@ -303,11 +303,21 @@ def test_serve_command_forwards_sigterm(tmp_path: Path) -> None:
 
 
 def test_demo_end_to_end() -> None:
+    """The demo as `specbuild demo` runs it: its default request streamed through a real Triton,
+    then the same request with speculation off, both speeds and their ratio."""
     pieces: list[str] = []
-    demo = run_demo(DemoConfig(request=GenerateRequest(prompt=PROMPT, max_tokens=16, chat=True, stream=True)),
-                    pieces.append)
-    assert demo.result.text and "".join(pieces) == demo.result.text
+    answers: list = []
+    demo = run_demo(DemoConfig(), pieces.append, answers.append)
+    assert demo.result.text and "".join(pieces) == demo.result.text and answers == [demo.result]
     assert demo.result.stats["speculation_method"] == "ngram" and demo.result.stats["total_draft_tokens"] > 0
+    # the default prompt asks for an even-number check with an example call: the answer does that
+    assert "def is_even(" in demo.result.text and "% 2 == 0" in demo.result.text
+    assert "print(is_even(" in demo.result.text
+    assert demo.plain is not None and demo.plain.text == demo.result.text  # greedy: plain decoding, same text
+    assert demo.plain.stats.get("total_draft_tokens", 0) == 0
+    assert tokens_per_s(demo.result) > 0 and tokens_per_s(demo.plain) > 0
+    line = demo.comparison()
+    assert "speed-up" in line and "one measurement each" in line and "text identical" in line
 
 
 class RecordingSink:

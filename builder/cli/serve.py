@@ -144,10 +144,13 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     from builder.ops.demo import DemoConfig, run_demo
 
     config = DemoConfig(deployment_file=a.deployment, request=_request(a, not a.no_stream),
-                        protocol=ClientProtocol(a.protocol), source=TritonSource(a.triton))
+                        protocol=ClientProtocol(a.protocol), source=TritonSource(a.triton),
+                        compare_plain=not a.no_compare)
     print(f"prompt: {a.prompt}\n", flush=True)
-    demo = run_demo(config, None if a.no_stream else _print_piece)
-    _print_result(demo.result, not a.no_stream)
+    demo = run_demo(config, None if a.no_stream else _print_piece,
+                    lambda answer: (_print_result(answer, not a.no_stream), sys.stdout.flush()))
+    if demo.plain is not None:
+        print(demo.comparison())
     return 0
 
 
@@ -155,11 +158,14 @@ def _add_demo(sub: Any) -> None:
     from builder.ops.local_run import DEFAULT_PROMPT
 
     p = sub.add_parser("demo", help="end to end: prepare the default deployment, start Triton, send a request, "
-                                    "print the answer and its acceptance statistics, stop Triton")
+                                    "print the answer and its acceptance statistics, send it again with "
+                                    "speculation off and print both speeds, stop Triton")
     _add_request_flags(p, prompt_default=DEFAULT_PROMPT)
     p.set_defaults(max_tokens=64)
     p.add_argument("--deployment", type=Path, default=None, help="a deployment JSON file (default: reference + n-gram)")
     p.add_argument("--no-stream", action="store_true", help="one unary request instead of streaming")
+    p.add_argument("--no-compare", action="store_true",
+                   help="skip the second request (the same one with speculation off) and the speed comparison")
     p.add_argument("--triton", choices=[s.value for s in TritonSource], default=TritonSource.AUTO.value)
     p.set_defaults(func=_cmd_demo)
 

@@ -3,14 +3,17 @@
 Prepare the default deployment (the reference target SmolLM2-135M-Instruct with n-gram
 prompt lookup, the best drafter this environment has for it), render its Triton model
 repository, start a real Triton server on loopback, send one streaming gRPC request,
-collect the answer and its acceptance statistics, and stop the server.
+collect the answer and its acceptance statistics, send the same request with speculation off
+(plain decoding on the same server), and stop the server. The two speeds and their ratio are
+one measurement each, on whatever else the machine is doing: a demonstration, not a
+benchmark (``specbuild bench`` measures side by side, repeated).
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +34,19 @@ class DemoConfig:
     protocol: ClientProtocol = ClientProtocol.GRPC
     source: TritonSource = TritonSource.AUTO
     startup_timeout_s: float = 300.0
+    compare_plain: bool = True  # then send the same request with speculation off
+
+    def serving(self) -> ServingConfig:
+        """Only the models the demo sends to (every stub loads torch: fewer start sooner): the
+        decoupled model, and the unary one only for a non-streaming request."""
+        return ServingConfig(trtllm_models=None, unary_model_name=None if self.request.stream else "specdec_unary",
+                             unary_instance_count=1)
+
+
+def tokens_per_s(result: RemoteResult) -> float:
+    """Output tokens over the request's whole latency (what the client saw)."""
+    tokens = int(result.stats.get("num_output_tokens", 0) or 0)
+    return tokens / result.latency_s if result.latency_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -38,9 +54,24 @@ class DemoResult:
     result: RemoteResult
     endpoints: Endpoints
     deployment_json: str
+    plain: RemoteResult | None = None  # the same request, speculation off
+
+    def comparison(self) -> str:
+        """Both speeds and their ratio, labelled as the single measurement they are."""
+        if self.plain is None:
+            return ""
+        spec, plain = tokens_per_s(self.result), tokens_per_s(self.plain)
+        ratio = f"{spec / plain:.2f}x" if plain > 0 else "n/a"
+        same = "identical" if self.plain.text == self.result.text else "DIFFERENT"
+        return (f"speculative ({self.result.stats.get('speculation_method', '?')}): {spec:.1f} tok/s | "
+                f"plain decoding, same request, same server: {plain:.1f} tok/s | speed-up {ratio} "
+                f"(one measurement each; text {same}; controlled figures: docs/benchmarks.md)")
 
 
-def run_demo(config: DemoConfig, on_text: Callable[[str], None] | None = None) -> DemoResult:
+def run_demo(config: DemoConfig, on_text: Callable[[str], None] | None = None,
+             on_answer: Callable[[RemoteResult], None] | None = None) -> DemoResult:
+    """``on_text`` gets each streamed piece, ``on_answer`` the answer once it is complete (before
+    the plain request is sent)."""
     from triton_backend.deployment.config import DeploymentConfig
     from triton_backend.core.reference_model import ensure_reference_model
     from triton_backend.serving.service import load_deployment
@@ -51,7 +82,7 @@ def run_demo(config: DemoConfig, on_text: Callable[[str], None] | None = None) -
         deployment = DeploymentConfig()
         ensure_reference_model(deployment.target)  # fetch + convert once, before Triton loads it
     with tempfile.TemporaryDirectory(prefix="specbuild-demo-") as work:
-        repository = render_model_repository(deployment, Path(work) / "model_repo", ServingConfig())
+        repository = render_model_repository(deployment, Path(work) / "model_repo", config.serving())
         server_config = ServerConfig(repository, source=config.source, startup_timeout_s=config.startup_timeout_s,
                                      exit_timeout_s=10, log_file=Path(work) / "tritonserver.log")
         with TritonServer(server_config) as server:
@@ -59,8 +90,15 @@ def run_demo(config: DemoConfig, on_text: Callable[[str], None] | None = None) -
             assert endpoints is not None
             url = endpoints.grpc_url if config.protocol is ClientProtocol.GRPC else endpoints.http_url
             logger.info("Triton ready: %s", " | ".join(endpoints.describe().splitlines()))
-            result = generate(ClientConfig(url, config.protocol), config.request, on_text)
-    return DemoResult(result, endpoints, deployment.to_json())
+            client = ClientConfig(url, config.protocol)
+            result = generate(client, config.request, on_text)
+            if on_answer is not None:
+                on_answer(result)
+            plain = None
+            if config.compare_plain:
+                logger.info("the same request with speculation off (plain decoding)")
+                plain = generate(client, replace(config.request, speculation="off"))
+    return DemoResult(result, endpoints, deployment.to_json(), plain)
 
 
-__all__ = ["DemoConfig", "DemoResult", "run_demo"]
+__all__ = ["DemoConfig", "DemoResult", "run_demo", "tokens_per_s"]

@@ -13,7 +13,9 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.decoding import GenerationResult
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
-DEFAULT_PROMPT = "Rewrite this sentence in the past tense: 'The quick brown fox jumps over the lazy dog and runs into the forest.'"
+# a request the reference model (SmolLM2-135M-Instruct) visibly does: greedy, it writes a correct
+# is_even with example calls and their right outputs (the past-tense rewrite used before came back unchanged)
+DEFAULT_PROMPT = "Write a Python function that checks whether a number is even, and show an example call."
 
 
 def parse_layers(text: str) -> tuple[int, ...]:
