@@ -13,7 +13,7 @@ output columns, each stored k-major (``K`` groups of 32 floats), so a pass strea
 once, in order, and multiplies it into several input rows per sweep while it sits in cache
 (up to 3 rows with AVX2's 16 registers, up to 12 with AVX-512's 32: an 8-row pass or a 9-token
 verify chain streams each panel once): 2-8 row passes cost little more than one row, and a
-one-row step is cheaper than MKL's GEMV (measured: scripts/matmul_rows.py). Element ``(m, j)`` is always ONE fused multiply-add chain
+one-row step is cheaper than MKL's GEMV (measured: scripts/analysis/matmul_rows.py). Element ``(m, j)`` is always ONE fused multiply-add chain
 over ``k`` ascending (a vector lane), then the bias. Tile shapes (how many rows share a sweep)
 change with ``M`` but never that order, so results are bit-identical for any
 ``M`` and any row position. The attention computes every query token alone over its visible

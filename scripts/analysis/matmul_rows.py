@@ -14,7 +14,7 @@ process (min over repeats: a busy machine only ever adds time):
 decode step) and prints whether each candidate is row-invariant (row i of an M-row call equals
 row i computed alone, for M = 1..9). Example::
 
-    .venv/bin/python scripts/matmul_rows.py --rows 1,2,4,8,16 --repeats 5 --floor
+    .venv/bin/python scripts/analysis/matmul_rows.py --rows 1,2,4,8,16 --repeats 5 --floor
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ output token (its own clock: a busy machine slows the wall clock, not this one).
 ``--requests-per-stream 2 --max-tokens 64`` sends what the concurrency bench sends: each of
 ``c`` streams sends its requests back to back, stream ``s``'s ``r``-th with prompt
 ``s * 2 + r`` (so x1 sends two short chat prompts, x8 all fifteen, the long copy prompts
-too: their prefill is a larger share of the x8 level's work). ``scripts/serve_paths.py``
+too: their prefill is a larger share of the x8 level's work). ``scripts/analysis/serve_paths.py``
 runs the same levels in process and through Triton side by side.
 
-    .venv/bin/python scripts/serve_rounds.py --concurrency 1,8,16 --modes off,always,load_aware
+    .venv/bin/python scripts/analysis/serve_rounds.py --concurrency 1,8,16 --modes off,always,load_aware
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ times, so a busy machine's noise falls on both alike. Prints tok/s per tree, mod
 A baseline tree is a plain export of a commit::
 
     mkdir -p /tmp/base && git archive HEAD~1 | tar -x -C /tmp/base
-    .venv/bin/python scripts/serve_ab.py --tree-a /tmp/base --tree-b . --concurrency 1,8 --modes off
+    .venv/bin/python scripts/analysis/serve_ab.py --tree-a /tmp/base --tree-b . --concurrency 1,8 --modes off
 
 Both servers are stopped at the end (their process groups), whatever happens.
 """

@@ -5,14 +5,14 @@ client) cost throughput at ``c`` streams? Builds the bench's deployment in this 
 starts ``specbuild serve`` from this tree, then, ``repeats`` times (which path goes first
 alternates), runs the concurrency bench's levels on both: ``c`` streams sending
 ``requests_per_stream`` requests back to back with the bench's prompt choice (stream ``s``'s
-``r``-th request: prompt ``s * requests_per_stream + r``; ``scripts/serve_rounds.py`` in
+``r``-th request: prompt ``s * requests_per_stream + r``; ``scripts/analysis/serve_rounds.py`` in
 process, :func:`builder.bench.concurrency.run_level` through Triton). A control level sends,
 through Triton at the top concurrency, only the prompts of the one-stream level, so the
 8-over-1 ratio is taken over one prompt mix. Prints tok/s per path and level, the ratios, and
 the scheduler thread's CPU time per output token (on that thread's own clock: other
 processes on a busy machine slow the wall clock, not this one)::
 
-    .venv/bin/python scripts/serve_paths.py --concurrency 1,8 --max-tokens 64 --repeats 4
+    .venv/bin/python scripts/analysis/serve_paths.py --concurrency 1,8 --max-tokens 64 --repeats 4
 """
 
 from __future__ import annotations

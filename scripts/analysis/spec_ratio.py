@@ -10,8 +10,8 @@ repeats interleaved in a shuffled order, in one process. Two figures per row and
 
 Every row's greedy output is checked against plain's. Example::
 
-    .venv/bin/python scripts/spec_ratio.py --set tune --rows plain,ngram:8,medusa --repeats 2
-    .venv/bin/python scripts/spec_ratio.py --rows plain,eagle,eagle-params  # measured draft cost vs parameter ratio
+    .venv/bin/python scripts/analysis/spec_ratio.py --set tune --rows plain,ngram:8,medusa --repeats 2
+    .venv/bin/python scripts/analysis/spec_ratio.py --rows plain,eagle,eagle-params  # measured draft cost vs parameter ratio
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 from triton_backend.speculation.policy import current_cost_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COPY_PROMPTS = ROOT / "builder" / "data" / "heldout_copy_prompts.json"
 HELDOUT = ROOT / "builder" / "data" / "heldout_prompts.txt"
 MEDUSA = ROOT / "artifacts" / "smollm2-135m-medusa" / "heads.safetensors"

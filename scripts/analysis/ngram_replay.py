@@ -8,9 +8,9 @@ without the model: each round costs the pass-cost table's figure for its tokens.
 decoding a busy machine cannot disturb. Record outputs with ``--record`` first (slow: runs the
 model), then replay as often as needed (fast)::
 
-    .venv/bin/python scripts/ngram_replay.py --record /tmp/plain.json --max-tokens 160
-    .venv/bin/python scripts/ngram_replay.py /tmp/plain.json --k 4,8,16 --set tune
-    .venv/bin/python scripts/ngram_replay.py /tmp/plain.json --k 8 --set bench --trace copy  # round by round
+    .venv/bin/python scripts/analysis/ngram_replay.py --record /tmp/plain.json --max-tokens 160
+    .venv/bin/python scripts/analysis/ngram_replay.py /tmp/plain.json --k 4,8,16 --set tune
+    .venv/bin/python scripts/analysis/ngram_replay.py /tmp/plain.json --k 8 --set bench --trace copy  # round by round
 
 ``--record`` stores the held-out sets (``tune``, ``check``) and the bench's own prompts
 (``bench``: benchmarks/prompts.json, the first 5 per workload as ``specbuild bench`` runs them).
@@ -30,7 +30,7 @@ from triton_backend.speculation.controller import controller_for
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.policy import PassCostModel, current_cost_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], spec: SpeculationConfig, cost_model: PassCostModel,
@@ -67,7 +67,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], spec: SpeculationConfig
 def _record(path: Path, max_tokens: int) -> None:
     import sys
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from spec_ratio import _prompts  # noqa: E402 (the held-out prompt sets)
 
     from triton_backend.core.config import RuntimeConfig, SamplingParams
