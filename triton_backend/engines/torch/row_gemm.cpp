@@ -1,0 +1,256 @@
+// Row-invariant float32 CPU kernels of the slot engine: the panel matmul and one slot's attention.
+// Loaded by row_gemm.py beside this file (see its docstring for the design): compiled once per
+// machine with the system compiler, flags in row_gemm.py (-O3 -ffp-contract=off -fno-fast-math,
+// -mavx2 -mfma [-mavx512f]), called through ctypes; the hash of this text names the library.
+// No fast-math, no FP contraction: every output is one fixed-order fused multiply-add chain.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+/* the attention's vectors: 16 lanes (the matmul's panels are 8-lane AVX2 on every CPU) */
+typedef __m512 vec;
+#define LANES 16
+#define vzero _mm512_setzero_ps
+#define vload _mm512_loadu_ps
+#define vfma _mm512_fmadd_ps
+#define vset1 _mm512_set1_ps
+#define vstore _mm512_storeu_ps
+#define vmax _mm512_max_ps
+#define vmul _mm512_mul_ps
+#define vsub _mm512_sub_ps
+#define vround(a) _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vpow2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+static inline float hsum(__m512 v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#else
+/* the attention's vectors: 8 lanes */
+typedef __m256 vec;
+#define LANES 8
+#define vzero _mm256_setzero_ps
+#define vload _mm256_loadu_ps
+#define vfma _mm256_fmadd_ps
+#define vset1 _mm256_set1_ps
+#define vstore _mm256_storeu_ps
+#define vmax _mm256_max_ps
+#define vmul _mm256_mul_ps
+#define vsub _mm256_sub_ps
+#define vround(a) _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vpow2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* The scalar remainder k in [k0, K) of a dot product: one function, never inlined, so every call rounds it alike. */
+__attribute__((noinline)) static float tail_dot(const float* x, const float* w, int64_t k, int64_t K) {
+    float s = 0.0f;
+    for (; k < K; ++k) s = __builtin_fmaf(x[k], w[k], s);
+    return s;
+}
+
+/* Weights are packed once into panels of P = 32 output columns: panel q holds
+   w[q*P .. q*P+31][0 .. K-1] as K consecutive groups of 32 floats (zero padded past N). */
+static const int64_t P = 32;
+
+extern "C" void specbuild_pack_panels(const float* w, int64_t N, int64_t K, float* p) {
+    const int64_t panels = (N + P - 1) / P;
+    memset(p, 0, sizeof(float) * panels * K * P);
+    for (int64_t n = 0; n < N; ++n) {
+        float* dst = p + (n / P) * K * P + (n % P);
+        const float* src = w + n * K;
+        for (int64_t k = 0; k < K; ++k) dst[k * P] = src[k];
+    }
+}
+
+#if defined(__AVX512F__)
+/* With 32 vector registers a tile holds up to 12 rows (24 accumulators: two 16-lane vectors per
+   row, the panel's 32 columns), so an 8-row pass or a 9-token verify chain streams each panel once. */
+static const int64_t MAX_TILE_ROWS = 12;
+
+/* R input rows x one panel: every output is ONE fused multiply-add chain over k = 0 .. K-1
+   in order (a lane of an accumulator), whatever R is, and the same chain as the 8-lane build's. */
+template <int R>
+static inline void panel_tile(const float* x, int64_t K, const float* pp, float* out) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+        const float* wk = pp + k * P;
+        const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+        for (int r = 0; r < R; ++r) {
+            const __m512 xv = _mm512_set1_ps(x[r * K + k]);
+            acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        _mm512_storeu_ps(out + r * P, acc[r][0]);
+        _mm512_storeu_ps(out + r * P + 16, acc[r][1]);
+    }
+}
+
+static inline void tile(int64_t r, const float* x, int64_t K, const float* pp, float* buf) {
+    switch (r) {
+        case 12: panel_tile<12>(x, K, pp, buf); break;
+        case 11: panel_tile<11>(x, K, pp, buf); break;
+        case 10: panel_tile<10>(x, K, pp, buf); break;
+        case 9: panel_tile<9>(x, K, pp, buf); break;
+        case 8: panel_tile<8>(x, K, pp, buf); break;
+        case 7: panel_tile<7>(x, K, pp, buf); break;
+        case 6: panel_tile<6>(x, K, pp, buf); break;
+        case 5: panel_tile<5>(x, K, pp, buf); break;
+        case 4: panel_tile<4>(x, K, pp, buf); break;
+        case 3: panel_tile<3>(x, K, pp, buf); break;
+        case 2: panel_tile<2>(x, K, pp, buf); break;
+        default: panel_tile<1>(x, K, pp, buf); break;
+    }
+}
+#else
+static const int64_t MAX_TILE_ROWS = 3;
+
+/* R input rows x one panel: every output is ONE fused multiply-add chain over k = 0 .. K-1
+   in order (a lane of an accumulator), whatever R is. */
+template <int R>
+static inline void panel_tile(const float* x, int64_t K, const float* pp, float* out) {
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+        const float* wk = pp + k * P;
+        const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+        const __m256 w2 = _mm256_loadu_ps(wk + 16), w3 = _mm256_loadu_ps(wk + 24);
+        for (int r = 0; r < R; ++r) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * K + k);
+            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+            acc[r][2] = _mm256_fmadd_ps(xv, w2, acc[r][2]);
+            acc[r][3] = _mm256_fmadd_ps(xv, w3, acc[r][3]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + r * P + 8 * j, acc[r][j]);
+}
+
+static inline void tile(int64_t r, const float* x, int64_t K, const float* pp, float* buf) {
+    if (r == 3) panel_tile<3>(x, K, pp, buf);
+    else if (r == 2) panel_tile<2>(x, K, pp, buf);
+    else panel_tile<1>(x, K, pp, buf);
+}
+#endif
+
+/* y[M][N] = x[M][K] w[N][K]^T (+ b[N]) on the packed panels; row-major, contiguous. */
+extern "C" void specbuild_panel_gemm(const float* x, int64_t M, int64_t K, const float* p, const float* b,
+                                     int64_t N, float* y) {
+    const int64_t panels = (N + P - 1) / P;
+    float buf[MAX_TILE_ROWS * P];
+    for (int64_t q = 0; q < panels; ++q) {
+        const float* pp = p + q * K * P;
+        const int64_t n0 = q * P, nn = N - n0 < P ? N - n0 : P;
+        for (int64_t m = 0; m < M;) {
+            const int64_t r = M - m >= MAX_TILE_ROWS ? MAX_TILE_ROWS : M - m;
+            tile(r, x + m * K, K, pp, buf);
+            for (int64_t i = 0; i < r; ++i) {
+                float* yr = y + (m + i) * N + n0;
+                const float* br = buf + i * P;
+                if (b) for (int64_t j = 0; j < nn; ++j) yr[j] = br[j] + b[n0 + j];
+                else memcpy(yr, br, sizeof(float) * nn);
+            }
+            m += r;
+        }
+    }
+}
+/* exp(v - top), lane-wise (a value gives the same bits in any lane or call): 2^n * p(r) with
+   n = round((v - top) / ln 2), r by a two-part ln 2, p a degree-7 Taylor polynomial (|r| <= ln2 / 2:
+   error < 1e-8 relative); arguments below -87 give ~1e-38, not 0 (negligible in a softmax sum). */
+static inline vec exp_lanes(vec x) {
+    x = vmax(x, vset1(-87.0f));
+    const vec n = vround(vmul(x, vset1(1.44269504088896341f)));
+    vec r = vfma(n, vset1(-0.693359375f), x);
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    vec p = vset1(1.0f / 5040.0f);
+    p = vfma(p, r, vset1(1.0f / 720.0f));
+    p = vfma(p, r, vset1(1.0f / 120.0f));
+    p = vfma(p, r, vset1(1.0f / 24.0f));
+    p = vfma(p, r, vset1(1.0f / 6.0f));
+    p = vfma(p, r, vset1(0.5f));
+    p = vfma(p, r, vset1(1.0f));
+    p = vfma(p, r, vset1(1.0f));
+    return vmul(p, vpow2(n));
+}
+
+static void exp_shifted(float* v, int64_t count, float top) {
+    const vec shift = vset1(top);
+    int64_t l = 0;
+    for (; l + LANES <= count; l += LANES) vstore(v + l, exp_lanes(vsub(vload(v + l), shift)));
+    if (l < count) {  /* the remainder through the same lanes, padded */
+        float buf[LANES];
+        for (int c = 0; c < LANES; ++c) buf[c] = l + c < count ? v[l + c] : top;
+        vstore(buf, exp_lanes(vsub(vload(buf), shift)));
+        for (int c = 0; l + c < count; ++c) v[l + c] = buf[c];
+    }
+}
+
+static inline float dot(const float* a, const float* b, int64_t d) {
+    vec acc = vzero();
+    const int64_t DV = d - d % LANES;
+    for (int64_t c = 0; c < DV; c += LANES) acc = vfma(vload(a + c), vload(b + c), acc);
+    float s = hsum(acc);
+    if (DV < d) s += tail_dot(a, b, DV, d);
+    return s;
+}
+
+/* One slot's attention for n query tokens; each query computed alone, in one fixed order.
+   q, out [n][heads][d]; keys, values [kv_heads][S][d] (the slot's cache, S positions).
+   Query i sees the positions l <= start + i (vis NULL: causal) or those with vis[i * (start + n) + l]
+   (a tree mask); scores, max, exponentials, their sum and the weighted values all run over the visible
+   positions in ascending order, so a query gives the same bits in a pass of any size (a decode step, a
+   verify chain, a tree whose accepted path later sits at consecutive positions). scratch: >= start + n floats. */
+extern "C" void specbuild_row_attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
+                                        const float* keys, const float* values, int64_t S, int64_t start,
+                                        const unsigned char* vis, float scale, float* out, float* scratch) {
+    const int64_t L = start + n, g = heads / kv_heads;
+    for (int64_t i = 0; i < n; ++i) {
+        const unsigned char* seen = vis ? vis + i * L : 0;
+        const int64_t last = vis ? L - 1 : start + i;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float* qh = q + (i * heads + h) * d;
+            const float* kh = keys + (h / g) * S * d;
+            const float* vh = values + (h / g) * S * d;
+            float* o = out + (i * heads + h) * d;
+            float top = -__builtin_inff();
+            for (int64_t l = 0; l <= last; ++l) {
+                if (seen && !seen[l]) continue;
+                const float sc = dot(qh, kh + l * d, d) * scale;
+                scratch[l] = sc;
+                top = sc > top ? sc : top;
+            }
+            if (seen)
+                for (int64_t l = 0; l <= last; ++l) if (!seen[l]) scratch[l] = top;  /* finite; skipped below */
+            exp_shifted(scratch, last + 1, top);
+            float total = 0.0f;
+            for (int64_t l = 0; l <= last; ++l) {
+                if (seen && !seen[l]) continue;
+                total += scratch[l];
+            }
+            for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+            const int64_t DV = d - d % LANES;
+            for (int64_t l = 0; l <= last; ++l) {
+                if (seen && !seen[l]) continue;
+                const float p = scratch[l] / total;
+                const float* vl = vh + l * d;
+                const vec pv = vset1(p);  /* lane-wise FMA: the same bits as the scalar loop */
+                for (int64_t c = 0; c < DV; c += LANES) vstore(o + c, vfma(pv, vload(vl + c), vload(o + c)));
+                for (int64_t c = DV; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
+            }
+        }
+    }
+}
