@@ -41,7 +41,7 @@ def poisons(port: int) -> dict[str, list[str]]:
     missing = "/nonexistent/specbuild-fuzz"
     return {"run": ["--target", f"{missing}/model"], "serve": [f"{missing}/source"],
             "demo": ["--deployment", f"{missing}/deployment.json"], "build": ["--target", f"{missing}/model"],
-            "bench": ["--target", f"{missing}/model"], "distill": ["--target", f"{missing}/model"],
+            "bench": ["--target", f"{missing}/model", "--out", f"{missing}/out"], "distill": ["--target", f"{missing}/model"],
             "train-medusa": ["--target", f"{missing}/model"], "deploy": ["--spec", f"{missing}/spec.yaml"],
             "train-eagle": ["--target", f"{missing}/model"], "eval-eagle": ["--eagle", f"{missing}/eagle"],
             "export-eagle": ["--checkpoint", f"{missing}/checkpoint"],

@@ -81,3 +81,11 @@ def test_every_relative_link_resolves() -> None:
     in_index = {"docs/" + link for link in _links(ROOT / "docs" / "index.md")}
     on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")} - {"docs/index.md"}
     assert on_disk | PENDING_PAGES <= in_index, f"pages missing from docs/index.md: {on_disk | PENDING_PAGES - in_index}"
+
+
+def test_render_command_checks_and_refuses_a_missing_results_folder(tmp_path: Path, capsys) -> None:
+    from builder.cli.main import main as cli_main
+
+    assert cli_main(["bench", "--render-readme", "--check"]) == 0
+    assert cli_main(["bench", "--render-readme", "--check", "--out", str(tmp_path / "none")]) == 2
+    assert "no headline file" in capsys.readouterr().err

@@ -118,12 +118,28 @@ def render_concurrency(summary: dict[str, Any]) -> str:
 
 
 def _json(name: str) -> Callable[[Path], dict[str, Any]]:
-    return lambda results: json.loads((results / name).read_text())
+    def load(results: Path) -> dict[str, Any]:
+        path = results / name
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the result file {path}: {exc}") from None
+    return load
+
+
+def _headline(results: Path) -> dict[str, Any]:
+    path = results / "headline.json"
+    if not path.is_file():
+        raise ConfigError(f"no headline file {path}")
+    try:
+        return read_headline(path)
+    except ValueError as exc:
+        raise ConfigError(f"cannot read the headline file {path}: {exc}") from None
 
 
 # block name -> (its source under benchmarks/results/, its renderer)
 BLOCKS: dict[str, tuple[Callable[[Path], dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
-    "headline": (lambda results: read_headline(results / "headline.json"), render_headline),
+    "headline": (_headline, render_headline),
     "methods": (_json("bench-cpu.json"), render_methods),
     "pass-cost": (_json("pass-cost-cpu.json"), render_pass_cost),
     "concurrency": (_json("concurrency-cpu.json"), render_concurrency),
@@ -148,14 +164,17 @@ def blocks_in(text: str) -> list[str]:
 
 
 def render_docs(root: Path = REPO, results: Path | None = None, *, check: bool = False) -> list[Path]:
-    """Render the blocks of README.md and the docs pages; returns the files that were stale
-    (rewritten unless ``check``)."""
+    """Render the blocks of README.md and the docs pages from the result files in ``results``
+    (default: the repository's ``benchmarks/results``); returns the files that were stale
+    (rewritten unless ``check``). Every file is rendered before any is written."""
     results = results if results is not None else root / "benchmarks" / "results"
-    stale = []
+    rendered = []
     for name in DOC_FILES:
         path = root / name
         text = path.read_text()
-        new = render_text(text, results)
+        rendered.append((path, text, render_text(text, results)))
+    stale = []
+    for path, text, new in rendered:
         if new != text:
             stale.append(path)
             if not check:

@@ -62,8 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "levels --concurrency, default 1,2,4); needs scripts/get_perf_analyzer.sh")
     p.add_argument("--pa-model", default="ensemble", help="--perf-analyzer: ensemble (streaming) or tensorrt_llm_bls")
     p.add_argument("--render-readme", action="store_true",
-                   help="instead: rewrite the figure tables of README.md and docs/benchmarks.md from benchmarks/results/")
-    p.add_argument("--check", action="store_true", help="--render-readme: only report stale tables (exit 1 if any)")
+                   help="instead: rewrite the figure tables of README.md and docs/benchmarks.md from the result "
+                        "files in --out (default benchmarks/results/)")
+    p.add_argument("--check", action="store_true", help="--render-readme: write nothing, fail if a table is stale")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -126,13 +127,17 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from builder.bench.docs_render import render_docs
+    from triton_backend.core.errors import ConfigError
 
-    stale = render_docs(check=args.check)
+    stale = render_docs(results=args.out, check=args.check)
+    if stale and args.check:
+        raise ConfigError(f"stale figure tables in {', '.join(str(p) for p in stale)}: "
+                          "run `specbuild bench --render-readme`")
     for path in stale:
-        print(f"{'stale' if args.check else 'rendered'}: {path}")
+        print(f"rendered: {path}")
     if not stale:
-        print("every figure table matches benchmarks/results/")
-    return 1 if stale and args.check else 0
+        print(f"every figure table matches {args.out}")
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
