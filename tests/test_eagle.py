@@ -206,6 +206,13 @@ def test_training_smoke_on_tiny_target(tmp_path):
     assert report["training"]["steps"] == 2 and report["acceptance"]["drafted_tokens"] > 0
     assert cli_main(["eval-eagle", "--eagle", str(tmp_path / "cli"), "--no-headline", *common]) == 0
     assert json.loads((tmp_path / "cli" / "acceptance.json").read_text())["prompts"] == 2
+    from builder.headline import HEADLINE_PATH
+
+    committed = HEADLINE_PATH.read_bytes()  # a drafter other than the committed one: figures go where asked
+    assert cli_main(["eval-eagle", "--eagle", str(tmp_path / "cli"), "--headline", str(tmp_path / "h.json"),
+                     *common]) == 0
+    assert set(json.loads((tmp_path / "h.json").read_text())) == {"eagle_acceptance_pos1", "eagle_tokens_per_pass"}
+    assert HEADLINE_PATH.read_bytes() == committed
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from builder.headline import HEADLINE_PATH
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
 
@@ -23,7 +24,7 @@ def _cmd_train_eagle(a: argparse.Namespace) -> int:
                              **given(lr=a.lr))
     job = EagleJob(data=data_config(a, a.data_dir, a.prompts, hidden=True),
                    heldout=data_config(a, heldout_dir, heldout_prompts, hidden=True), train=train,
-                   evaluation=eval_config(a), headline=a.headline, generate=not a.existing_data, threads=a.threads, progress=not a.quiet)
+                   evaluation=eval_config(a), headline=HEADLINE_PATH if a.headline else None, generate=not a.existing_data, threads=a.threads, progress=not a.quiet)
     report = run_train_eagle(job)
     print(report["summary"])
     if report["acceptance"]:
@@ -40,7 +41,7 @@ def _cmd_eval_eagle(a: argparse.Namespace) -> int:
     evaluation = EvalConfig(prompts_file=a.eval_prompts, count=a.eval_count, max_tokens=a.eval_max_tokens,
                             num_draft_tokens=a.num_draft_tokens)
     report = run_eval_eagle(EagleEvalJob(eagle=a.eagle, target=a.target, evaluation=evaluation,
-                                         headline=not a.no_headline, threads=a.threads))
+                                         headline=None if a.no_headline else a.headline, threads=a.threads))
     print(report.summary())
     return 0
 
@@ -81,7 +82,8 @@ def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPa
     t.add_argument("--batch-size", type=int, default=8, help="sequences per training step")
     t.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="2: also train on the drafter's own features")
     t.add_argument("--cls-weight", type=float, default=0.2, help="weight of the token loss next to the feature loss")
-    t.add_argument("--headline", action="store_true", help="write the held-out figures to the headline file")
+    t.add_argument("--headline", action="store_true",
+                   help="write the held-out figures to the repository's benchmarks/results/headline.json")
     t.add_argument("--existing-data", action="store_true",
                    help="train on the shards already in --data-dir / the held-out folder (e.g. of a stopped generation)")
     t.set_defaults(func=_cmd_train_eagle)
@@ -94,6 +96,9 @@ def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPa
     e.add_argument("--eval-max-tokens", type=int, default=64)
     e.add_argument("--num-draft-tokens", type=int, default=3)
     e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--headline", type=Path, default=HEADLINE_PATH,
+                   help="the headline file the figures are merged into (default: the repository's "
+                        "benchmarks/results/headline.json, whose EAGLE figures are the committed drafter's)")
     e.add_argument("--no-headline", action="store_true", help="do not write the headline file")
     e.set_defaults(func=_cmd_eval_eagle)
 

@@ -28,7 +28,7 @@ class EagleJob:
     heldout: TargetDataConfig
     train: EagleTrainConfig
     evaluation: EvalConfig | None = EvalConfig()
-    headline: bool = False
+    headline: Path | None = None  # the headline file the held-out figures go to (None: not written)
     generate: bool = True  # False: train on the shards already there (a partial run's)
     threads: int = 1
     progress: bool = True
@@ -39,11 +39,11 @@ class EagleEvalJob:
     eagle: str
     target: str
     evaluation: EvalConfig = EvalConfig()
-    headline: bool = True
+    headline: Path | None = None  # the headline file the figures go to (None: not written)
     threads: int = 1
 
 
-def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline: bool) -> AcceptanceReport:
+def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline: Path | None) -> AcceptanceReport:
     """Held-out greedy acceptance of the drafter in the real loop (fixed draft length, no fallback)."""
     from triton_backend.core.config import SpeculationMode
     from triton_backend.deployment.config import DeploymentConfig
@@ -51,11 +51,12 @@ def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline:
     report = measure_acceptance(DeploymentConfig(target=target, eagle=eagle, ngram=False), evaluation.prompts(),
                                 SpeculationMode.EAGLE, max_tokens=evaluation.max_tokens,
                                 num_draft_tokens=evaluation.num_draft_tokens)
-    if headline and report.per_position:
+    if headline is not None and report.per_position:
         from builder.headline import update_headline
 
         # only the figures the issue names; the settings they were measured with go to acceptance.json
-        update_headline({"eagle_acceptance_pos1": report.per_position[0], "eagle_tokens_per_pass": report.tokens_per_pass})
+        update_headline({"eagle_acceptance_pos1": report.per_position[0], "eagle_tokens_per_pass": report.tokens_per_pass},
+                        headline)
     return report
 
 
