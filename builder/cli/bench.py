@@ -61,6 +61,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rows from NVIDIA's perf_analyzer against a real Triton server (model --pa-model; "
                         "levels --concurrency, default 1,2,4); needs scripts/get_perf_analyzer.sh")
     p.add_argument("--pa-model", default="ensemble", help="--perf-analyzer: ensemble (streaming) or tensorrt_llm_bls")
+    p.add_argument("--ngram-replay", type=Path, default=None, metavar="RECORDS",
+                   help="instead: replay n-gram speculation over recorded plain greedy outputs in pass-cost units "
+                        "(no model, no timing noise); draft lengths --ngram-k, tokens --max-tokens")
+    p.add_argument("--ngram-record", action="store_true",
+                   help="--ngram-replay: first record RECORDS (the bench prompts and two held-out sets; runs the model)")
+    p.add_argument("--replay-set", default="bench", help="--ngram-replay: bench, tune, check or all")
+    p.add_argument("--replay-costs", default=None,
+                   help="--ngram-replay: a pass-cost JSON file or tokens:cost pairs (default: this machine's table)")
+    p.add_argument("--replay-ngram-max", type=int, default=None, help="--ngram-replay: longest n-gram matched")
+    p.add_argument("--replay-trace", default=None,
+                   help="--ngram-replay: print this workload's rounds, drafted/accepted ('-': no match)")
     p.add_argument("--render-readme", action="store_true",
                    help="instead: rewrite the figure tables of README.md and docs/benchmarks.md from the result "
                         "files in --out (default benchmarks/results/)")
@@ -140,9 +151,23 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ngram_replay(args: argparse.Namespace) -> int:
+    from builder.bench.ngram_replay import ReplayConfig, record, replay_table
+
+    config = ReplayConfig(records=args.ngram_replay, sets=args.replay_set, k=args.ngram_k, max_tokens=args.max_tokens,
+                          costs=args.replay_costs, ngram_max=args.replay_ngram_max, trace=args.replay_trace)
+    if args.ngram_record:
+        print(f"recorded {record(config.records, config.max_tokens, args.target, args.threads)} outputs "
+              f"into {config.records}")
+    print("\n".join(replay_table(config)))
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.render_readme:
         return _cmd_render(args)
+    if args.ngram_replay is not None:
+        return _cmd_ngram_replay(args)
     if args.pass_cost:
         return _cmd_pass_cost(args)
     if args.perf_analyzer:

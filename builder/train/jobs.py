@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from builder.train.acceptance import AcceptanceReport, measure_acceptance
+from triton_backend.core.errors import ConfigError
 from builder.train.distill import DistillConfig, distill
 from builder.train.medusa import MedusaTrainConfig, train_medusa
 from builder.train.target_data import TargetDataConfig, default_prompts_file, generate_target_data, load_prompts
@@ -53,7 +54,14 @@ class MedusaJob:
     progress: bool = True
 
 
+MAX_THREADS = 1024
+
+
 def _with_threads(threads: int) -> int:
+    """Set torch's CPU threads; returns the previous count. A count torch cannot take is a
+    ConfigError, not a traceback."""
+    if not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"threads must be between 1 and {MAX_THREADS}, got {threads}")
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     return previous
