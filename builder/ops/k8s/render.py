@@ -3,8 +3,9 @@
 Objects (one file each; ``kustomization.yaml`` lists exactly the files written):
 
 - ``spec.yaml`` -> ConfigMap ``<name>-spec`` (kustomize's ``configMapGenerator``: a changed spec
-  gets a new name, so the pods roll): the spec the pods build, with the plan's TP pinned, the GPU
-  count set to one replica's and model sources rewritten to container paths where asked.
+  gets a new name, so the pods roll): the spec the pods build, with the plan pinned (precisions,
+  KV-cache dtype, TP, PP), the GPU count set to one replica's and model sources rewritten to
+  container paths where asked.
 - ``deployment.yaml``: the image's entrypoint (``specbuild deploy``) configured by ``SPECBUILD_*``
   variables, GPUs / memory / CPU from :mod:`builder.ops.k8s.sizing`, ``/dev/shm``, the engine
   cache, Triton health probes, preStop + grace period, non-root security context.
@@ -38,6 +39,7 @@ from triton_backend.serving.triton.metrics import IN_FLIGHT_GAUGE
 logger = logging.getLogger(__name__)
 
 KUSTOMIZATION = "kustomization.yaml"
+HPA_MAX_PERIOD_S = 1800  # the API's bound on a scaling policy's period
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,8 @@ class Rendered:
 
 # -- the pod's build spec -------------------------------------------------------------------
 def pod_spec(spec: BuildSpec, plan: Plan, config: KubeConfig) -> BuildSpec:
-    """What the pods build: the plan's TP pinned (the pod's planner picks the same), the GPU count
-    of one replica, model sources at their container paths."""
+    """What the pods build: the plan pinned (precisions, KV-cache dtype, TP and PP: the pod's
+    planner only checks them), the GPU count of one replica, model sources at their container paths."""
     paths = dict(config.model_paths)
     changes: dict[str, Any] = {}
     for role in ("target", "draft"):
@@ -65,9 +67,8 @@ def pod_spec(spec: BuildSpec, plan: Plan, config: KubeConfig) -> BuildSpec:
             if role in paths:
                 raise KubernetesError(f"a path is given for the {role}, and the spec has no {role}")
             continue
-        if role in paths:
-            changes[role] = replace(model, source=paths[role])
-        elif is_config_only(model.source):
+        changes[role] = replace(model, source=paths.get(role, model.source), precision=plan.precision_of(role))
+        if role not in paths and is_config_only(model.source):
             raise KubernetesError(f"the {role} {model.source!r} is an architecture-only config (planning only): the pods "
                                   f"need its weights; mount them (--models-claim) and give their container path "
                                   f"(--model-path {role}={config.models_mount}/...)")
@@ -81,7 +82,7 @@ def pod_spec(spec: BuildSpec, plan: Plan, config: KubeConfig) -> BuildSpec:
         raise KubernetesError(f"the CPU image serves the torch runtime on the CPU, and the spec asks for "
                               f"torch_runtime.device = {spec.torch_runtime.device!r}: use the GPU image or device cpu")
     gpus = plan.tp * plan.pp
-    return replace(spec, **changes, parallel=Parallelism(tp_size=plan.tp, pp_size=plan.pp),
+    return replace(spec, **changes, kv_cache_dtype=plan.kv_cache_dtype, parallel=Parallelism(tp_size=plan.tp, pp_size=plan.pp),
                    gpu=GpuTarget(kind=spec.gpu.kind, count=gpus))
 
 
@@ -244,7 +245,7 @@ def autoscaler(config: KubeConfig, sizing: Sizing) -> dict[str, Any]:
                     # one pod at a time, each after its in-flight requests had their grace period
                     "scaleDown": {"stabilizationWindowSeconds": 300,
                                   "policies": [{"type": "Pods", "value": 1,
-                                                "periodSeconds": max(60, sizing.grace_period_s)}]},
+                                                "periodSeconds": min(HPA_MAX_PERIOD_S, max(60, sizing.grace_period_s))}]},
                 }}}
 
 

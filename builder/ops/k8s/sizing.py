@@ -37,6 +37,7 @@ from builder.plan.memory import row_kernel_packed_bytes, torch_runtime_bytes
 from builder.plan.planner import ResolvedModels
 from builder.plan.spec import BuildSpec
 from builder.plan.types import Plan
+from builder.stages.torch_weights import torch_serving
 from triton_backend.core.config import RuntimeConfig
 
 BASE_GIB = 1.0  # Triton, its Python-backend stubs (front, tokenizer and serving models), the deploy process
@@ -92,7 +93,7 @@ def gpus_per_replica(plan: Plan, config: KubeConfig, spec: BuildSpec) -> int:
     return need
 
 
-def _params(models: ResolvedModels, plan: Plan) -> int:
+def _params(plan: Plan) -> int:
     """Every parameter the pod loads: target, draft, Medusa heads / EAGLE nets."""
     return sum(m.params for m in plan.models)
 
@@ -101,8 +102,8 @@ def host_memory_bytes(spec: BuildSpec, plan: Plan, models: ResolvedModels, confi
                       world_size: int, shm_bytes: int) -> tuple[float, str]:
     base = BASE_GIB * GIB + RANK_GIB * GIB * (world_size - 1) + shm_bytes
     if config.image_kind is ImageKind.GPU:
-        copy = 2 * _params(models, plan)
-        return base + copy, (f"16-bit host copy of {_params(models, plan) / 1e9:.2f} B parameters (in-pod build) "
+        copy = 2 * _params(plan)
+        return base + copy, (f"16-bit host copy of {_params(plan) / 1e9:.2f} B parameters (in-pod build) "
                              f"{copy / GIB:.2f} GiB + base {BASE_GIB:g} GiB + {world_size - 1} extra ranks + /dev/shm")
     runtime = RuntimeConfig()  # the slots x positions a build renders into the deployment
     total = 0
@@ -128,12 +129,10 @@ def seconds_per_token(plan: Plan, config: KubeConfig) -> tuple[float, str]:
 
 def cache_bytes(spec: BuildSpec, plan: Plan, config: KubeConfig) -> int:
     """The build folder: torch-runtime weights, plus (GPU) TensorRT-LLM checkpoints and engines."""
-    from builder.stages.torch_weights import torch_serving
-
     width = 4 if torch_serving(spec, plan).dtype == "float32" else 2
     if config.image_kind is ImageKind.CPU:
         width = 4
-    total = width * sum(m.params for m in plan.models)
+    total = width * _params(plan)
     if config.image_kind is ImageKind.GPU:
         total += 2 * sum(m.footprint.weights for m in plan.models) * plan.tp * plan.pp  # checkpoint + engine
     return int(total * CACHE_FACTOR) + GIB
@@ -142,7 +141,7 @@ def cache_bytes(spec: BuildSpec, plan: Plan, config: KubeConfig) -> int:
 def startup_budget_s(plan: Plan, config: KubeConfig) -> int:
     if config.startup_minutes is not None:
         return config.startup_minutes * 60
-    billions = sum(m.params for m in plan.models) / 1e9
+    billions = _params(plan) / 1e9
     build_min = 30 + 2 * billions if config.image_kind is ImageKind.GPU else 5 + billions
     return math.ceil(build_min * 60) + TRITON_STARTUP_S
 
