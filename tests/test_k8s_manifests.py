@@ -278,7 +278,8 @@ def test_clear_errors() -> None:
         render(gpu, KubeConfig(model_paths=(("draft", "/models/d"),), models_claim="w"))
     for bad, match in [({"min_replicas": 5, "max_replicas": 2}, "must not exceed"), ({"name": "Spec_Build"}, "DNS label"),
                        ({"openai_port": 8000}, "ports must differ"), ({"model_paths": (("head", "/m"),)}, "role"),
-                       ({"model_paths": (("target", "models/x"),)}, "absolute"), ({"memory_limit_factor": 0.5}, ">= 1"),
+                       ({"model_paths": (("target", "models/x"),)}, "absolute"), ({"memory_limit_factor": 0.5}, r"\[1, 100\]"),
+                       ({"shm_gib": float("inf")}, "at most"), ({"seconds_per_token": float("nan")}, "> 0"),
                        ({"monitoring": "grafana"}, "unknown value"), ({"node_selector": (("gpu type", "h100"),)}, "label")]:
         with pytest.raises(KubernetesError, match=match):
             KubeConfig(**bad)

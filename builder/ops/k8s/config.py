@@ -74,8 +74,9 @@ def _check(cond: bool, message: str) -> None:
         raise KubernetesError(message)
 
 
-def _positive(value: float | None, name: str) -> None:
-    _check(value is None or (not isinstance(value, bool) and value > 0), f"{name} must be > 0, got {value!r}")
+def _positive(value: float | None, name: str, bound: float) -> None:
+    _check(value is None or (not isinstance(value, bool) and 0 < value <= bound),
+           f"{name} must be > 0 and at most {bound:g}, got {value!r}")
 
 
 def parse_pairs(items: list[str] | tuple[str, ...], what: str) -> tuple[tuple[str, str], ...]:
@@ -144,16 +145,17 @@ class KubeConfig:
                    f"node selector {key}={value} is not a valid label")
 
     def _check_counts(self) -> None:
-        for name in ("gpus_per_node", "min_replicas", "max_replicas", "target_in_flight", "cache_size_gib",
-                     "max_request_s", "startup_minutes"):
+        for name, bound in (("gpus_per_node", 1024), ("min_replicas", 10_000), ("max_replicas", 10_000),
+                            ("target_in_flight", 100_000), ("cache_size_gib", 1 << 20), ("max_request_s", 86_400),
+                            ("startup_minutes", 10_080)):
             value = getattr(self, name)
-            _check(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-                   f"{name} must be a positive integer, got {value!r}")
+            _check(value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= bound),
+                   f"{name} must be a positive integer of at most {bound}, got {value!r}")
         _check(self.min_replicas <= self.max_replicas,
                f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})")
-        for name in ("memory_gib", "shm_gib", "cpu", "seconds_per_token"):
-            _positive(getattr(self, name), name)
-        _check(self.memory_limit_factor >= 1, f"memory_limit_factor must be >= 1, got {self.memory_limit_factor}")
+        for name, bound in (("memory_gib", 65536), ("shm_gib", 65536), ("cpu", 4096), ("seconds_per_token", 3600)):
+            _positive(getattr(self, name), name, bound)
+        _check(1 <= self.memory_limit_factor <= 100, f"memory_limit_factor must be in [1, 100], got {self.memory_limit_factor}")
         _check(isinstance(self.prestop_s, int) and 0 <= self.prestop_s <= 300, f"prestop_s must be in 0..300, got {self.prestop_s!r}")
 
     def _check_ports(self) -> None:

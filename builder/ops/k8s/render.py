@@ -302,14 +302,17 @@ def write(rendered: Rendered, out: Path, *, force: bool = False) -> list[Path]:
     if stale and not force:
         raise KubernetesError(f"{out} holds other YAML files ({', '.join(stale)}): render into an empty folder, "
                               "or pass --force to replace the folder's YAML files")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in stale:
-        (out / name).unlink()
     written = []
-    for name in rendered.files:
-        path = out / name
-        path.write_text(rendered.text(name))
-        written.append(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in stale:
+            (out / name).unlink()
+        for name in rendered.files:
+            path = out / name
+            path.write_text(rendered.text(name))
+            written.append(path)
+    except OSError as exc:
+        raise KubernetesError(f"cannot write the base into {out}: {exc.strerror or exc}") from None
     return written
 
 
