@@ -8,8 +8,9 @@ to how it was reached, and each can be overridden in :class:`~builder.ops.k8s.co
   more GPUs than a node offers cannot be scheduled and is refused here.
 * Host memory, GPU image: a 16-bit copy of every model's weights (the pod builds its engines
   at first start: modelopt loads each model on the host to quantize and export it), plus
-  ``BASE_GIB`` for Triton and its Python-backend processes, 1 GiB per further MPI rank, plus
-  ``/dev/shm`` (a memory-backed volume counts against the container's limit).
+  ``BASE_GIB`` for Triton and its Python-backend processes, ``CUDA_HOST_GIB`` per MPI rank for
+  the CUDA libraries and context on the host, plus ``/dev/shm`` (a memory-backed volume counts
+  against the container's limit).
   CPU image: the torch runtime's resident set: float32 weights, the slot engine's static KV
   cache (the deployment's slots x positions), the row kernel's packed copy, plus the same base
   and ``/dev/shm``. Limit = request x ``memory_limit_factor``.
@@ -41,7 +42,7 @@ from builder.stages.torch_weights import torch_serving
 from triton_backend.core.config import RuntimeConfig
 
 BASE_GIB = 1.0  # Triton, its Python-backend stubs (front, tokenizer and serving models), the deploy process
-RANK_GIB = 1.0  # each further MPI rank's tritonserver
+CUDA_HOST_GIB = 2.0  # per rank: CUDA libraries and context on the host (an allowance, not measured here)
 SHM_GIB_PER_RANK = 1.0
 GPU_MIN_S_PER_TOKEN = 0.02
 GPU_STEP_FACTOR = 4.0
@@ -100,11 +101,13 @@ def _params(plan: Plan) -> int:
 
 def host_memory_bytes(spec: BuildSpec, plan: Plan, models: ResolvedModels, config: KubeConfig,
                       world_size: int, shm_bytes: int) -> tuple[float, str]:
-    base = BASE_GIB * GIB + RANK_GIB * GIB * (world_size - 1) + shm_bytes
+    base = BASE_GIB * GIB + shm_bytes
     if config.image_kind is ImageKind.GPU:
         copy = 2 * _params(plan)
-        return base + copy, (f"16-bit host copy of {_params(plan) / 1e9:.2f} B parameters (in-pod build) "
-                             f"{copy / GIB:.2f} GiB + base {BASE_GIB:g} GiB + {world_size - 1} extra ranks + /dev/shm")
+        cuda = CUDA_HOST_GIB * GIB * world_size
+        return base + cuda + copy, (f"16-bit host copy of {_params(plan) / 1e9:.2f} B parameters (in-pod build) "
+                                    f"{copy / GIB:.2f} GiB + base {BASE_GIB:g} GiB + CUDA host allowance "
+                                    f"{CUDA_HOST_GIB:g} GiB x {world_size} rank(s) + /dev/shm")
     runtime = RuntimeConfig()  # the slots x positions a build renders into the deployment
     total = 0
     for arch in (models.target, models.draft):
