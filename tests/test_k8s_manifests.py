@@ -28,7 +28,7 @@ from builder.ops.k8s.render import KUSTOMIZATION, adapter_rule, render, write  #
 from builder.ops.triton_supervisor import EXIT_GRACE_S  # noqa: E402
 from builder.plan.gpus import GIB  # noqa: E402
 from builder.plan.planner import plan_deployment  # noqa: E402
-from builder.plan.spec import BuildSpec, TorchRuntimeSpec  # noqa: E402
+from builder.plan.spec import BuildSpec, MedusaSpec, TorchRuntimeSpec  # noqa: E402
 from triton_backend.serving.triton.metrics import IN_FLIGHT_GAUGE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,6 +274,13 @@ def test_clear_errors() -> None:
         render(tp2, KubeConfig(model_paths=TP2_PATHS))
     with pytest.raises(KubernetesError, match="torch_runtime.device = 'cuda'"):
         render(gpu, KubeConfig(image_kind=ImageKind.CPU))
+    with pytest.raises(KubernetesError, match="medusa section names no trained drafter"):
+        render(replace(gpu, medusa=MedusaSpec(num_heads=4)), KubeConfig())
+    with_heads = render(replace(gpu, medusa=MedusaSpec(num_heads=4)),
+                        KubeConfig(models_claim="w", model_paths=(("medusa", "/models/heads.safetensors"),)))
+    assert with_heads.pod_spec.medusa.source == "/models/heads.safetensors"
+    with pytest.raises(KubernetesError, match="a path relative to where it is rendered"):
+        render(replace(gpu, calibration=replace(gpu.calibration, text_file="data/calibration.txt")), KubeConfig())
     with pytest.raises(KubernetesError, match="spec has no draft"):
         render(gpu, KubeConfig(model_paths=(("draft", "/models/d"),), models_claim="w"))
     for bad, match in [({"min_replicas": 5, "max_replicas": 2}, "must not exceed"), ({"name": "Spec_Build"}, "DNS label"),

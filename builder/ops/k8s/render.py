@@ -78,6 +78,9 @@ def pod_spec(spec: BuildSpec, plan: Plan, config: KubeConfig) -> BuildSpec:
             if section is None:
                 raise KubernetesError(f"a path is given for the {role}, and the spec has no {role} section")
             changes[role] = replace(section, source=paths[role])
+        elif section is not None and section.source is None:
+            raise KubernetesError(f"the spec's {role} section names no trained drafter (planning only): the pods' build "
+                                  f"needs one; give its container path (--model-path {role}={config.models_mount}/...)")
     if config.image_kind is ImageKind.CPU and spec.torch_runtime.device != "cpu":
         raise KubernetesError(f"the CPU image serves the torch runtime on the CPU, and the spec asks for "
                               f"torch_runtime.device = {spec.torch_runtime.device!r}: use the GPU image or device cpu")
@@ -93,6 +96,9 @@ def _check_mounts(spec: BuildSpec, config: KubeConfig) -> None:
     if spec.calibration.text_file is not None:
         sources.append(spec.calibration.text_file)
     for source in sources:
+        if not source.startswith("/") and ("/" in source or Path(source).exists()):
+            raise KubernetesError(f"the spec reads {source!r}, a path relative to where it is rendered: the pods need a "
+                                  f"container path (--model-path ROLE={config.models_mount}/..., or an absolute path in the spec)")
         if source.startswith("/") and config.models_claim is None:
             raise KubernetesError(f"the spec reads {source} in the pod: mount the claim holding it with --models-claim "
                                   f"(at {config.models_mount})")
