@@ -99,11 +99,13 @@ def _check_mounts(spec: BuildSpec, config: KubeConfig) -> None:
         if not source.startswith("/") and ("/" in source or Path(source).exists()):
             raise KubernetesError(f"the spec reads {source!r}, a path relative to where it is rendered: the pods need a "
                                   f"container path (--model-path ROLE={config.models_mount}/..., or an absolute path in the spec)")
-        if source.startswith("/") and config.models_claim is None:
+        if not source.startswith("/"):
+            continue  # a reference model's name: in the image's cache
+        if not source.startswith(config.models_mount.rstrip("/") + "/"):
+            logger.warning("%s is outside the models mount %s: the image must hold it", source, config.models_mount)
+        elif config.models_claim is None:
             raise KubernetesError(f"the spec reads {source} in the pod: mount the claim holding it with --models-claim "
                                   f"(at {config.models_mount})")
-        if source.startswith("/") and not source.startswith(config.models_mount.rstrip("/") + "/"):
-            logger.warning("%s is outside the models mount %s: the image must hold it", source, config.models_mount)
 
 
 def spec_document(spec: BuildSpec) -> dict[str, Any]:
