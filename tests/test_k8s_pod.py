@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -43,6 +42,16 @@ def _status(url: str) -> int:
         return 0
 
 
+def _local_env(container: dict, ports: dict[str, int], spec: Path, engines: Path) -> dict[str, str]:
+    """The container's environment with this machine's spec and cache paths, loopback and free ports."""
+    env = {e["name"]: e["value"] for e in container["env"]}
+    env.update(SPECBUILD_SPEC=str(spec), SPECBUILD_ENGINE_CACHE=str(engines), SPECBUILD_HOST="127.0.0.1",
+               SPECBUILD_PYTHON=sys.executable,
+               **{f"SPECBUILD_{name.upper()}_PORT": str(port) for name, port in ports.items()})
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("SPECBUILD_") or k == "SPECBUILD_CACHE_DIR"}
+    return {**inherited, **env}
+
+
 @pytest.mark.slow
 def test_the_rendered_cpu_pod_starts_serves_its_gauge_and_drains_on_scale_in(tmp_path: Path) -> None:
     base = tmp_path / "base"
@@ -50,14 +59,9 @@ def test_the_rendered_cpu_pod_starts_serves_its_gauge_and_drains_on_scale_in(tmp
     deployment = yaml.safe_load((base / "deployment.yaml").read_text())
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
     ports = {p["name"]: free_port() for p in container["ports"]}
     assert len(set(ports.values())) == len(ports)
-    env.update(SPECBUILD_SPEC=str(base / "spec.yaml"), SPECBUILD_ENGINE_CACHE=str(tmp_path / "engines"),
-               SPECBUILD_HOST="127.0.0.1", SPECBUILD_PYTHON=sys.executable,
-               **{f"SPECBUILD_{name.upper()}_PORT": str(port) for name, port in ports.items()})
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECBUILD_") or k == "SPECBUILD_CACHE_DIR"},
-           **env}
+    env = _local_env(container, ports, base / "spec.yaml", tmp_path / "engines")
     probe = {kind: f"http://127.0.0.1:{ports[container[kind]['httpGet']['port']]}{container[kind]['httpGet']['path']}"
              for kind in ("startupProbe", "readinessProbe", "livenessProbe")}
     gauge = yaml.safe_load((base / "hpa.yaml").read_text())["spec"]["metrics"][0]["pods"]["metric"]["name"]
