@@ -17,6 +17,7 @@ has target probability 0, so it and everything after it is rejected).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any, Sequence
@@ -45,7 +46,7 @@ def ll_tokenizer(tokenizer: Any, vocab: int, eos_token_ids: Sequence[int]) -> An
     logits row; built once per tokenizer (~0.5 s) and cached."""
     if tokenizer is None:
         raise InvalidRequestError("structured output needs the model's tokenizer; this deployment has none")
-    import llguidance.hf
+    from llguidance import LLTokenizer
 
     eos = tuple(sorted(int(t) for t in eos_token_ids))
     key = (id(tokenizer), int(vocab), eos)
@@ -54,13 +55,37 @@ def ll_tokenizer(tokenizer: Any, vocab: int, eos_token_ids: Sequence[int]) -> An
         if hit is not None and hit[0] is tokenizer:
             return hit[1]
         try:
-            built = llguidance.hf.from_tokenizer(tokenizer, n_vocab=int(vocab), eos_token=list(eos) or None)
-        except ValueError as e:
+            eos_ids = list(eos) or [int(tokenizer.eos_token_id)]
+            built = LLTokenizer(_tokenizer_json(tokenizer), n_vocab=int(vocab), eos_token=eos_ids)
+        except (ValueError, TypeError, AttributeError) as e:
             raise InvalidRequestError(f"structured output does not support this tokenizer: {e}") from None
         if len(_TOKENIZERS) >= _MAX_TOKENIZERS:
             _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
         _TOKENIZERS[key] = (tokenizer, built)
         return built
+
+
+def _tokenizer_json(tokenizer: Any) -> str:
+    """The fast tokenizer's definition as llguidance reads it. A byte-level BPE vocabulary (its
+    pre-tokenizer is ``ByteLevel``) with no ``<0xNN>`` byte tokens decodes every token through the
+    byte-level map, whatever else its decoder lists: the definition is normalised to say so. (A
+    tokenizer converted from GGUF, as the reference model's is, lists ``ByteFallback`` first;
+    llguidance 1.9.1 then read ``Ġ`` as two bytes of text instead of a space and its masks and
+    token consumption disagreed.)"""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError("only fast (Rust-backed) Hugging Face tokenizers are supported")
+    data = json.loads(backend.to_str())
+    data["padding"] = None
+    data["truncation"] = None
+    model = data.get("model") or {}
+    pre = data.get("pre_tokenizer") or {}
+    pre_types = {pre.get("type")} | {p.get("type") for p in pre.get("pretokenizers", []) or []}
+    byte_tokens = any(str(tok).startswith("<0x") for tok in (model.get("vocab") or {}))
+    if "ByteLevel" in pre_types and model.get("type") == "BPE" and not byte_tokens:
+        model["byte_fallback"] = False
+        data["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
+    return json.dumps(data)
 
 
 def grammar_text(guide: Guide) -> str:

@@ -10,11 +10,9 @@ tracks a request's grammar state. The kinds:
 - ``ebnf_grammar``: text in the language of a context-free grammar (GBNF, the EBNF dialect of
   llama.cpp / XGrammar with a ``root`` rule, or Lark syntax with a ``start`` rule).
 
-JSON is written in one canonical layout, compact (no whitespace outside strings, ``","`` between
-items and ``":"`` after keys, as ``json.dumps(..., separators=(",", ":"))`` writes it): the
-layout is then part of the grammar, so punctuation and keys are forced tokens a speculative
-round drafts for free. (Separators with a space were measured to make llguidance 1.9.1's mask
-and its token consumption disagree after a key, so they are not used.) A schema's own
+JSON is written in one canonical layout (no free whitespace, ``", "`` between items and ``": "``
+after keys, as Python's ``json.dumps`` writes it): the layout is then part of the grammar, so
+punctuation and keys are forced tokens a speculative round drafts for free. A schema's own
 ``"x-guidance"`` object overrides these settings (e.g. ``{"whitespace_flexible": true}``).
 """
 
@@ -30,7 +28,7 @@ from triton_backend.core.errors import InvalidRequestError
 MAX_GUIDE_CHARS = 1 << 20  # a guide longer than this is refused (grammar compilation cost)
 
 # the compiler's settings for every JSON guide (see the module doc)
-JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON_SCHEMA: dict[str, Any] = {"type": ["object", "array"]}
 
 
