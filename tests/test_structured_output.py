@@ -165,3 +165,30 @@ def test_reference_model_json_schema_speculative_equals_plain(reference, tokeniz
         assert plain.token_ids == fast.token_ids == [t for t in want if t not in engine.eos_token_ids]
         assert set(json.loads(plain.text)) == {"name", "age", "city"}
         assert fast.stats.target_passes < plain.stats.target_passes
+
+
+def test_batched_rows_keep_their_own_grammar_state(tiny_engines, tokenizer):
+    """Guided and unguided rows (plain, n-gram, draft model; greedy and seeded sampling) in one
+    batch: each row's output equals the same request decoded alone."""
+    from test_scheduler import submit_all
+
+    from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+    from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+
+    target, draft = tiny_engines
+    decoder = SpeculativeDecoder(target, tokenizer, drafters={SpeculationMode.NGRAM: NgramDrafter(),
+                                                              SpeculationMode.DRAFT: DraftModelDrafter(draft, target=target)})
+    prompt = tokenizer.encode('{"name": "ab", "age": 12, "ok": true} cd-123 yes', add_special_tokens=False)
+    requests = []
+    for i, (guide, method) in enumerate([(GUIDES[0], "ngram"), (GUIDES[1], "draft"), (None, "ngram"), (GUIDES[2], "off"),
+                                         (GUIDES[0], "draft"), (GUIDES[1], "ngram"), (None, "draft")]):
+        sampling = i % 3 == 1
+        params = SamplingParams(max_tokens=30, guide=guide, temperature=0.8 if sampling else 0.0,
+                                seed=7 + i if sampling else None)
+        requests.append((prompt[i:], params, spec(method, 16)))
+    expected = [decoder.generate(p, params, s).token_ids for p, params, s in requests]
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4))
+    try:
+        assert [c.tokens() for c in submit_all(scheduler, requests)] == expected
+    finally:
+        scheduler.shutdown()
