@@ -31,15 +31,14 @@ from builder.ops.openai.responses import (
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "SPECBUILD_API_KEY"
-_BACKEND = web.AppKey("backend", TritonBackend)
-_CONFIG = web.AppKey("config", object)
 _HTTP_ERRORS = {404: ("not_found", "invalid_request_error"), 405: ("method_not_allowed", "invalid_request_error"),
                 413: ("request_too_large", "invalid_request_error")}
 
 
 @dataclass(frozen=True)
 class OpenAIConfig:
-    backend: BackendConfig
+    """The front's own settings (what it talks to: :class:`~builder.ops.openai.backend.BackendConfig`)."""
+
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     api_key: str | None = None  # None: the SPECBUILD_API_KEY environment variable, if set
@@ -56,9 +55,13 @@ class OpenAIConfig:
     def key(self) -> str | None:
         return self.api_key if self.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
 
-    @property
-    def model_id(self) -> str:
-        return self.served_model_name or Path(self.backend.tokenizer).name
+    def model_id(self, backend: BackendConfig) -> str:
+        return self.served_model_name or Path(backend.tokenizer).name
+
+
+_BACKEND = web.AppKey("backend", TritonBackend)
+_CONFIG = web.AppKey("config", OpenAIConfig)
+_MODEL_ID = web.AppKey("model_id", str)
 
 
 @web.middleware
@@ -99,11 +102,11 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
-    return web.json_response(models_list([request.app[_CONFIG].model_id], _STARTED))
+    return web.json_response(models_list([request.app[_MODEL_ID]], _STARTED))
 
 
 async def _model(request: web.Request) -> web.Response:
-    model_id = request.app[_CONFIG].model_id
+    model_id = request.app[_MODEL_ID]
     if request.match_info["model"] != model_id:
         raise not_found(f"The model '{request.match_info['model']}' does not exist", "model_not_found")
     return web.json_response(models_list([model_id], _STARTED)["data"][0])
@@ -118,14 +121,14 @@ async def _body(request: web.Request) -> Any:
 
 def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        backend, config = request.app[_BACKEND], request.app[_CONFIG]
+        backend, model_id = request.app[_BACKEND], request.app[_MODEL_ID]
         parsed = parse_request(await _body(request), endpoint, backend.capabilities)
-        if parsed.model != config.model_id:
-            raise not_found(f"The model '{parsed.model}' does not exist (this server serves '{config.model_id}')",
+        if parsed.model != model_id:
+            raise not_found(f"The model '{parsed.model}' does not exist (this server serves '{model_id}')",
                             "model_not_found")
         prompt = backend.prompt(parsed)
         generation = Generation(prompt_tokens=backend.count_tokens(prompt))
-        ids = ResponseIds.new(endpoint, config.model_id)
+        ids = ResponseIds.new(endpoint, model_id)
         if parsed.stream:
             return await _stream(request, backend, parsed, prompt, generation, ids)
         pieces = []
@@ -176,6 +179,7 @@ def build_app(config: OpenAIConfig, backend: TritonBackend) -> web.Application:
     app = web.Application(middlewares=[_errors, _auth], client_max_size=config.max_body_bytes)
     app[_BACKEND] = backend
     app[_CONFIG] = config
+    app[_MODEL_ID] = config.model_id(backend.config)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
@@ -188,8 +192,9 @@ class OpenAIServer:
     """The front on its own thread and event loop: :meth:`start` returns once it listens (or raises
     why it could not start); :meth:`stop` closes it (cancelling requests in flight)."""
 
-    def __init__(self, config: OpenAIConfig) -> None:
+    def __init__(self, config: OpenAIConfig, backend: BackendConfig) -> None:
         self.config = config
+        self.backend = backend
         self.port: int | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -204,7 +209,7 @@ class OpenAIServer:
     def start(self, timeout_s: float | None = None) -> str:
         self._thread = threading.Thread(target=self._run, name="openai-front", daemon=True)
         self._thread.start()
-        wait = timeout_s if timeout_s is not None else self.config.backend.ready_timeout_s + 60
+        wait = timeout_s if timeout_s is not None else self.backend.ready_timeout_s + 60
         if not self._started.wait(wait):
             raise OpenAIError(f"the OpenAI front did not start within {wait:.0f}s", status=503)
         if self._error is not None:
@@ -232,15 +237,15 @@ class OpenAIServer:
 
     async def _main(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        backend = TritonBackend(self.config.backend)
-        await backend.start()
+        backend = TritonBackend(self.backend)
         runner = web.AppRunner(build_app(self.config, backend), handler_cancellation=True, access_log=None)
-        await runner.setup()
         try:
+            await backend.start()
+            await runner.setup()
             site = web.TCPSite(runner, self.config.host, self.config.port)
             await site.start()
             self.port = runner.addresses[0][1]
-            logger.info("OpenAI API on %s (model %r)", self.url, self.config.model_id)
+            logger.info("OpenAI API on %s (model %r)", self.url, self.config.model_id(self.backend))
             self._started.set()
             await self._stop.wait()
         finally:
