@@ -55,6 +55,16 @@ def tokenizer_source(repository: Path, model_name: str = "specdec") -> str:
     return str(load_deployment(repository / model_name / "1" / "deployment.json").target)
 
 
+def offered(declared: Mapping[str, str]) -> Capabilities:
+    """The inputs the model honours: those it declares, less those it declares only to refuse
+    anything but their absence (tensorrtllm_backend's names specbuild does not implement, e.g.
+    guided decoding until the runtime has it: :data:`triton_backend.serving.trtllm_interface.REFUSED`)."""
+    from triton_backend.serving.trtllm_interface import REFUSED
+
+    return Capabilities(frozenset(name for name in declared
+                                  if name not in REFUSED or REFUSED[name].accepts != "absent"))
+
+
 def _text(array: np.ndarray) -> str:
     return "".join(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1))
 
@@ -97,7 +107,7 @@ class TritonBackend:
         await self._wait_ready()
         metadata = await self._client.get_model_metadata(self.config.model_name, as_json=True)
         self.input_types = {item["name"]: item["datatype"] for item in metadata.get("inputs", [])}
-        self.capabilities = Capabilities(frozenset(self.input_types))
+        self.capabilities = offered(self.input_types)
         self.tokenizer = await tokenizer
         logger.info("OpenAI front: model %s at %s takes %s", self.config.model_name, self.config.grpc_url,
                     sorted(self.input_types))
@@ -212,4 +222,4 @@ def _piece(result: Any) -> Piece:
     return Piece(_text(text) if text is not None else "", stats, final)
 
 
-__all__ = ["BackendConfig", "Piece", "TritonBackend", "stream_error", "tokenizer_source"]
+__all__ = ["BackendConfig", "Piece", "TritonBackend", "offered", "stream_error", "tokenizer_source"]

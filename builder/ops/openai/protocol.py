@@ -221,7 +221,8 @@ def _refuse_unsupported(body: Mapping[str, Any], endpoint: Endpoint) -> None:
     wants_logprobs = body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0)
     if wants_logprobs:
         key = "logprobs" if body.get("logprobs") not in (None, False) else "top_logprobs"
-        raise unsupported(key, "the served model returns no log probabilities")
+        raise unsupported(key, "log probabilities are not returned through the OpenAI API (Triton's "
+                               "token-level model returns them: return_log_probs)")
 
 
 def _optional_inputs(body: Mapping[str, Any], caps: Capabilities) -> dict[str, Any]:
