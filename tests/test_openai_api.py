@@ -14,10 +14,11 @@ import httpx
 import pytest
 
 from builder.ops.openai.app import OpenAIConfig, OpenAIServer
-from builder.ops.openai.backend import BackendConfig, tokenizer_source
 from builder.ops.openai.errors import OpenAIError
 from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request, response_format_guide
+from builder.ops.serve import start_openai_front
 from builder.ops.triton_client import ClientConfig, GenerateRequest, generate
+from triton_backend.core.errors import ConfigError
 from triton_fixtures import triton  # noqa: F401 - the session's real Triton server
 
 openai = pytest.importorskip("openai")
@@ -30,9 +31,8 @@ CAPS = Capabilities(frozenset({"text_input", "max_tokens", "temperature"}))
 
 @pytest.fixture(scope="module")
 def front(triton) -> Iterator[OpenAIServer]:  # noqa: F811
-    backend = BackendConfig(grpc_url=triton.endpoints.grpc_url, tokenizer=tokenizer_source(triton.repository))
-    server = OpenAIServer(OpenAIConfig(api_key=KEY, max_body_bytes=64 * 1024), backend)
-    server.start()
+    server = start_openai_front(OpenAIConfig(api_key=KEY, max_body_bytes=64 * 1024), triton.endpoints,
+                                triton.repository)  # what `specbuild serve --openai-port` runs
     yield server
     server.stop()
 
@@ -80,6 +80,25 @@ def test_response_format_maps_to_guided_decoding_inputs() -> None:
     parsed = parse_request({"model": "m", "prompt": "p", "response_format": {"type": "json_object"}},
                            Endpoint.COMPLETIONS, guided)
     assert parsed.inputs == {"guided_decoding_guide_type": "json"}
+
+
+def test_serve_and_deploy_flags_make_the_front_config() -> None:
+    from builder.cli.deploy import SETTINGS, config_from_settings, resolve_settings
+    from builder.cli.main import build_parser
+    from builder.cli.serve import openai_config
+
+    args = build_parser().parse_args(["serve", "--openai-port", "0", "--api-key", "k", "--served-model-name", "m"])
+    assert openai_config(args) == OpenAIConfig(host="127.0.0.1", port=0, api_key="k", served_model_name="m")
+    assert openai_config(build_parser().parse_args(["serve"])) is None
+    with pytest.raises(ConfigError, match="need --openai-port"):
+        openai_config(build_parser().parse_args(["serve", "--api-key", "k"]))
+    import argparse
+
+    empty = argparse.Namespace(**{s.dest: None for s in SETTINGS})
+    env = {"SPECBUILD_OPENAI_PORT": "9000", "SPECBUILD_API_KEY": "secret", "SPECBUILD_HOST": "0.0.0.0"}
+    config = config_from_settings(resolve_settings(empty, env)).openai
+    assert config == OpenAIConfig(host="0.0.0.0", port=9000, api_key="secret")
+    assert config_from_settings(resolve_settings(empty, {})).openai is None
 
 
 # -- against the real server ----------------------------------------------------------------

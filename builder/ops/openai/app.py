@@ -165,6 +165,12 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
                 await response.write(sse(usage_chunk(ids, generation)))
         except OpenAIError as exc:
             await response.write(sse(exc.body()))
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:  # noqa: BLE001 - the headers are out: an error event, the traceback to the log
+            logger.exception("OpenAI front: stream failed")
+            await response.write(sse(OpenAIError("internal server error", status=500, type="server_error",
+                                                 code="internal").body()))
         await response.write(DONE_EVENT)
         await response.write_eof()
         return response
@@ -242,7 +248,7 @@ class OpenAIServer:
         try:
             await backend.start()
             await runner.setup()
-            site = web.TCPSite(runner, self.config.host, self.config.port)
+            site = web.TCPSite(runner, self.config.host, self.config.port, shutdown_timeout=5.0)
             await site.start()
             self.port = runner.addresses[0][1]
             logger.info("OpenAI API on %s (model %r)", self.url, self.config.model_id(self.backend))
