@@ -109,8 +109,8 @@ class TritonBackend:
         self.input_types = {item["name"]: item["datatype"] for item in metadata.get("inputs", [])}
         self.capabilities = offered(self.input_types)
         self.tokenizer = await tokenizer
-        logger.info("OpenAI front: model %s at %s takes %s", self.config.model_name, self.config.grpc_url,
-                    sorted(self.input_types))
+        logger.info("OpenAI front: model %s at %s (%d inputs offered)", self.config.model_name, self.config.grpc_url,
+                    len(self.capabilities.inputs))
 
     def _load_tokenizer(self) -> Any:
         from triton_backend.engines.torch.model_loading import load_tokenizer
