@@ -31,6 +31,8 @@ from builder.ops.openai.responses import (
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "SPECBUILD_API_KEY"
+_STARTED = int(time.time())
+_INLINE_CHARS = 8192  # prompts shorter than this are rendered and counted on the event loop
 _HTTP_ERRORS = {404: ("not_found", "invalid_request_error"), 405: ("method_not_allowed", "invalid_request_error"),
                 413: ("request_too_large", "invalid_request_error")}
 
@@ -117,6 +119,8 @@ async def _body(request: web.Request) -> Any:
         return json.loads(await request.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
 
 
 def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -126,8 +130,12 @@ def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Stream
         if parsed.model != model_id:
             raise not_found(f"The model '{parsed.model}' does not exist (this server serves '{model_id}')",
                             "model_not_found")
-        prompt = backend.prompt(parsed)
-        generation = Generation(prompt_tokens=backend.count_tokens(prompt))
+        if len(parsed.prompt) + sum(len(m.content) for m in parsed.messages) < _INLINE_CHARS:
+            prompt, prompt_tokens = backend.prompt_and_count(parsed)
+        else:  # a long prompt is tokenized off the event loop
+            prompt, prompt_tokens = await asyncio.get_running_loop().run_in_executor(None, backend.prompt_and_count,
+                                                                                     parsed)
+        generation = Generation(prompt_tokens=prompt_tokens)
         ids = ResponseIds.new(endpoint, model_id)
         if parsed.stream:
             return await _stream(request, backend, parsed, prompt, generation, ids)
@@ -165,8 +173,9 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
                 await response.write(sse(usage_chunk(ids, generation)))
         except OpenAIError as exc:
             await response.write(sse(exc.body()))
-        except (asyncio.CancelledError, ConnectionError):
-            raise
+        except ConnectionError:  # the client went away: the finally below cancels its request
+            logger.info("OpenAI front: client gone mid-stream (%s)", ids.id)
+            return response
         except Exception:  # noqa: BLE001 - the headers are out: an error event, the traceback to the log
             logger.exception("OpenAI front: stream failed")
             await response.write(sse(OpenAIError("internal server error", status=500, type="server_error",
@@ -178,7 +187,6 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
         await pieces.aclose()  # a client gone mid-stream: cancels the Triton request
 
 
-_STARTED = int(time.time())
 
 
 def build_app(config: OpenAIConfig, backend: TritonBackend) -> web.Application:

@@ -152,8 +152,10 @@ class TritonBackend:
         except Exception as exc:  # noqa: BLE001 - the template's own checks (jinja raise_exception) are the message
             raise OpenAIError(f"the chat template refused these messages: {exc}", param="messages") from None
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+    def prompt_and_count(self, request: GenerationRequest) -> tuple[str, int]:
+        """The prompt text and its length in tokens, as the model encodes it."""
+        prompt = self.prompt(request)
+        return prompt, len(self.tokenizer.encode(prompt, add_special_tokens=False))
 
     def _inputs(self, prompt: str, values: Mapping[str, Any]) -> list[Any]:
         from tritonclient.grpc import InferInput
