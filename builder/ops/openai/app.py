@@ -252,11 +252,12 @@ class OpenAIServer:
     async def _main(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         backend = TritonBackend(self.backend)
-        runner = web.AppRunner(build_app(self.config, backend), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(build_app(self.config, backend), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=5.0)
         try:
             await backend.start()
             await runner.setup()
-            site = web.TCPSite(runner, self.config.host, self.config.port, shutdown_timeout=5.0)
+            site = web.TCPSite(runner, self.config.host, self.config.port)
             await site.start()
             self.port = runner.addresses[0][1]
             logger.info("OpenAI API on %s (model %r)", self.url, self.config.model_id(self.backend))
