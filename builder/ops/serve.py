@@ -16,6 +16,7 @@ import logging
 import shutil
 import signal
 import tempfile
+import threading
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -109,11 +110,14 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
     def forward(signum: int, frame: types.FrameType | None) -> None:
         logger.info("received signal %d: stopping Triton", signum)
         supervisor.request_stop()
+        if front is not None:  # stops listening, lets its requests finish, then lets go of Triton
+            threading.Thread(target=front.stop, name="openai-front-stop", daemon=True).start()
 
     try:
         endpoints = supervisor.start()
         if config.openai is not None:
-            front = start_openai_front(config.openai, endpoints, repository, config.serving.model_name)
+            front = start_openai_front(replace(config.openai, shutdown_timeout_s=config.server.exit_timeout_s),
+                                       endpoints, repository, config.serving.model_name)
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)
         if on_ready is not None:

@@ -46,6 +46,7 @@ class OpenAIConfig:
     api_key: str | None = None  # None: the SPECBUILD_API_KEY environment variable, if set
     served_model_name: str | None = None  # None: the target model's name
     max_body_bytes: int = 4 * 1024 * 1024
+    shutdown_timeout_s: float = 5.0  # at stop: requests in flight get this long, then are cancelled
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -234,10 +235,14 @@ class OpenAIServer:
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
+        """Stop listening, give requests in flight ``shutdown_timeout_s``, close. Safe to call twice."""
         if self._loop is not None and self._stop is not None and self.alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
+            try:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:  # the loop closed meanwhile: stopped already
+                pass
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=self.config.shutdown_timeout_s + 15)
 
     def _run(self) -> None:
         try:
@@ -253,7 +258,7 @@ class OpenAIServer:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         backend = TritonBackend(self.backend)
         runner = web.AppRunner(build_app(self.config, backend), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=5.0)
+                               shutdown_timeout=self.config.shutdown_timeout_s)
         try:
             await backend.start()
             await runner.setup()
