@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: serving throughput/latency through Triton at these stream counts (e.g. 1,2,4,8,16)")
     p.add_argument("--concurrency-modes", default="serial,off,always,load_aware",
                    help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
+    p.add_argument("--api", choices=("grpc", "openai"), default="grpc",
+                   help="--concurrency: openai = the same chat requests through Triton gRPC and through the OpenAI "
+                        "API in front of it, side by side (headline openai_latency_x_grpc; docs/openai.md)")
     p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
     p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
     p.add_argument("--requests-per-level", type=int, default=32,
@@ -91,6 +94,15 @@ def _cmd_concurrency(args: argparse.Namespace) -> int:
         repeats=args.concurrency_repeats, num_threads=args.threads,
         out_dir=args.out, label=args.label,
         plot=not args.no_plot, headline=not args.no_headline)
+    if args.api == "openai":
+        from builder.bench import openai_api
+
+        summary = openai_api.run_api_bench(config)
+        paths = openai_api.write_api_report(summary, config)
+        print(openai_api.to_markdown(summary))
+        for kind, path in paths.items():
+            print(f"{kind}: {path}")
+        return 0
     summary = run_concurrency_bench(config)
     paths = write_concurrency_report(summary, config)
     print(to_markdown(summary))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.ops.deploy import BuildMode, DeployConfig, DeployError, default_engine_cache
+from builder.ops.openai.app import OpenAIConfig
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonSource
 from triton_backend.core.errors import SpecbuildError
 
@@ -103,6 +104,9 @@ SETTINGS = (
     Setting("exit-timeout", _seconds, "30", "on SIGTERM, seconds Triton lets in-flight requests finish (Kubernetes: within "
             "terminationGracePeriodSeconds)"),
     Setting("log-verbose", int, "0", "Triton --log-verbose level"),
+    Setting("openai-port", _port, None, "also serve the OpenAI-compatible API on this port (docs/openai.md)"),
+    Setting("api-key", str, None, "the OpenAI API's /v1 routes need 'Authorization: Bearer KEY'"),
+    Setting("served-model-name", str, None, "the model id OpenAI clients send (default: the target's name)"),
     Setting("prepare-only", _bool, "false", "build or reuse, render, print the repository and exit", flag_only=True),
 )
 
@@ -149,7 +153,16 @@ def config_from_settings(v: dict[str, Any]) -> DeployConfig:
     return DeployConfig(spec=v["spec"], source=v["source"], engine_cache=v["engine_cache"] or default_engine_cache(),
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
                         build_threads=v["build_threads"], rebuild=v["rebuild"], verify_cache=v["verify_cache"],
-                        server=server, world_size=v["world_size"], mpirun=v["mpirun"])
+                        server=server, world_size=v["world_size"], mpirun=v["mpirun"], openai=_openai(v))
+
+
+def _openai(v: dict[str, Any]) -> OpenAIConfig | None:
+    if v["openai_port"] is None:
+        if v["api_key"] is not None or v["served_model_name"] is not None:
+            raise DeployError("api-key and served-model-name need openai-port")
+        return None
+    return OpenAIConfig(host=v["host"], port=v["openai_port"], api_key=v["api_key"],
+                        served_model_name=v["served_model_name"])
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
