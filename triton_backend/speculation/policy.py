@@ -123,8 +123,16 @@ def install_cost_model(model: PassCostModel | None) -> None:
     _current_cost_model = model
 
 
+_DEFAULT_MODEL: PassCostModel | None = None
+
+
 def current_cost_model() -> PassCostModel:
-    return _current_cost_model or PassCostModel.default()
+    global _DEFAULT_MODEL
+    if _current_cost_model is not None:
+        return _current_cost_model
+    if _DEFAULT_MODEL is None:
+        _DEFAULT_MODEL = PassCostModel.default()
+    return _DEFAULT_MODEL
 
 
 # -- expected gain ------------------------------------------------------------------------------
@@ -276,6 +284,7 @@ class GainSettings:
     probe_interval: int = 8
     max_probe_interval: int = 256
     idle_decay: float = 0.97  # evidence kept per plain step while paused
+    paused_recheck: int = 8  # a paused model drafter re-decides every this many plain steps (and at probes)
     # a model drafter's prior fades with the evidence down to this weight: evidence decays too, so
     # with a fixed prior weight the estimate could never fall below ~(2 x prior) / 12 (0.17 for a
     # 0.6 prior), and a drafter accepting 0.08 kept drafting at a loss. N-gram match buckets keep
@@ -301,6 +310,11 @@ class GainPolicy:
         self._plain_steps = 0
         self._interval = settings.probe_interval
         self._probing = False
+        # a paused model drafter costs nothing per token: its decision is re-made only every
+        # ``recheck`` plain steps (and at a probe), its estimate aged lazily meanwhile
+        self._recheck = 0 if ngram else max(1, settings.paused_recheck)
+        self._idle = 0  # plain steps not yet applied to the estimate's age
+        self._model: PassCostModel | None = None  # the cost model of the last decision (a new one: decide again)
 
     def option(self, conditional: Sequence[float]) -> RowOption:
         verify = self._verify[:len(conditional) + 1] if self._verify is not None else None
@@ -308,16 +322,31 @@ class GainPolicy:
 
     def current_option(self) -> RowOption:
         """This request's row for :func:`plan_round` (a batch scheduler's input)."""
-        return self.option(self.estimate.conditional())
+        return self.option(self._aged_conditional())
 
     def _decide(self, conditional: Sequence[float]) -> int:
-        model = self.cost_model or current_cost_model()
+        model = self._model = self.cost_model or current_cost_model()
         return plan_round([self.option(conditional)], model, self.settings.margin)[0]
+
+    def _skips(self) -> bool:
+        """Whether the next decision is a paused step decided in O(1): no probe due, no recheck due."""
+        return (self.paused and self._recheck > 0 and self._plain_steps + 1 < self._interval
+                and (self._idle + 1) % self._recheck != 0 and (self.cost_model or current_cost_model()) is self._model)
+
+    def _catch_up_age(self) -> None:
+        if self._idle:
+            self.estimate.age(self.settings.idle_decay ** self._idle)
+            self._idle = 0
 
     def next_draft_length(self, limit: int | None = None) -> int:
         """This round's draft length (0: plain); ``limit``: at most this many (what a drafter has)."""
         if self.max_k <= 0 or (limit is not None and limit <= 0):
             return 0
+        if self._skips():  # paused, nothing due: no per-token upkeep
+            self._idle += 1
+            self._plain_steps += 1
+            return 0
+        self._catch_up_age()
         cut = self.max_k if limit is None else min(limit, self.max_k)
         k = self._decide(self.estimate.conditional()[:cut])
         if k > 0:
@@ -337,16 +366,28 @@ class GainPolicy:
     def may_draft_next(self, limit: int | None = None) -> bool:
         """Whether the next :meth:`next_draft_length` call could draft (no state changes): a
         drafter whose state costs something to keep (Medusa's hidden state) keeps it only then."""
-        if self.max_k <= 0 or (limit is not None and limit <= 0):
+        if self.max_k <= 0 or (limit is not None and limit <= 0) or self._skips():
             return False
         cut = self.max_k if limit is None else min(limit, self.max_k)
-        if self._decide(self.estimate.conditional()[:cut]) > 0:
+        if self._decide(self._aged_conditional()[:cut]) > 0:
             return True
         return self._plain_steps + 1 >= self._interval and self._decide(self.estimate.prior_conditional()[:cut]) > 0
+
+    def _aged_conditional(self) -> list[float]:
+        """The estimate as the next decision sees it (the lazily applied age included), unchanged."""
+        if not self._idle:
+            return self.estimate.conditional()
+        factor = self.settings.idle_decay ** self._idle
+        est = self.estimate
+        aged = AcceptanceEstimate(len(est.accepted), est.prior, est.strength, est.decay, est.pooled, est.min_strength)
+        aged.accepted = [a * factor for a in est.accepted]
+        aged.rejected = [r * factor for r in est.rejected]
+        return aged.conditional()
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
+        self._catch_up_age()
         self.estimate.record(drafted, accepted)
         if self._probing and self._decide(self.estimate.conditional()) > 0:
             self._interval = self.settings.probe_interval  # the probe paid: back to speculating
