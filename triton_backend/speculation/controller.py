@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from triton_backend.core.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.base import DraftCost, DrafterSession
 from triton_backend.speculation.policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, prefix_probabilities)
+
+if TYPE_CHECKING:
+    from triton_backend.speculation.auto_source import AutoSource
+    from triton_backend.speculation.drafters.ngram import NgramSession
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +72,7 @@ class SpeculationController:
         self.gain_rule = config.fallback.enabled and config.fallback.rule is FallbackRule.GAIN and self.max_k > 0
         self.policy: GainPolicy | None = None
         self.match_policy: MatchLengthPolicy | None = None  # set when an n-gram session decides per match
+        self.auto: AutoSource | None = None  # set under ``auto``: the per-round n-gram / model choice
         if self.gain_rule:
             self.policy = GainPolicy(self.kind, self.max_k, self.draft_cost, gain_settings(config.fallback),
                                      cost_model, verify_tokens)
@@ -83,15 +88,41 @@ class SpeculationController:
     def cost_model(self) -> PassCostModel:
         return self._cost_model or current_cost_model()
 
+    @property
+    def cost_model_or_none(self) -> PassCostModel | None:
+        """The cost model this controller was given (None: the installed one, looked up when used)."""
+        return self._cost_model
+
+    def gain_settings(self) -> GainSettings:
+        return gain_settings(self.config.fallback)
+
+    def attach_auto(self, ngram: "NgramSession") -> "AutoSource | None":
+        """``auto`` under the gain rule with a model drafter: the per-round choice between
+        ``ngram``'s match and the model drafter (:mod:`triton_backend.speculation.auto_source`)."""
+        from triton_backend.speculation.auto_source import AutoSource
+
+        if not self.gain_rule or self.policy is None or self.match_policy is not None:
+            return None
+        self.auto = AutoSource(ngram, self)
+        return self.auto
+
     # -- the gain rule ----------------------------------------------------------------------
     def row_option(self) -> RowOption:
         """This request's row for a batch plan (:func:`~triton_backend.speculation.policy.plan_round`)."""
+        return self.model_row_option()
+
+    def model_row_option(self) -> RowOption:
+        """The row option of this controller's own drafter (under ``auto``: the model drafter's)."""
         if self.policy is not None and self.match_policy is None:
             return self.policy.current_option()
         # n-gram under the gain rule (the session sizes each draft by its match) and the other
         # rules: the running acceptance at every position, up to the length the rule allows
         k = self.next_draft_length() if not self.gain_rule else self.max_k
         return RowOption(tuple(prefix_probabilities([self.acceptance_ema] * k)), self.draft_cost)
+
+    def model_draft_length(self) -> int:
+        """The drafter's own draft length this round (under ``auto``: the model drafter's)."""
+        return self._gain_draft_length() if self.gain_rule else self.next_draft_length()
 
     def _gain_draft_length(self) -> int:
         if self.match_policy is not None:  # lookup is free: the n-gram session decides per match
@@ -149,6 +180,8 @@ class SpeculationController:
         self.acceptance_ema = self._ema_decay * self.acceptance_ema + (1 - self._ema_decay) * num_accepted / num_drafted
         if self.match_policy is not None:
             self.match_policy.record(num_drafted, num_accepted)
+        elif self.auto is not None and self.auto.record(num_drafted, num_accepted):
+            pass  # lookup drafted this round: its match bucket learned from it
         elif self.policy is not None:
             self.policy.record(num_drafted, num_accepted)
         cfg = self.config.fallback

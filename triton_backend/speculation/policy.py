@@ -178,6 +178,11 @@ def _rate(rows: Sequence[RowOption], ks: Sequence[int], cost_model: PassCostMode
     return tokens / cost
 
 
+def rate_of(option: RowOption, k: int, cost_model: PassCostModel) -> float:
+    """Expected committed tokens per unit of cost of one row alone drafting ``k``."""
+    return _rate([option], [k], cost_model)
+
+
 def plan_round(rows: Sequence[RowOption], cost_model: PassCostModel, margin: float = 0.03) -> list[int]:
     """Each row's draft length (0: plain) for one ragged pass, maximising expected committed
     tokens per unit of time of the whole pass. A row drafts only when that beats its plain
@@ -463,6 +468,11 @@ class MatchLengthPolicy:
         self.paused = k == 0
         return k
 
+    @property
+    def drafted(self) -> bool:
+        """Whether the last proposal drafted (its round is to be recorded here)."""
+        return self._last is not None
+
     def record(self, drafted: int, accepted: int) -> None:
         if self._last is not None and drafted > 0:
             self.policies[self._last].record(drafted, accepted)
@@ -485,4 +495,4 @@ def machine_key(model: str, settings: str) -> str:
 
 __all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "MATCH_PRIOR", "MatchLengthPolicy", "PRIOR_ACCEPTANCE", "REPEATED_MATCH_PRIOR",
            "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "machine_key", "plan_round",
-           "prefix_probabilities"]
+           "prefix_probabilities", "rate_of"]
