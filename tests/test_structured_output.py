@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
+from triton_fixtures import local_decoder, triton  # noqa: F401 (fixtures)
 from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams,
                                         SpeculationConfig, SpeculationMode)
 from triton_backend.core.errors import InvalidRequestError
@@ -254,3 +255,46 @@ def test_sampling_follows_the_constrained_target_distribution(tokenizer):
     assert tv(exact) < 0.08, (tv(exact), exact, counts)
     assert tv(_exact_constrained(target, tokenizer, guide, prompt, 0.5)) > 0.08  # the test can tell
     assert accepted > 0  # drafts were really verified
+
+
+# -- serving: the two tensorrtllm_backend inputs ------------------------------------------------
+def _arrays(**values) -> dict[str, np.ndarray]:
+    return {name: np.asarray(value, dtype=object).reshape(1, 1) for name, value in values.items()}
+
+
+def test_guided_inputs_are_parsed_into_a_typed_guide():
+    from triton_backend.serving.service import parse_request
+
+    schema = json.dumps(PERSON)
+    parsed = parse_request(_arrays(text_input=b"hi", guided_decoding_guide_type=b"json_schema",
+                                   guided_decoding_guide=schema.encode()), SpeculationConfig())
+    assert parsed.sampling.guide == Guide(GuideType.JSON_SCHEMA, schema)
+    assert parse_request(_arrays(text_input=b"hi"), SpeculationConfig()).sampling.guide is None
+    for bad in (dict(guided_decoding_guide_type=b"xml"), dict(guided_decoding_guide=b"[a-z]"),
+                dict(guided_decoding_guide_type=b"json_schema", guided_decoding_guide=b"{")):
+        with pytest.raises(InvalidRequestError, match="guided_decoding_guide"):
+            parse_request(_arrays(text_input=b"hi", **bad), SpeculationConfig())
+
+
+@pytest.mark.slow
+def test_guided_requests_over_triton(triton, local_decoder):
+    """ensemble (HTTP generate, streamed too), tensorrt_llm_bls and specdec_unary honour the guide
+    as the in-process decoder does; a bad guide is a short error for that request only."""
+    from test_trtllm_dropin import _generate
+    from triton_fixtures import DEPLOYMENT
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["city"],
+              "properties": {"city": {"type": "string", "maxLength": 20}}}
+    prompt = "Answer in JSON. The capital of France is"
+    guide = Guide(GuideType.JSON_SCHEMA, json.dumps(schema))
+    want = local_decoder.generate(prompt, SamplingParams(max_tokens=24, guide=guide), DEPLOYMENT.speculation)
+    assert set(json.loads(want.text)) == {"city"}
+    body = {"text_input": prompt, "max_tokens": 24, "guided_decoding_guide_type": "json_schema",
+            "guided_decoding_guide": json.dumps(schema)}
+    for model in ("ensemble", "tensorrt_llm_bls", "specdec_unary"):
+        assert _generate(triton, model, body)[0]["text_output"] == want.text, model
+    streamed = _generate(triton, "ensemble", {**body, "stream": True}, stream=True)
+    assert "".join(r["text_output"] for r in streamed) == want.text
+    bad = _generate(triton, "ensemble", {**body, "guided_decoding_guide": '{"type": "no-such-type"}'})[0]
+    assert "invalid json_schema guide" in bad["error"]
+    assert _generate(triton, "ensemble", {"text_input": prompt, "max_tokens": 4})[0]["text_output"]  # still serving
