@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Callable
 
 from triton_backend.core.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.base import DraftCost, DrafterSession
-from triton_backend.speculation.policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+from triton_backend.speculation.shared_prior import SharedAcceptance, shared_acceptance
+from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, prefix_probabilities)
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class SpeculationController:
     def __init__(self, config: SpeculationConfig, draft_cost: float, *, ema_decay: float = 0.8,
                  initial_acceptance: float = 0.7, kind: DrafterKind | None = None,
                  cost_model: PassCostModel | None = None,
-                 verify_tokens: Callable[[int], int] | None = None) -> None:
+                 verify_tokens: Callable[[int], int] | None = None, shared: SharedAcceptance | None = None) -> None:
         self.config = config
         self.draft_cost = max(0.0, float(draft_cost))
         self.kind = kind or (DrafterKind.NGRAM if self.draft_cost == 0.0 else DrafterKind.DRAFT)
@@ -75,7 +76,7 @@ class SpeculationController:
         self.auto: AutoSource | None = None  # set under ``auto``: the per-round n-gram / model choice
         if self.gain_rule:
             self.policy = GainPolicy(self.kind, self.max_k, self.draft_cost, gain_settings(config.fallback),
-                                     cost_model, verify_tokens)
+                                     cost_model, verify_tokens, shared)
 
     def attach_match_policy(self) -> MatchLengthPolicy | None:
         """Under the gain rule, the per-match policy an n-gram session applies to each lookup
@@ -198,9 +199,12 @@ class SpeculationController:
 
 
 def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: DraftCost | None,
-                   session: DrafterSession | None = None, cost_model: PassCostModel | None = None) -> SpeculationController:
-    """The controller for one request of ``mode``: the drafter type's prior, a Medusa round's
-    cost counting its tree's nodes, n-gram lookup's per-match decision hooked into ``session``."""
+                   session: DrafterSession | None = None, cost_model: PassCostModel | None = None, *,
+                   learned_prior: bool = False) -> SpeculationController:
+    """The controller for one request of ``mode``: the drafter type's prior (``learned_prior``:
+    a model drafter's acceptance measured over the deployment's requests,
+    :mod:`triton_backend.speculation.shared_prior`), a Medusa round's cost counting its tree's
+    nodes, n-gram lookup's per-match decision hooked into ``session``."""
     from triton_backend.speculation.drafters.medusa import MedusaDrafter
     from triton_backend.speculation.drafters.ngram import NgramSession
 
@@ -210,12 +214,18 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
         depths = list(drafter.depths)
         per_depth = drafter.relative_cost / max(1, max(depths, default=1))
         return SpeculationController(config, per_depth, kind=DrafterKind.MEDUSA, cost_model=cost_model,
-                                     verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k))
+                                     verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k),
+                                     shared=_shared(drafter, DrafterKind.MEDUSA, learned_prior))
     kind = DrafterKind.NGRAM if mode is SpeculationMode.NGRAM else DrafterKind.DRAFT
-    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model)
+    shared = _shared(drafter, kind, learned_prior) if kind is not DrafterKind.NGRAM else None
+    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model, shared=shared)
     if isinstance(session, NgramSession):
         session.policy = controller.attach_match_policy()
     return controller
+
+
+def _shared(drafter: DraftCost, kind: DrafterKind, learned: bool) -> SharedAcceptance | None:
+    return shared_acceptance(drafter, kind, PRIOR_ACCEPTANCE[kind]) if learned else None
 
 
 __all__ = ["SpeculationController", "controller_for", "expected_tokens_per_round", "gain_settings"]

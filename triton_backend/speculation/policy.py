@@ -26,7 +26,7 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -297,13 +297,23 @@ class GainSettings:
     min_prior_strength: float = 0.5
 
 
+class SharedAcceptanceLike(Protocol):
+    """A deployment-wide acceptance estimate (:class:`~triton_backend.speculation.shared_prior.SharedAcceptance`)."""
+
+    def prior(self) -> Prior: ...
+    def record(self, drafted: int, accepted: int) -> None: ...
+
+
 class GainPolicy:
     """One request's per-round decision under the gain rule (draft models, Medusa)."""
 
     def __init__(self, kind: DrafterKind, max_k: int, draft_cost: float, settings: GainSettings,
                  cost_model: PassCostModel | None = None,
-                 verify_tokens: Callable[[int], int] | None = None) -> None:
+                 verify_tokens: Callable[[int], int] | None = None, shared: "SharedAcceptanceLike | None" = None) -> None:
         prior = PRIOR_ACCEPTANCE[kind] if settings.prior is None else settings.prior
+        self.shared = shared if settings.prior is None else None  # an explicit prior is the user's: kept
+        if self.shared is not None:  # the deployment's measured acceptance of this drafter
+            prior = self.shared.prior()
         self.settings, self.max_k, self.draft_cost = settings, max_k, max(0.0, draft_cost)
         self.cost_model = cost_model
         ngram = kind is DrafterKind.NGRAM
@@ -394,6 +404,8 @@ class GainPolicy:
             return
         self._catch_up_age()
         self.estimate.record(drafted, accepted)
+        if self.shared is not None:
+            self.shared.record(drafted, accepted)
         if self._probing and self._decide(self.estimate.conditional()) > 0:
             self._interval = self.settings.probe_interval  # the probe paid: back to speculating
         self._probing = False

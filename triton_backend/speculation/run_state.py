@@ -60,7 +60,10 @@ class RunState:
             bad_words=_tokenize_words(tokenizer, params.bad_words), guide=self.guide)
         self.rng = make_generator(params.seed)
         self.drafter_session = drafter.new_session() if drafter is not None and drafter_session else None
-        self.controller = controller_for(spec, mode, drafter, self.drafter_session)
+        # greedy and unseeded requests start from the drafter's acceptance measured over the
+        # deployment's requests; a seeded sampling request's draft lengths depend on it alone
+        learned = self.processor.greedy or params.seed is None
+        self.controller = controller_for(spec, mode, drafter, self.drafter_session, learned_prior=learned)
         self.use_drafter = drafter is not None
         # auto: the n-gram match beside the model drafter, chosen per round (auto_source.py)
         self.auto = None
