@@ -93,9 +93,9 @@ def test_auto_without_ngram_deployed_is_the_model_drafter(sources):
     assert sources == {DraftSource.NGRAM: 0, DraftSource.MODEL: 0}  # no AutoSource at all
 
 
-def test_auto_sampling_matches_target_distribution(sources):
-    """Samples of the next 2 tokens through auto rounds (n-gram and EAGLE drafts, chosen per
-    round) follow the target's exact joint distribution."""
+def _auto_sampling_tv(n: int) -> tuple[float, set]:
+    """Total variation between auto's samples of the next 2 tokens and the target's exact joint
+    distribution, and the outcomes sampled."""
     target = tiny_engine(10, vocab=8)
     drafter = _random_drafter(target, scale=0.5)
     drafter.relative_cost = 0.02
@@ -104,16 +104,37 @@ def test_auto_sampling_matches_target_distribution(sources):
     params = dict(temperature=1.0)
     prompt = [1, 2, 1, 3, 1, 2]
     exact = _exact_joint(target, prompt, 2, LogitsProcessor(**params))
-    n, counts = 1500, {}
-    spec = _auto(k=2)
+    counts: dict = {}
     for seed in range(n):
-        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), spec)
+        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), _auto(k=2))
         key = tuple(result.token_ids[:2])
         counts[key] = counts.get(key, 0) + 1
-    assert sources[DraftSource.NGRAM] > 100 and sources[DraftSource.MODEL] > 100, sources
     tv = 0.5 * sum(abs(counts.get(s, 0) / n - exact.get(s, 0.0)) for s in set(exact) | set(counts))
+    return tv, set(counts) - set(exact)
+
+
+def test_auto_sampling_matches_target_distribution(sources, monkeypatch):
+    """Samples through auto rounds (n-gram and EAGLE drafts, chosen per round) follow the
+    target's exact joint distribution; a control that keeps every n-gram draft must fail."""
+    tv, impossible = _auto_sampling_tv(1500)
+    assert sources[DraftSource.NGRAM] > 100 and sources[DraftSource.MODEL] > 100, sources
     assert tv < 0.08, tv  # sampling noise at n=1500 over <=64 outcomes is ~0.05
-    assert all(s in exact for s in counts)
+    assert not impossible
+
+    import triton_backend.speculation.run_state as run_state
+    from triton_backend.core.sampling import sample
+    from triton_backend.speculation.verify import VerifyResult
+
+    exact_rule = run_state.verify_rejection
+
+    def keep_lookup_drafts(target_probs, drafts, draft_probs, generator):
+        if draft_probs is not None:
+            return exact_rule(target_probs, drafts, draft_probs, generator)
+        k = len(drafts)
+        return VerifyResult(k, k, sample(target_probs[k], generator))
+
+    monkeypatch.setattr(run_state, "verify_rejection", keep_lookup_drafts)
+    assert _auto_sampling_tv(600)[0] > 0.12  # the test can tell a biased rule
 
 
 @pytest.mark.parametrize("kind", [SpeculationMode.EAGLE, SpeculationMode.DRAFT])
