@@ -298,3 +298,32 @@ def test_guided_requests_over_triton(triton, local_decoder):
     bad = _generate(triton, "ensemble", {**body, "guided_decoding_guide": '{"type": "no-such-type"}'})[0]
     assert "invalid json_schema guide" in bad["error"]
     assert _generate(triton, "ensemble", {"text_input": prompt, "max_tokens": 4})[0]["text_output"]  # still serving
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_tree_and_eagle_drafters_stay_exact_under_a_guide(tiny_engines, tokenizer, method):
+    """Medusa trees and EAGLE chains go through the same per-row grammar masks: greedy output ==
+    plain constrained decoding (alone and batched)."""
+    from test_eagle import _random_drafter
+    from test_medusa_tree import random_heads
+    from test_scheduler import submit_all
+
+    from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+    from triton_backend.speculation.drafters.medusa import MedusaDrafter
+    from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint
+
+    target = tiny_engines[0]
+    drafter = (MedusaDrafter(MedusaCheckpoint(random_heads(32, len(tokenizer))), target) if method == "medusa"
+               else _random_drafter(target))
+    decoder = SpeculativeDecoder(target, tokenizer, drafters={SpeculationMode(method): drafter})
+    prompt = tokenizer.encode('{"name": "ab", "age": 12, "ok": true} cd-123 yes', add_special_tokens=False)
+    requests = [(prompt, SamplingParams(max_tokens=32, guide=g), spec(method, f)) for g in GUIDES[:2] for f in (0, 16)]
+    for p, params, s in requests:
+        want = reference_greedy(target, tokenizer, params.guide, p, 32)
+        assert decoder.generate(p, params, s).token_ids == [t for t in want if t not in target.eos_token_ids]
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4))
+    try:
+        alone = [decoder.generate(p, params, s).token_ids for p, params, s in requests]
+        assert [c.tokens() for c in submit_all(scheduler, requests)] == alone
+    finally:
+        scheduler.shutdown()
