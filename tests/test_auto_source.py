@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import tiny_engine
 from test_eagle import _exact_joint, _random_drafter

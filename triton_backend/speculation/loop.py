@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.decoding import GenerationResult, collect, encode_prompt, resolve_mode
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, Drafter
+from triton_backend.speculation.drafters.base import Drafter
 from triton_backend.speculation.drafters.eagle import EagleSession
 from triton_backend.speculation.drafters.medusa import MedusaSession
 from triton_backend.speculation.eagle_round import EagleRound
