@@ -192,7 +192,8 @@ class GuideMatcher:
             self._biases[key] = bias
         width = row.shape[-1]
         if width != bias.shape[0]:  # a logits row wider than the tokenizer: the extra ids are refused
-            bias = bias[:width] if width < bias.shape[0] else torch.cat([bias, bias.new_full((width - bias.shape[0],), float("-inf"))])
+            extra_ids = bias.new_full((max(0, width - bias.shape[0]),), float("-inf"))
+            bias = bias[:width] if width < bias.shape[0] else torch.cat([bias, extra_ids])
         # an additive 0 / -inf bias: measured ~7x faster than masked_fill on a 49k row (one thread)
         out = row + bias
         if float(out.max()) == float("-inf"):  # (max: torch.isfinite(...).any() measured far slower)
