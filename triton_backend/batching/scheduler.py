@@ -243,7 +243,8 @@ class BatchScheduler:
         mode, drafter = self.decoder.resolve(job.mode)
         batched_draft = isinstance(drafter, DraftModelDrafter) and self.draft_engine is not None
         seq = BatchSequence(self.decoder.target, self.decoder.tokenizer, job.prompt_ids, job.params, job.spec, mode, drafter,
-                            started=job.submitted, drafter_session=not batched_draft)
+                            started=job.submitted, drafter_session=not batched_draft,
+                            ngram=self.decoder.auto_ngram(job.spec.method, mode))
         seq.slot = self.target.allocate()
         if not seq.eagle and isinstance(self.target, PrefixSharing):  # EAGLE needs the prompt's features
             self._share_prefix(seq, self.target)

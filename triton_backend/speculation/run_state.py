@@ -15,6 +15,7 @@ from triton_backend.speculation.commit import Commit
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.controller import controller_for
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.core.eos import min_tokens_end_ids
 from triton_backend.core.errors import InvalidRequestError
@@ -47,7 +48,7 @@ class RunState:
 
     def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *,
-                 started: float | None = None, drafter_session: bool = True) -> None:
+                 started: float | None = None, drafter_session: bool = True, ngram: Drafter | None = None) -> None:
         self.params = params
         self.guide: GuideMatcher | None = None  # structured output: the grammar state of the committed tokens
         if params.guide is not None:
@@ -59,8 +60,17 @@ class RunState:
             bad_words=_tokenize_words(tokenizer, params.bad_words), guide=self.guide)
         self.rng = make_generator(params.seed)
         self.drafter_session = drafter.new_session() if drafter is not None and drafter_session else None
-        self.controller = controller_for(spec, mode, drafter, self.drafter_session)
+        # greedy and unseeded requests start from the drafter's acceptance measured over the
+        # deployment's requests; a seeded sampling request's draft lengths depend on it alone
+        learned = self.processor.greedy or params.seed is None
+        self.controller = controller_for(spec, mode, drafter, self.drafter_session, learned_prior=learned)
         self.use_drafter = drafter is not None
+        # auto: the n-gram match beside the model drafter, chosen per round (auto_source.py)
+        self.auto = None
+        if ngram is not None and drafter is not None:
+            ngram_session = ngram.new_session()
+            if isinstance(ngram_session, NgramSession):
+                self.auto = self.controller.attach_auto(ngram_session)
         self.commit = Commit(prompt_ids, params, eos_token_ids=target.eos_token_ids, tokenizer=tokenizer,
                              max_context=target.max_context,
                              method=mode.value if drafter else SpeculationMode.OFF.value, started=started)
@@ -74,7 +84,32 @@ class RunState:
         """This round's draft length from the controller (0 without a drafter)."""
         if not self.use_drafter:
             return 0
-        return self.cap_draft_length(self.controller.next_draft_length())
+        if self.auto is None:
+            return self.cap_draft_length(self.controller.next_draft_length())
+        k = self.cap_draft_length(self.auto.draft_length(self.tokens))
+        self.auto.planned(k)
+        return k
+
+    def propose(self, k: int, *, tree: bool = False) -> DraftProposal:
+        """This round's proposal of ``k`` tokens from its drafter session (under ``auto``: from the
+        source chosen for the round; n-gram drafts are chains, with explicit parents for a tree
+        round when ``tree``)."""
+        if k <= 0:
+            return EMPTY_PROPOSAL
+        if self.auto is not None:
+            proposal = self.auto.propose(self.tokens, k, self.processor, self.rng, tree)
+            if proposal is not None:
+                return proposal if tree else self.constrain(proposal)
+        if self.drafter_session is None:
+            return EMPTY_PROPOSAL
+        return self.drafter_session.propose(self.tokens, k, self.processor, self.rng)
+
+    @property
+    def model_drafts(self) -> bool:
+        """Whether this round's proposal comes from the model drafter (not ``auto``'s n-gram lookup)."""
+        from triton_backend.speculation.auto_source import DraftSource
+
+        return self.auto is None or self.auto.source is DraftSource.MODEL
 
     def cap_draft_length(self, k: int) -> int:
         """``k`` cut to what may still be generated (:func:`~triton_backend.speculation.rounds.cap_draft_length`)."""
