@@ -30,3 +30,14 @@ def test_headline_figures_take_our_speculative_rows_only():
 def test_headline_figures_leave_out_what_was_not_measured():
     rows = [e for e in _summary()["rows"] if e["workload"] == "chat" and e["row"] != "hf prompt-lookup"]
     assert headline_figures({"rows": rows}) == {"worst_speculative_row_x_plain": 0.99}
+
+
+def test_headline_figures_take_the_auto_row_and_eagle_tokens_per_pass():
+    summary = _summary()
+    summary["rows"] += [_entry("all", "auto", 1.7, kind="ours", method="auto"),
+                        _entry("chat", "auto", 1.1, kind="ours", method="auto"),
+                        _entry("all", "eagle k=3", 1.05, kind="ours", method="eagle", tokens_per_target_pass=1.4),
+                        _entry("chat", "eagle k=3", 0.97, kind="ours", method="eagle", tokens_per_target_pass=1.2)]
+    figures = headline_figures(summary)
+    assert figures["auto_all_x_plain"] == 1.7 and figures["eagle_tokens_per_pass"] == 1.4
+    assert figures["worst_speculative_row_x_plain"] == 0.97  # the auto and EAGLE rows count too

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
 DOCKERFILES = {"gpu": DOCKER / "Dockerfile.gpu", "cpu": DOCKER / "Dockerfile.cpu"}
 COMPOSE = DOCKER / "compose.yaml"
-PORTS = {"SPECBUILD_HTTP_PORT": 8000, "SPECBUILD_GRPC_PORT": 8001, "SPECBUILD_METRICS_PORT": 8002}
+PORTS = {"SPECBUILD_HTTP_PORT": 8000, "SPECBUILD_GRPC_PORT": 8001, "SPECBUILD_METRICS_PORT": 8002,
+         "SPECBUILD_OPENAI_PORT": 9000}
 # paths that NVIDIA's base image provides (not copied from this repository)
 BASE_IMAGE_PATHS = {"gpu": {"/opt/nvidia/nvidia_entrypoint.sh"}, "cpu": set()}
 # variables the images may set besides deploy's settings: read by reference_model.cache_dir / entrypoint.sh

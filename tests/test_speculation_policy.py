@@ -3,6 +3,7 @@ and the controller on scripted acceptance sequences."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -123,6 +124,42 @@ def test_gain_policy_probes_and_resumes_when_acceptance_returns():
     assert min(after) >= 3  # resumed and stays on
     resumed_at = next(i for i in range(120, 300) if trace[i] >= 3)
     assert resumed_at - 120 <= 70  # picked up within a probe interval or two
+
+
+def test_paused_drafter_has_no_per_token_upkeep(monkeypatch):
+    """A paused model drafter re-decides only every ``paused_recheck`` plain steps and at its
+    probes: in between, a round's decision (and whether the next may draft) is O(1)."""
+    import triton_backend.speculation.policy as policy_module
+
+    calls = []
+    real = policy_module.plan_round
+    monkeypatch.setattr(policy_module, "plan_round", lambda *a, **k: calls.append(1) or real(*a, **k))
+    settings = GainSettings(probe_interval=64, max_probe_interval=64, paused_recheck=8)
+    policy = GainPolicy(DrafterKind.DRAFT, 4, 0.25, settings, PassCostModel.default())
+    for _ in range(10):
+        policy.record(3, 0)
+    assert policy.next_draft_length() == 0 and policy.paused
+    calls.clear()
+    ks = []
+    for _ in range(200):
+        ks.append(policy.next_draft_length())
+        policy.may_draft_next()
+        if ks[-1]:
+            policy.record(ks[-1], 0)
+    probes = sum(1 for k in ks if k)
+    assert probes <= 4
+    # every 8th step a recheck (one decision, and may_draft_next's one), plus the probes' extra
+    assert len(calls) <= 2 * (200 // 8 + 1) + 3 * probes, len(calls)
+    # the lazily applied age is the one a per-step age gives: the estimate drifts the same way
+    eager = GainPolicy(DrafterKind.DRAFT, 4, 0.25, dataclasses.replace(settings, paused_recheck=1),
+                       PassCostModel.default())
+    lazy = GainPolicy(DrafterKind.DRAFT, 4, 0.25, settings, PassCostModel.default())
+    for p in (eager, lazy):
+        for _ in range(10):
+            p.record(3, 0)
+        for _ in range(5):
+            p.next_draft_length()
+    assert lazy.current_option().prefix_probs == pytest.approx(eager.current_option().prefix_probs)
 
 
 def test_match_length_policy_follows_the_match_and_its_history():

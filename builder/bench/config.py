@@ -36,6 +36,8 @@ class BenchConfig:
     ignore_eos: bool = False  # True: fixed-length requests (the peer then masks EOS: its text differs after one)
     repeats: int = 3
     ngram_k: tuple[int, ...] = (4, 8)
+    auto: bool = True  # an ``auto`` row (n-gram or model drafter per round) when a model drafter is deployed
+    auto_k: int | None = None  # its longest draft (None: the longest n-gram k)
     draft_k: tuple[int, ...] = (4,)
     peer: bool = True  # Hugging Face generate rows
     triton: bool = False  # the same requests through a real Triton server

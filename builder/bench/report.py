@@ -114,8 +114,9 @@ def summarize(run: BenchRun) -> dict:
 
 def headline_figures(summary: dict) -> dict[str, float]:
     """The speculation headline: the worst of our speculative rows against plain over every
-    workload, the best on copy and over all workloads, and the best on copy against Hugging
-    Face prompt lookup (the ratio of both rows' x-plain figures). Only what this run measured."""
+    workload, the best on copy and over all workloads, the best on copy against Hugging
+    Face prompt lookup (the ratio of both rows' x-plain figures), the ``auto`` row over all
+    workloads and the EAGLE rows' tokens per target pass. Only what this run measured."""
     rows = [e for e in summary["rows"] if e.get("speedup_vs_plain") is not None]
     ours = [e for e in rows if is_speculative_row(e)]
     figures: dict[str, float] = {}
@@ -125,6 +126,13 @@ def headline_figures(summary: dict) -> dict[str, float]:
     best_all = [e["speedup_vs_plain"] for e in ours if e["workload"] == "all"]
     if best_all:
         figures["best_all_x_plain"] = max(best_all)
+    auto_all = [e["speedup_vs_plain"] for e in ours if e["workload"] == "all" and e.get("method") == "auto"]
+    if auto_all:
+        figures["auto_all_x_plain"] = max(auto_all)
+    eagle_passes = [e["tokens_per_target_pass"] for e in ours if e["workload"] == "all" and e.get("method") == "eagle"
+                    and e.get("tokens_per_target_pass")]
+    if eagle_passes:
+        figures["eagle_tokens_per_pass"] = max(eagle_passes)
     best_copy = [e["speedup_vs_plain"] for e in ours if e["workload"] == "copy"]
     if best_copy:
         figures["best_copy_x_plain"] = max(best_copy)

@@ -34,8 +34,23 @@ def _plain_and_ngram_rows(config: BenchConfig, decoder: SpeculativeDecoder, suff
         rows.append(OursRow(f"ngram k={k}{suffix}", decoder,
                             SpeculationConfig(method=SpeculationMode.NGRAM,
                                               draft_length=DraftLengthConfig(num_draft_tokens=k)),
-                            {"kind": "ours", "method": "ngram", "k": k, **info}))
+                            {"kind": "ours", "method": "ngram", "k": k, "strategy": "chain", **info}))
     return rows
+
+
+MODEL_DRAFTERS = (SpeculationMode.EAGLE, SpeculationMode.DRAFT, SpeculationMode.MEDUSA)
+
+
+def auto_row(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
+    """``auto``: per round the n-gram match or the model drafter (the deployment's first of
+    EAGLE, draft model, Medusa), beside the rows that draft from one source."""
+    model = next((m for m in MODEL_DRAFTERS if m in decoder.drafters), None)
+    if not config.auto or model is None or SpeculationMode.NGRAM not in decoder.drafters:
+        return []
+    k = config.auto_k or max(config.ngram_k, default=4)
+    return [OursRow("auto", decoder, SpeculationConfig(method=SpeculationMode.AUTO,
+                                                       draft_length=DraftLengthConfig(num_draft_tokens=k)),
+                    {"kind": "ours", "method": "auto", "k": k, "strategy": "auto", "model_drafter": model.value})]
 
 
 def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
@@ -45,15 +60,16 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
             rows.append(OursRow(f"draft k<={k} adaptive", decoder,
                                 SpeculationConfig(method=SpeculationMode.DRAFT,
                                                   draft_length=DraftLengthConfig(num_draft_tokens=k, adaptive=True)),
-                                {"kind": "ours", "method": "draft", "k": k}))
+                                {"kind": "ours", "method": "draft", "k": k, "strategy": "chain"}))
     medusa = getattr(SpeculationMode, "MEDUSA", None)
     if medusa is not None and medusa in decoder.drafters:
-        rows.append(OursRow("medusa", decoder, SpeculationConfig(method=medusa), {"kind": "ours", "method": "medusa"}))
+        rows.append(OursRow("medusa", decoder, SpeculationConfig(method=medusa), {"kind": "ours", "method": "medusa", "strategy": "tree"}))
     if SpeculationMode.EAGLE in decoder.drafters:
         for k in config.eagle_k:
             rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE,
                                                                            draft_length=DraftLengthConfig(num_draft_tokens=k)),
-                                {"kind": "ours", "method": "eagle", "k": k}))
+                                {"kind": "ours", "method": "eagle", "k": k, "strategy": "chain"}))
+    rows += auto_row(config, decoder)
     if config.peer:
         # the peer runs stock transformers: its own copy of the same weights (load_model never
         # prepacks; only our TorchEngine does)

@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="fixed-length requests: generate past EOS")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ngram-k", type=_ints, default=(4, 8))
+    p.add_argument("--no-auto", action="store_true",
+                   help="skip the auto row (n-gram match or model drafter chosen per round; added when a model "
+                        "drafter is given)")
+    p.add_argument("--auto-k", type=int, default=None, help="the auto row's longest draft (default: the longest --ngram-k)")
     p.add_argument("--draft-k", type=_ints, default=(4,))
     p.add_argument("--no-peer", action="store_true", help="skip the Hugging Face generate rows")
     p.add_argument("--triton", action="store_true", help="also send the requests through a real Triton server")
@@ -50,6 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: serving throughput/latency through Triton at these stream counts (e.g. 1,2,4,8,16)")
     p.add_argument("--concurrency-modes", default="serial,off,always,load_aware",
                    help="--concurrency: serving modes (serial = the old one-at-a-time baseline)")
+    p.add_argument("--api", choices=("grpc", "openai"), default="grpc",
+                   help="--concurrency: openai = the same chat requests through Triton gRPC and through the OpenAI "
+                        "API in front of it, side by side (headline openai_latency_x_grpc; docs/openai.md)")
     p.add_argument("--concurrency-method", default="ngram", help="--concurrency: drafter of the speculating modes")
     p.add_argument("--requests-per-stream", type=int, default=2, help="--concurrency: requests each stream sends")
     p.add_argument("--requests-per-level", type=int, default=32,
@@ -114,6 +121,15 @@ def _cmd_concurrency(args: argparse.Namespace) -> int:
         repeats=args.concurrency_repeats, num_threads=args.threads,
         out_dir=args.out, label=args.label,
         plot=not args.no_plot, headline=_headline(args))
+    if args.api == "openai":
+        from builder.bench import openai_api
+
+        summary = openai_api.run_api_bench(config)
+        paths = openai_api.write_api_report(summary, config)
+        print(openai_api.to_markdown(summary))
+        for kind, path in paths.items():
+            print(f"{kind}: {path}")
+        return 0
     summary = run_concurrency_bench(config)
     paths = write_concurrency_report(summary, config)
     print(to_markdown(summary))
@@ -181,7 +197,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
-        ngram_k=args.ngram_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
+        ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
         num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
     )
     summary = summarize(run_bench(config))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.ops.deploy import BuildMode, DeployConfig, DeployError, default_engine_cache
+from builder.ops.openai.app import OpenAIConfig
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonSource
 from triton_backend.core.errors import SpecbuildError
 
@@ -37,6 +38,13 @@ def _port(text: str) -> int:
     if not 0 < port < 65536:
         raise ValueError("expected a port in 1..65535")
     return port
+
+
+def _seconds(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("expected a whole number of seconds >= 1")
+    return value
 
 
 def _world_size(text: str) -> int | None:
@@ -93,7 +101,12 @@ SETTINGS = (
             "TensorRT-LLM models, else 1) or a number"),
     Setting("mpirun", str, "mpirun", "the mpirun of a multi-rank launch"),
     Setting("startup-timeout", float, "600", "seconds Triton may take to become ready"),
+    Setting("exit-timeout", _seconds, "30", "on SIGTERM, seconds Triton lets in-flight requests finish (Kubernetes: within "
+            "terminationGracePeriodSeconds)"),
     Setting("log-verbose", int, "0", "Triton --log-verbose level"),
+    Setting("openai-port", _port, None, "also serve the OpenAI-compatible API on this port (docs/openai.md)"),
+    Setting("api-key", str, None, "the OpenAI API's /v1 routes need 'Authorization: Bearer KEY'"),
+    Setting("served-model-name", str, None, "the model id OpenAI clients send (default: the target's name)"),
     Setting("prepare-only", _bool, "false", "build or reuse, render, print the repository and exit", flag_only=True),
 )
 
@@ -135,11 +148,21 @@ def resolve_settings(args: argparse.Namespace, environ: dict[str, str] | None = 
 def config_from_settings(v: dict[str, Any]) -> DeployConfig:
     server = ServerConfig(model_repository=Path("."), host=v["host"], http_port=v["http_port"], grpc_port=v["grpc_port"],
                           metrics_port=v["metrics_port"], source=TritonSource(v["triton"]),
-                          startup_timeout_s=v["startup_timeout"], log_verbose=v["log_verbose"])
+                          startup_timeout_s=v["startup_timeout"], exit_timeout_s=v["exit_timeout"],
+                          log_verbose=v["log_verbose"])
     return DeployConfig(spec=v["spec"], source=v["source"], engine_cache=v["engine_cache"] or default_engine_cache(),
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
                         build_threads=v["build_threads"], rebuild=v["rebuild"], verify_cache=v["verify_cache"],
-                        server=server, world_size=v["world_size"], mpirun=v["mpirun"])
+                        server=server, world_size=v["world_size"], mpirun=v["mpirun"], openai=_openai(v))
+
+
+def _openai(v: dict[str, Any]) -> OpenAIConfig | None:
+    if v["openai_port"] is None:
+        if v["api_key"] is not None or v["served_model_name"] is not None:
+            raise DeployError("api-key and served-model-name need openai-port")
+        return None
+    return OpenAIConfig(host=v["host"], port=v["openai_port"], api_key=v["api_key"],
+                        served_model_name=v["served_model_name"])
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

@@ -11,12 +11,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, RemoteResult
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonSource
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
+
+if TYPE_CHECKING:
+    from builder.ops.openai.app import OpenAIConfig
 
 DEFAULT_PORTS = {ClientProtocol.GRPC: 8001, ClientProtocol.HTTP: 8000}
 
@@ -57,6 +60,32 @@ def _print_result(result: RemoteResult, streamed: bool, as_json: bool = False) -
 
 
 # -- serve ------------------------------------------------------------------------------------
+def openai_config(a: argparse.Namespace) -> "OpenAIConfig | None":
+    """The OpenAI front's settings from ``--openai-*`` / ``--api-key`` (``None`` without ``--openai-port``)."""
+    from builder.ops.openai.app import OpenAIConfig
+
+    if a.openai_port is None:
+        if a.api_key is not None or a.served_model_name is not None:
+            raise ConfigError("--api-key and --served-model-name need --openai-port")
+        return None
+    return OpenAIConfig(host=a.openai_host or a.host, port=a.openai_port, api_key=a.api_key,
+                        served_model_name=a.served_model_name, max_body_bytes=a.openai_max_body)
+
+
+def add_openai_flags(p: argparse.ArgumentParser) -> None:
+    from builder.ops.openai.app import API_KEY_ENV
+
+    g = p.add_argument_group("OpenAI-compatible API (docs/openai.md)")
+    g.add_argument("--openai-port", type=int, default=None,
+                   help="also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) on this "
+                        "port, in front of the same Triton server (0 = a free port)")
+    g.add_argument("--openai-host", default=None, help="address the OpenAI API binds (default: --host)")
+    g.add_argument("--api-key", default=None,
+                   help=f"/v1 routes need 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set, else open)")
+    g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
+    g.add_argument("--openai-max-body", type=int, default=4 * 1024 * 1024, help="largest request body, bytes")
+
+
 def _cmd_serve(a: argparse.Namespace) -> int:
     from builder.ops.serve import RestartPolicy, ServeConfig, prepare_repository, serve_forever
 
@@ -69,7 +98,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
                           log_file=a.log_file)
     restart = RestartPolicy(max_fast_failures=a.restart_limit, fast_failure_s=a.restart_window)
     config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir,
-                         restart=restart)
+                         restart=restart, openai=openai_config(a))
     if a.render_only:
         if a.repository_dir is None:
             raise ConfigError("--render-only needs --repository-dir")
@@ -112,6 +141,7 @@ def _add_serve(sub: Any) -> None:
                    help="restart Triton after a crash, giving up after this many crashes in a row that each came "
                         "within --restart-window seconds of a start (0 = never restart)")
     p.add_argument("--restart-window", type=float, default=60.0, help="seconds; see --restart-limit")
+    add_openai_flags(p)
     p.set_defaults(func=_cmd_serve)
 
 

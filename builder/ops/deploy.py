@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator
 
 from builder.stages.compile import TRTLLM_BUILD, EngineStatus
 from builder.stages.manifest import MANIFEST_NAME, verify_manifest
+from builder.ops.openai.app import OpenAIConfig
 from builder.ops.serve import REPOSITORY_DIR, ServeConfig, prepare_repository, serve_forever
 from builder.plan.spec import BuildSpec
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, TritonServer
@@ -92,6 +93,7 @@ class DeployConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(model_repository=Path(".")))
     world_size: int | None = None  # None: TP x PP of the plan when the repository has TensorRT-LLM models
     mpirun: str = "mpirun"
+    openai: OpenAIConfig | None = None  # the OpenAI-compatible front beside Triton (builder.ops.openai)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build_mode", BuildMode(self.build_mode))
@@ -393,7 +395,8 @@ def deploy(config: DeployConfig, on_ready: Callable[[Endpoints, Path], None] | N
                 return TritonServer(server_config)
             return MpiTritonServer(server_config, prepared.world_size, prepared.trtllm_models, config.mpirun)
 
-        serve = ServeConfig(source=prepared.repository, server=replace(config.server, model_repository=prepared.repository))
+        serve = ServeConfig(source=prepared.repository, server=replace(config.server, model_repository=prepared.repository),
+                            openai=config.openai)
         return serve_forever(serve, on_ready, make_server)
     finally:
         for sig, handler in previous.items():

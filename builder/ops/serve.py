@@ -16,12 +16,15 @@ import logging
 import shutil
 import signal
 import tempfile
+import threading
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from builder.stages.model_repository import is_model_repository, render_model_repository
+from builder.ops.openai.app import OpenAIConfig, OpenAIServer
+from builder.ops.openai.backend import BackendConfig, tokenizer_source
 from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
 from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
 from triton_backend.core.errors import ConfigError
@@ -40,6 +43,7 @@ class ServeConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
     repository_dir: Path | None = None  # where to render a deployment (default: a temporary folder)
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # after Triton exits abnormally
+    openai: OpenAIConfig | None = None  # an OpenAI-compatible API in front of Triton (None: none)
 
 
 def find_deployment(source: Path | None) -> Path | None:
@@ -78,35 +82,56 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
     return render_model_repository(deployment, out, config.serving), config.repository_dir is None
 
 
+def start_openai_front(config: OpenAIConfig, endpoints: Endpoints, repository: Path,
+                       model_name: str = "specdec") -> OpenAIServer:
+    """The OpenAI front on its own thread, talking gRPC to the Triton at ``endpoints``."""
+    backend = BackendConfig(grpc_url=endpoints.grpc_url, tokenizer=tokenizer_source(repository, model_name),
+                            model_name=model_name)
+    front = OpenAIServer(config, backend)
+    front.start()
+    return front
+
+
 def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
                   server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
     """Start Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
     SIGTERM: it finishes in-flight requests), restarting it after abnormal exits as
-    ``config.restart`` says (:mod:`builder.ops.triton_supervisor`). Returns Triton's last status
+    ``config.restart`` says (:mod:`builder.ops.triton_supervisor`). With ``config.openai``, the
+    OpenAI front runs beside it (:mod:`builder.ops.openai`), started once Triton is ready and
+    stopped before it; a restarted Triton is reached again on the same port. Returns Triton's last status
     (2 when the supervisor gave up). ``server_factory`` makes each server (e.g. one launched
     under MPI, :mod:`builder.ops.deploy`)."""
     repository, temporary = prepare_repository(config)
     supervisor = TritonSupervisor(replace(config.server, model_repository=repository, echo_log=True), server_factory,
                                   config.restart)
     previous: dict[int, object] = {}
+    front: OpenAIServer | None = None
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
         logger.info("received signal %d: stopping Triton", signum)
         supervisor.request_stop()
+        if front is not None:  # stops listening, lets its requests finish, then lets go of Triton
+            threading.Thread(target=front.stop, name="openai-front-stop", daemon=True).start()
 
     try:
         endpoints = supervisor.start()
+        if config.openai is not None:
+            front = start_openai_front(replace(config.openai, shutdown_timeout_s=config.server.exit_timeout_s),
+                                       endpoints, repository, config.serving.model_name)
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)
         if on_ready is not None:
-            on_ready(endpoints, repository)
+            on_ready(endpoints if front is None else replace(endpoints, openai_url=front.url), repository)
         return supervisor.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+        if front is not None:
+            front.stop()
         supervisor.stop()
         if temporary:
             shutil.rmtree(repository, ignore_errors=True)
 
 
-__all__ = ["RestartPolicy", "ServeConfig", "ServerError", "find_deployment", "prepare_repository", "serve_forever"]
+__all__ = ["RestartPolicy", "ServeConfig", "ServerError", "find_deployment", "prepare_repository", "serve_forever",
+           "start_openai_front"]

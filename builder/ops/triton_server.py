@@ -197,6 +197,7 @@ class Endpoints:
     http_port: int
     grpc_port: int
     metrics_port: int
+    openai_url: str | None = None  # the OpenAI-compatible front, where one runs (builder.ops.openai)
 
     @property
     def http_url(self) -> str:
@@ -213,7 +214,8 @@ class Endpoints:
     def describe(self) -> str:
         return (f"HTTP    {self.http_url}  (health: {self.http_url}/v2/health/ready)\n"
                 f"gRPC    {self.grpc_url}\n"
-                f"metrics {self.metrics_url}")
+                f"metrics {self.metrics_url}"
+                + (f"\nOpenAI  {self.openai_url}/v1  (health: {self.openai_url}/health)" if self.openai_url else ""))
 
 
 _ERROR_MARKERS = ("error", "failed", "already in use", "exception", "unavailable")

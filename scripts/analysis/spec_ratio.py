@@ -12,6 +12,7 @@ Every row's greedy output is checked against plain's. Example::
 
     .venv/bin/python scripts/analysis/spec_ratio.py --set tune --rows plain,ngram:8,medusa --repeats 2
     .venv/bin/python scripts/analysis/spec_ratio.py --rows plain,eagle,eagle-params  # measured draft cost vs parameter ratio
+    .venv/bin/python scripts/analysis/spec_ratio.py --set check --rows plain,ngram:8,eagle,auto:8  # auto beside its sources
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
             cost = drafter.relative_cost if name == "eagle" else _parameter_ratio(drafter, decoder.target)
             rows.append(DraftCostRow(f"{name} ({cost:.3f})", decoder, SpeculationConfig(method=SpeculationMode.EAGLE),
                                      draft_cost=cost))
+        elif name == "auto":  # n-gram match or EAGLE, chosen per round
+            rows.append(OursRow(f"auto k={arg or 8}", decoder, SpeculationConfig(
+                method=SpeculationMode.AUTO, draft_length=DraftLengthConfig(num_draft_tokens=int(arg or 8)))))
         elif name == "hf-lookup":
             rows.append(PeerRow("hf prompt-lookup", peer_model, {"prompt_lookup_num_tokens": 10}, {}))
         else:
@@ -122,7 +126,7 @@ def main() -> None:
 
         choices = tuple(load_medusa(str(MEDUSA)).heads.info.medusa_choices[:7])  # as the bench cuts it
         fields.update(medusa=str(MEDUSA), medusa_choices=choices)
-    if "eagle" in args.rows:
+    if "eagle" in args.rows or "auto" in args.rows:
         fields.update(eagle=str(EAGLE))
     decoder = build_decoder(DeploymentConfig(**fields))
     if args.costs is not None:  # a busy machine's measurement may fall back to the default table

@@ -53,9 +53,9 @@ class BatchSequence(RunState):
 
     def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *, started: float,
-                 drafter_session: bool = True) -> None:
+                 drafter_session: bool = True, ngram: Drafter | None = None) -> None:
         super().__init__(target, tokenizer, prompt_ids, params, spec, mode, drafter, started=started,
-                         drafter_session=drafter_session)
+                         drafter_session=drafter_session, ngram=ngram)
         self.mode = mode if drafter is not None else SpeculationMode.OFF
         self.drafter = drafter
         session = self.drafter_session
@@ -71,6 +71,8 @@ class BatchSequence(RunState):
         match the next proposal would use: nothing when there is none (a free plain row), else
         the running acceptance of matches of its kind in this request, over its continuation
         (the plan then sizes the draft: :meth:`plan_draft`)."""
+        if self.auto is not None:  # auto: the option of this round's source (n-gram match or model)
+            return self.auto.row_option(self.tokens)
         session, policy = self.drafter_session, self.controller.match_policy
         if isinstance(session, NgramSession) and policy is not None:
             match = session.peek(self.tokens, self.controller.max_k)
@@ -81,6 +83,9 @@ class BatchSequence(RunState):
 
     def plan_draft(self, k: int) -> None:
         """The batch plan gave this row ``k`` drafts: an n-gram session drafts exactly that."""
+        if self.auto is not None:
+            self.auto.planned(k)
+            return
         policy = self.controller.match_policy
         if k > 0 and policy is not None and isinstance(self.drafter_session, NgramSession):
             policy.plan_next(k)
@@ -132,6 +137,18 @@ class PlannedRow:
     k: int
     proposal: DraftProposal = field(default_factory=lambda: EMPTY_PROPOSAL)
     draft_s: float = 0.0
+    forced: bool = False  # the proposal is the grammar's forced tokens (structured output), not a drafter's
+
+    def offer_forced(self) -> bool:
+        """A chain row whose grammar forces its next tokens drafts them for free, as the single
+        loop does (no drafter, no plan); returns whether it did."""
+        seq = self.seq
+        if seq.guide is None or seq.medusa is not None or seq.eagle is not None:
+            return False
+        proposal = seq.forced_draft()
+        if proposal.tokens:
+            self.proposal, self.forced = proposal, True
+        return self.forced
 
     def target_row(self) -> BatchRow:
         seq, start = self.seq, self.seq._start()
@@ -152,13 +169,15 @@ class PlannedRow:
 
 
 def propose_per_row(planned: Sequence[PlannedRow]) -> None:
-    """Drafters with their own sessions (n-gram lookup, Medusa trees): one proposal per row."""
+    """Drafters with their own sessions (n-gram lookup, Medusa trees, EAGLE chains; ``auto``'s
+    n-gram rounds): one proposal per row."""
     for row in planned:
         seq = row.seq
-        if row.k <= 0 or seq.drafter_session is None or seq.draft_slot is not None:
+        if row.k <= 0 or row.forced or (seq.draft_slot is not None and seq.model_drafts):
             continue
         t0 = time.perf_counter()
-        row.proposal = seq.drafter_session.propose(seq.tokens, row.k, seq.processor, seq.rng)
+        proposal = seq.propose(row.k, tree=seq.medusa is not None)
+        row.proposal = proposal if seq.medusa is not None else seq.constrain(proposal)
         row.draft_s += time.perf_counter() - t0
 
 
@@ -166,7 +185,7 @@ def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow
     """A draft model batched across rows: draft position ``j`` of every row drafting more
     than ``j`` tokens in one pass (as :class:`_DraftModelSession` drafts alone: argmax, or a
     sample from the processed ``q`` with the row's own generator). Returns the passes run."""
-    rows = [r for r in planned if r.k > 0 and r.seq.draft_slot is not None]
+    rows = [r for r in planned if r.k > 0 and r.seq.draft_slot is not None and r.seq.model_drafts and not r.forced]
     drafted: dict[int, list[int]] = {id(r): [] for r in rows}
     probs: dict[int, list[torch.Tensor]] = {id(r): [] for r in rows}
     passes = 0
@@ -220,7 +239,7 @@ def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> Accept
         assert out.logits is not None
         accepted = seq.verify_chain(out.logits, proposal)
         seq.valid = length + _common_prefix(proposal.tokens, accepted.block)
-        if seq.draft_slot is not None and row.k > 0:
+        if seq.draft_slot is not None and row.k > 0 and seq.model_drafts and not row.forced:
             seq.draft_valid = length + _common_prefix(proposal.tokens[:-1], accepted.block)
     return accepted
 

@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from triton_backend.core.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.base import DraftCost, DrafterSession
-from triton_backend.speculation.policy import (DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+from triton_backend.speculation.shared_prior import SharedAcceptance, shared_acceptance
+from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, prefix_probabilities)
+
+if TYPE_CHECKING:
+    from triton_backend.speculation.auto_source import AutoSource
+    from triton_backend.speculation.drafters.ngram import NgramSession
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ class SpeculationController:
     def __init__(self, config: SpeculationConfig, draft_cost: float, *, ema_decay: float = 0.8,
                  initial_acceptance: float = 0.7, kind: DrafterKind | None = None,
                  cost_model: PassCostModel | None = None,
-                 verify_tokens: Callable[[int], int] | None = None) -> None:
+                 verify_tokens: Callable[[int], int] | None = None, shared: SharedAcceptance | None = None) -> None:
         self.config = config
         self.draft_cost = max(0.0, float(draft_cost))
         self.kind = kind or (DrafterKind.NGRAM if self.draft_cost == 0.0 else DrafterKind.DRAFT)
@@ -68,9 +73,10 @@ class SpeculationController:
         self.gain_rule = config.fallback.enabled and config.fallback.rule is FallbackRule.GAIN and self.max_k > 0
         self.policy: GainPolicy | None = None
         self.match_policy: MatchLengthPolicy | None = None  # set when an n-gram session decides per match
+        self.auto: AutoSource | None = None  # set under ``auto``: the per-round n-gram / model choice
         if self.gain_rule:
             self.policy = GainPolicy(self.kind, self.max_k, self.draft_cost, gain_settings(config.fallback),
-                                     cost_model, verify_tokens)
+                                     cost_model, verify_tokens, shared)
 
     def attach_match_policy(self) -> MatchLengthPolicy | None:
         """Under the gain rule, the per-match policy an n-gram session applies to each lookup
@@ -83,15 +89,41 @@ class SpeculationController:
     def cost_model(self) -> PassCostModel:
         return self._cost_model or current_cost_model()
 
+    @property
+    def cost_model_or_none(self) -> PassCostModel | None:
+        """The cost model this controller was given (None: the installed one, looked up when used)."""
+        return self._cost_model
+
+    def gain_settings(self) -> GainSettings:
+        return gain_settings(self.config.fallback)
+
+    def attach_auto(self, ngram: "NgramSession") -> "AutoSource | None":
+        """``auto`` under the gain rule with a model drafter: the per-round choice between
+        ``ngram``'s match and the model drafter (:mod:`triton_backend.speculation.auto_source`)."""
+        from triton_backend.speculation.auto_source import AutoSource
+
+        if not self.gain_rule or self.policy is None or self.match_policy is not None:
+            return None
+        self.auto = AutoSource(ngram, self)
+        return self.auto
+
     # -- the gain rule ----------------------------------------------------------------------
     def row_option(self) -> RowOption:
         """This request's row for a batch plan (:func:`~triton_backend.speculation.policy.plan_round`)."""
+        return self.model_row_option()
+
+    def model_row_option(self) -> RowOption:
+        """The row option of this controller's own drafter (under ``auto``: the model drafter's)."""
         if self.policy is not None and self.match_policy is None:
             return self.policy.current_option()
         # n-gram under the gain rule (the session sizes each draft by its match) and the other
         # rules: the running acceptance at every position, up to the length the rule allows
         k = self.next_draft_length() if not self.gain_rule else self.max_k
         return RowOption(tuple(prefix_probabilities([self.acceptance_ema] * k)), self.draft_cost)
+
+    def model_draft_length(self) -> int:
+        """The drafter's own draft length this round (under ``auto``: the model drafter's)."""
+        return self._gain_draft_length() if self.gain_rule else self.next_draft_length()
 
     def _gain_draft_length(self) -> int:
         if self.match_policy is not None:  # lookup is free: the n-gram session decides per match
@@ -149,6 +181,8 @@ class SpeculationController:
         self.acceptance_ema = self._ema_decay * self.acceptance_ema + (1 - self._ema_decay) * num_accepted / num_drafted
         if self.match_policy is not None:
             self.match_policy.record(num_drafted, num_accepted)
+        elif self.auto is not None and self.auto.record(num_drafted, num_accepted):
+            pass  # lookup drafted this round: its match bucket learned from it
         elif self.policy is not None:
             self.policy.record(num_drafted, num_accepted)
         cfg = self.config.fallback
@@ -165,9 +199,12 @@ class SpeculationController:
 
 
 def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: DraftCost | None,
-                   session: DrafterSession | None = None, cost_model: PassCostModel | None = None) -> SpeculationController:
-    """The controller for one request of ``mode``: the drafter type's prior, a Medusa round's
-    cost counting its tree's nodes, n-gram lookup's per-match decision hooked into ``session``."""
+                   session: DrafterSession | None = None, cost_model: PassCostModel | None = None, *,
+                   learned_prior: bool = False) -> SpeculationController:
+    """The controller for one request of ``mode``: the drafter type's prior (``learned_prior``:
+    a model drafter's acceptance measured over the deployment's requests,
+    :mod:`triton_backend.speculation.shared_prior`), a Medusa round's cost counting its tree's
+    nodes, n-gram lookup's per-match decision hooked into ``session``."""
     from triton_backend.speculation.drafters.medusa import MedusaDrafter
     from triton_backend.speculation.drafters.ngram import NgramSession
 
@@ -177,12 +214,18 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
         depths = list(drafter.depths)
         per_depth = drafter.relative_cost / max(1, max(depths, default=1))
         return SpeculationController(config, per_depth, kind=DrafterKind.MEDUSA, cost_model=cost_model,
-                                     verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k))
+                                     verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k),
+                                     shared=_shared(drafter, DrafterKind.MEDUSA, learned_prior))
     kind = DrafterKind.NGRAM if mode is SpeculationMode.NGRAM else DrafterKind.DRAFT
-    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model)
+    shared = _shared(drafter, kind, learned_prior) if kind is not DrafterKind.NGRAM else None
+    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model, shared=shared)
     if isinstance(session, NgramSession):
         session.policy = controller.attach_match_policy()
     return controller
+
+
+def _shared(drafter: DraftCost, kind: DrafterKind, learned: bool) -> SharedAcceptance | None:
+    return shared_acceptance(drafter, kind, PRIOR_ACCEPTANCE[kind]) if learned else None
 
 
 __all__ = ["SpeculationController", "controller_for", "expected_tokens_per_round", "gain_settings"]

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.base import DraftProposal
 from triton_backend.speculation.drafters.eagle import EagleSession
 from triton_backend.engines.base import EngineSession
 from triton_backend.speculation.rounds import RoundOutcome
@@ -55,7 +55,7 @@ class EagleRound:
         run, drafter = self.run, self.drafter
         k = run.draft_length()
         t0 = time.perf_counter()
-        proposal = drafter.propose(run.tokens, k, run.processor, run.rng) if k > 0 else EMPTY_PROPOSAL
+        proposal = run.propose(k)  # the drafter's chain (auto: or the n-gram match's)
         t1 = time.perf_counter()
         start = drafter.feature_end  # <= len(run.tokens) - 1
         chain = run.tokens[start + 1:] + proposal.tokens

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.decoding import GenerationResult, collect, encode_prompt, resolve_mode
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, Drafter
+from triton_backend.speculation.drafters.base import Drafter
 from triton_backend.speculation.drafters.eagle import EagleSession
 from triton_backend.speculation.drafters.medusa import MedusaSession
 from triton_backend.speculation.eagle_round import EagleRound
@@ -51,6 +51,13 @@ class SpeculativeDecoder:
         mode = resolve_mode(mode, self.drafters)
         return mode, self.drafters.get(mode)
 
+    def auto_ngram(self, requested: SpeculationMode, mode: SpeculationMode) -> Drafter | None:
+        """The n-gram drafter an ``auto`` request drafts from beside its model drafter, round by
+        round (:mod:`triton_backend.speculation.auto_source`); None for any other request."""
+        if requested is not SpeculationMode.AUTO or mode in (SpeculationMode.NGRAM, SpeculationMode.OFF):
+            return None
+        return self.drafters.get(SpeculationMode.NGRAM)
+
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                  speculation: SpeculationConfig | None = None) -> GenerationResult:
         ids = self.encode(prompt)
@@ -63,7 +70,8 @@ class SpeculativeDecoder:
         spec = speculation or self.speculation
         prompt_ids = self.encode(prompt)
         mode, drafter = self.resolve(spec.method)
-        run = RunState(self.target, self.tokenizer, prompt_ids, params, spec, mode, drafter)
+        run = RunState(self.target, self.tokenizer, prompt_ids, params, spec, mode, drafter,
+                       ngram=self.auto_ngram(spec.method, mode))
         session = self.target.new_session()
         try:
             yield from generation_loop(run.commit, run.controller, repeat(round_for(run, session)))
@@ -82,15 +90,17 @@ class ChainRound:
 
     def __call__(self) -> RoundOutcome:
         run = self.run
-        k = run.draft_length()
         t0 = time.perf_counter()
-        proposal = EMPTY_PROPOSAL
-        if k > 0 and run.drafter_session is not None:
-            proposal = run.drafter_session.propose(run.tokens, k, run.processor, run.rng)
+        proposal = run.forced_draft()  # structured output: what the grammar forces, drafted for free
+        forced = bool(proposal.tokens)
+        if not forced:
+            k = run.draft_length()
+            if k > 0:
+                proposal = run.constrain(run.propose(k))
         t1 = time.perf_counter()
         logits = self.session.logits(run.tokens + proposal.tokens, len(proposal) + 1)
         accepted = run.verify_chain(logits, proposal)
-        return accepted.outcome(t1 - t0, time.perf_counter() - t1)
+        return accepted.outcome(t1 - t0, time.perf_counter() - t1, forced=forced)
 
 
 def round_for(run: RunState, session: EngineSession) -> Round:

@@ -26,7 +26,7 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +123,16 @@ def install_cost_model(model: PassCostModel | None) -> None:
     _current_cost_model = model
 
 
+_DEFAULT_MODEL: PassCostModel | None = None
+
+
 def current_cost_model() -> PassCostModel:
-    return _current_cost_model or PassCostModel.default()
+    global _DEFAULT_MODEL
+    if _current_cost_model is not None:
+        return _current_cost_model
+    if _DEFAULT_MODEL is None:
+        _DEFAULT_MODEL = PassCostModel.default()
+    return _DEFAULT_MODEL
 
 
 # -- expected gain ------------------------------------------------------------------------------
@@ -168,6 +176,11 @@ def _rate(rows: Sequence[RowOption], ks: Sequence[int], cost_model: PassCostMode
     tokens = sum(r.expected_tokens(k) for r, k in zip(rows, ks))
     cost = cost_model.pass_cost([r.tokens(k) for r, k in zip(rows, ks)]) + sum(r.draft_cost * k for r, k in zip(rows, ks))
     return tokens / cost
+
+
+def rate_of(option: RowOption, k: int, cost_model: PassCostModel) -> float:
+    """Expected committed tokens per unit of cost of one row alone drafting ``k``."""
+    return _rate([option], [k], cost_model)
 
 
 def plan_round(rows: Sequence[RowOption], cost_model: PassCostModel, margin: float = 0.03) -> list[int]:
@@ -276,6 +289,7 @@ class GainSettings:
     probe_interval: int = 8
     max_probe_interval: int = 256
     idle_decay: float = 0.97  # evidence kept per plain step while paused
+    paused_recheck: int = 8  # a paused model drafter re-decides every this many plain steps (and at probes)
     # a model drafter's prior fades with the evidence down to this weight: evidence decays too, so
     # with a fixed prior weight the estimate could never fall below ~(2 x prior) / 12 (0.17 for a
     # 0.6 prior), and a drafter accepting 0.08 kept drafting at a loss. N-gram match buckets keep
@@ -283,13 +297,23 @@ class GainSettings:
     min_prior_strength: float = 0.5
 
 
+class SharedAcceptanceLike(Protocol):
+    """A deployment-wide acceptance estimate (:class:`~triton_backend.speculation.shared_prior.SharedAcceptance`)."""
+
+    def prior(self) -> Prior: ...
+    def record(self, drafted: int, accepted: int) -> None: ...
+
+
 class GainPolicy:
     """One request's per-round decision under the gain rule (draft models, Medusa)."""
 
     def __init__(self, kind: DrafterKind, max_k: int, draft_cost: float, settings: GainSettings,
                  cost_model: PassCostModel | None = None,
-                 verify_tokens: Callable[[int], int] | None = None) -> None:
+                 verify_tokens: Callable[[int], int] | None = None, shared: "SharedAcceptanceLike | None" = None) -> None:
         prior = PRIOR_ACCEPTANCE[kind] if settings.prior is None else settings.prior
+        self.shared = shared if settings.prior is None else None  # an explicit prior is the user's: kept
+        if self.shared is not None:  # the deployment's measured acceptance of this drafter
+            prior = self.shared.prior()
         self.settings, self.max_k, self.draft_cost = settings, max_k, max(0.0, draft_cost)
         self.cost_model = cost_model
         ngram = kind is DrafterKind.NGRAM
@@ -301,6 +325,11 @@ class GainPolicy:
         self._plain_steps = 0
         self._interval = settings.probe_interval
         self._probing = False
+        # a paused model drafter costs nothing per token: its decision is re-made only every
+        # ``recheck`` plain steps (and at a probe), its estimate aged lazily meanwhile
+        self._recheck = 0 if ngram else max(1, settings.paused_recheck)
+        self._idle = 0  # plain steps not yet applied to the estimate's age
+        self._model: PassCostModel | None = None  # the cost model of the last decision (a new one: decide again)
 
     def option(self, conditional: Sequence[float]) -> RowOption:
         verify = self._verify[:len(conditional) + 1] if self._verify is not None else None
@@ -308,16 +337,31 @@ class GainPolicy:
 
     def current_option(self) -> RowOption:
         """This request's row for :func:`plan_round` (a batch scheduler's input)."""
-        return self.option(self.estimate.conditional())
+        return self.option(self._aged_conditional())
 
     def _decide(self, conditional: Sequence[float]) -> int:
-        model = self.cost_model or current_cost_model()
+        model = self._model = self.cost_model or current_cost_model()
         return plan_round([self.option(conditional)], model, self.settings.margin)[0]
+
+    def _skips(self) -> bool:
+        """Whether the next decision is a paused step decided in O(1): no probe due, no recheck due."""
+        return (self.paused and self._recheck > 0 and self._plain_steps + 1 < self._interval
+                and (self._idle + 1) % self._recheck != 0 and (self.cost_model or current_cost_model()) is self._model)
+
+    def _catch_up_age(self) -> None:
+        if self._idle:
+            self.estimate.age(self.settings.idle_decay ** self._idle)
+            self._idle = 0
 
     def next_draft_length(self, limit: int | None = None) -> int:
         """This round's draft length (0: plain); ``limit``: at most this many (what a drafter has)."""
         if self.max_k <= 0 or (limit is not None and limit <= 0):
             return 0
+        if self._skips():  # paused, nothing due: no per-token upkeep
+            self._idle += 1
+            self._plain_steps += 1
+            return 0
+        self._catch_up_age()
         cut = self.max_k if limit is None else min(limit, self.max_k)
         k = self._decide(self.estimate.conditional()[:cut])
         if k > 0:
@@ -337,17 +381,31 @@ class GainPolicy:
     def may_draft_next(self, limit: int | None = None) -> bool:
         """Whether the next :meth:`next_draft_length` call could draft (no state changes): a
         drafter whose state costs something to keep (Medusa's hidden state) keeps it only then."""
-        if self.max_k <= 0 or (limit is not None and limit <= 0):
+        if self.max_k <= 0 or (limit is not None and limit <= 0) or self._skips():
             return False
         cut = self.max_k if limit is None else min(limit, self.max_k)
-        if self._decide(self.estimate.conditional()[:cut]) > 0:
+        if self._decide(self._aged_conditional()[:cut]) > 0:
             return True
         return self._plain_steps + 1 >= self._interval and self._decide(self.estimate.prior_conditional()[:cut]) > 0
+
+    def _aged_conditional(self) -> list[float]:
+        """The estimate as the next decision sees it (the lazily applied age included), unchanged."""
+        if not self._idle:
+            return self.estimate.conditional()
+        factor = self.settings.idle_decay ** self._idle
+        est = self.estimate
+        aged = AcceptanceEstimate(len(est.accepted), est.prior, est.strength, est.decay, est.pooled, est.min_strength)
+        aged.accepted = [a * factor for a in est.accepted]
+        aged.rejected = [r * factor for r in est.rejected]
+        return aged.conditional()
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
+        self._catch_up_age()
         self.estimate.record(drafted, accepted)
+        if self.shared is not None:
+            self.shared.record(drafted, accepted)
         if self._probing and self._decide(self.estimate.conditional()) > 0:
             self._interval = self.settings.probe_interval  # the probe paid: back to speculating
         self._probing = False
@@ -422,6 +480,11 @@ class MatchLengthPolicy:
         self.paused = k == 0
         return k
 
+    @property
+    def drafted(self) -> bool:
+        """Whether the last proposal drafted (its round is to be recorded here)."""
+        return self._last is not None
+
     def record(self, drafted: int, accepted: int) -> None:
         if self._last is not None and drafted > 0:
             self.policies[self._last].record(drafted, accepted)
@@ -444,4 +507,4 @@ def machine_key(model: str, settings: str) -> str:
 
 __all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "MATCH_PRIOR", "MatchLengthPolicy", "PRIOR_ACCEPTANCE", "REPEATED_MATCH_PRIOR",
            "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "machine_key", "plan_round",
-           "prefix_probabilities"]
+           "prefix_probabilities", "rate_of"]

@@ -108,7 +108,7 @@ class TreeRound:
         if k == 0 and not run.controller.may_draft_next():
             return self._plain_step()
         t0 = time.perf_counter()
-        proposal = self.drafter.propose(run.tokens, k, run.processor, run.rng) if k > 0 else EMPTY_TREE
+        proposal = run.propose(k, tree=True) if k > 0 else EMPTY_TREE  # auto: or the n-gram match's chain
         parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal) - 1))
         t1 = time.perf_counter()
         hidden = session.tree_hidden(run.tokens, proposal.tokens, parents)

@@ -1,0 +1,313 @@
+"""OpenAI request bodies (``/v1/completions``, ``/v1/chat/completions``) parsed into one typed
+:class:`GenerationRequest`, checked against what the served model takes (:class:`Capabilities`).
+
+Honoured: ``model``, ``prompt`` (one string) / ``messages`` (text content), ``max_tokens`` /
+``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` = 1, ``stream``,
+``stream_options.include_usage``, ``user``; vLLM's ``top_k``, ``ignore_eos``, ``min_tokens``,
+``repetition_penalty``; ours ``speculation``, ``num_draft_tokens``. ``presence_penalty`` /
+``frequency_penalty`` / ``min_tokens`` / ``repetition_penalty`` other than their no-op value,
+``response_format`` other than text, and log probabilities are sent only where the served model
+declares the matching input, and refused with a 400 otherwise. Anything else is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from builder.ops.openai.errors import OpenAIError, invalid, unsupported
+
+MAX_STOP_WORDS = 16
+UINT64_MAX = 2 ** 64 - 1
+INT32_MAX = 2 ** 31 - 1
+
+GUIDE_TYPE_INPUT = "guided_decoding_guide_type"
+GUIDE_INPUT = "guided_decoding_guide"
+
+
+class Endpoint(str, enum.Enum):
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the served model takes: its input tensors (from its metadata, read once at start)."""
+
+    inputs: frozenset[str]
+
+    def has(self, *names: str) -> bool:
+        return all(name in self.inputs for name in names)
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request of either endpoint; ``None`` leaves a setting to the served model's default.
+    ``inputs``: the served model's optional inputs to send, by tensor name."""
+
+    endpoint: Endpoint
+    model: str
+    prompt: str = ""  # completions
+    messages: tuple[Message, ...] = ()  # chat
+    stream: bool = False
+    include_usage: bool = False
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+
+# keys each endpoint accepts (values checked below); anything else is refused by name
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
+           "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "user", "ignore_eos",
+           "min_tokens", "speculation", "num_draft_tokens", "response_format", "logit_bias", "best_of"}
+_KEYS = {Endpoint.COMPLETIONS: _COMMON | {"prompt", "echo", "suffix"},
+         Endpoint.CHAT: _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                                   "parallel_tool_calls", "functions", "function_call"}}
+_ROLES = ("system", "user", "assistant", "developer")
+_NO_OP = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0}
+
+
+def _number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise invalid(f"'{key}' must be a number", key)
+    if not low <= value <= high:
+        raise invalid(f"'{key}' must be in [{low:g}, {high:g}], got {value!r}", key)
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], key: str, low: int, high: int = INT32_MAX) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"'{key}' must be an integer", key)
+    if not low <= value <= high:
+        raise invalid(f"'{key}' must be in [{low}, {high}], got {value}", key)
+    return value
+
+
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise invalid(f"'{key}' must be a boolean", key)
+    return bool(value)
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    words = [value] if isinstance(value, str) else value
+    if words is None:
+        return ()
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise invalid("'stop' must be a string or a list of strings", "stop")
+    if len(words) > MAX_STOP_WORDS:
+        raise invalid(f"'stop' takes at most {MAX_STOP_WORDS} strings", "stop")
+    if any(not w for w in words):
+        raise invalid("'stop' strings must not be empty", "stop")
+    return tuple(words)
+
+
+def _prompt(body: Mapping[str, Any]) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        raise unsupported("prompt", "one prompt per request (send a string)")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
+        raise unsupported("prompt", "token-id prompts; send text")
+    if not isinstance(prompt, str) or not prompt:
+        raise invalid("'prompt' must be a non-empty string", "prompt")
+    return prompt
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise unsupported(where, "content parts other than {'type': 'text', 'text': ...}")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid(f"'{where}' must be a string or a list of text parts", where)
+
+
+def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise invalid("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(f"'{where}' must be an object", where)
+        role = message.get("role")
+        if role not in _ROLES:
+            if role in ("tool", "function"):
+                raise unsupported(f"{where}.role", "tool calls")
+            raise invalid(f"'{where}.role' must be one of {', '.join(_ROLES)}", f"{where}.role")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise unsupported(f"{where}.tool_calls", "tool calls")
+        extra = sorted(set(message) - {"role", "content", "name"})
+        if extra:
+            raise invalid(f"Unrecognized argument in '{where}': {extra[0]}", f"{where}.{extra[0]}")
+        out.append(Message("system" if role == "developer" else role, _content(message.get("content"), where)))
+    return tuple(out)
+
+
+def response_format_guide(response_format: Any) -> tuple[str, str | None] | None:
+    """``response_format`` as the served model's guided-decoding inputs: ``(guide type, guide)``,
+    ``None`` for plain text. ``json_object`` -> ``json`` (no guide), ``json_schema`` ->
+    ``json_schema`` with the schema's JSON text."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
+        raise invalid("'response_format' must be an object with a 'type'", "response_format")
+    kind = response_format["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json", None
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise invalid("'response_format.json_schema.schema' must be a JSON schema object",
+                          "response_format.json_schema")
+        return "json_schema", json.dumps(schema)
+    raise invalid(f"'response_format.type' must be text, json_object or json_schema, got {kind!r}",
+                  "response_format.type")
+
+
+def _guide_inputs(body: Mapping[str, Any], caps: Capabilities) -> dict[str, Any]:
+    guide = response_format_guide(body.get("response_format"))
+    if guide is None:
+        return {}
+    if not caps.has(GUIDE_TYPE_INPUT, GUIDE_INPUT):
+        raise unsupported("response_format", "the served model has no guided decoding")
+    kind, text = guide
+    return {GUIDE_TYPE_INPUT: kind} if text is None else {GUIDE_TYPE_INPUT: kind, GUIDE_INPUT: text}
+
+
+def _refuse_unsupported(body: Mapping[str, Any], endpoint: Endpoint) -> None:
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise unsupported(key, "tool calls")
+    if body.get("tool_choice") not in (None, "none"):
+        raise unsupported("tool_choice", "tool calls")
+    if body.get("function_call") not in (None, "none"):
+        raise unsupported("function_call", "tool calls")
+    if body.get("n") not in (None, 1):
+        raise unsupported("n", "one choice per request (n = 1)")
+    if body.get("best_of") not in (None, 1):
+        raise unsupported("best_of", "one candidate per request")
+    if body.get("logit_bias"):
+        raise unsupported("logit_bias", "no logit bias")
+    if body.get("echo"):
+        raise unsupported("echo", "the prompt is not echoed")
+    if body.get("suffix"):
+        raise unsupported("suffix", "no insertion (suffix)")
+    wants_logprobs = body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0)
+    if wants_logprobs:
+        key = "logprobs" if body.get("logprobs") not in (None, False) else "top_logprobs"
+        raise unsupported(key, "log probabilities are not returned through the OpenAI API (Triton's "
+                               "token-level model returns them: return_log_probs)")
+
+
+def _optional_inputs(body: Mapping[str, Any], caps: Capabilities) -> dict[str, Any]:
+    """Penalties and ``min_tokens``: sent when set to anything but their no-op value, and only
+    where the served model has the input."""
+    values = {"presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
+              "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
+              "repetition_penalty": _number(body, "repetition_penalty", 1e-6, 100.0),
+              "min_tokens": _integer(body, "min_tokens", 0)}
+    out = {}
+    for name, value in values.items():
+        if value is None or value == _NO_OP[name]:
+            continue
+        if not caps.has(name):
+            raise unsupported(name, "the served model has no such input")
+        out[name] = value
+    return out
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise invalid("'stream_options' is only allowed with 'stream': true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise invalid("'stream_options' takes only 'include_usage'", "stream_options")
+    return _flag(options, "include_usage")
+
+
+def _max_tokens(body: Mapping[str, Any], endpoint: Endpoint) -> int | None:
+    value = _integer(body, "max_tokens", 1)
+    if endpoint is Endpoint.CHAT:
+        newer = _integer(body, "max_completion_tokens", 1)
+        if newer is not None and value is not None and newer != value:
+            raise invalid("'max_tokens' and 'max_completion_tokens' disagree", "max_completion_tokens")
+        value = newer if newer is not None else value
+    return value
+
+
+def _speculation_inputs(body: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    method = body.get("speculation")
+    if method is not None:
+        if not isinstance(method, str) or not method:
+            raise invalid("'speculation' must be a method name (auto, draft, ngram, medusa, eagle, off)", "speculation")
+        out["speculation"] = method
+    k = _integer(body, "num_draft_tokens", 0, 64)
+    if k is not None:
+        out["num_draft_tokens"] = k
+    return out
+
+
+def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> GenerationRequest:
+    """The typed request, or an :class:`OpenAIError` (400) naming the first parameter at fault."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    extra = sorted(set(body) - _KEYS[endpoint])
+    if extra:
+        raise invalid(f"Unrecognized request argument supplied: {extra[0]}", extra[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required (a name from GET /v1/models)", "model")
+    if body.get("user") is not None and not isinstance(body.get("user"), str):
+        raise invalid("'user' must be a string", "user")
+    _refuse_unsupported(body, endpoint)
+    stream = _flag(body, "stream")
+    inputs: dict[str, Any] = {
+        "max_tokens": _max_tokens(body, endpoint), "temperature": _number(body, "temperature", 0.0, 2.0),
+        "top_p": _number(body, "top_p", 0.0, 1.0), "top_k": _integer(body, "top_k", -1),
+        "random_seed": _integer(body, "seed", 0, UINT64_MAX), "stop_words": list(_stop(body)) or None,
+        "ignore_eos": _flag(body, "ignore_eos") or None,
+    }
+    if inputs["top_p"] == 0.0:
+        raise invalid("'top_p' must be greater than 0", "top_p")
+    if inputs["top_k"] == -1:  # vLLM's spelling of "no top-k filter"
+        inputs["top_k"] = 0
+    inputs.update(_optional_inputs(body, caps))
+    inputs.update(_guide_inputs(body, caps))
+    inputs.update(_speculation_inputs(body))
+    inputs = {name: value for name, value in inputs.items() if value is not None}
+    prompt, messages = ("", _messages(body)) if endpoint is Endpoint.CHAT else (_prompt(body), ())
+    return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, messages=messages, stream=stream,
+                             include_usage=_stream_options(body, stream), inputs=inputs)
+
+
+__all__ = ["Capabilities", "Endpoint", "GenerationRequest", "Message", "OpenAIError", "parse_request",
+           "response_format_guide"]
