@@ -51,6 +51,7 @@ HEADLINE_ROWS = (
     HeadlineRow("eagle_acceptance_pos1", "EAGLE acceptance at draft position 1", 0.6),
     HeadlineRow("eagle_tokens_per_pass", "EAGLE tokens per target pass", 2.0),
     HeadlineRow("eagle_chat_x_plain", "EAGLE chat x plain", 1.3),
+    HeadlineRow("openai_latency_x_grpc", "OpenAI API p50 latency over gRPC's, worst concurrency", 1.05, at_most=True),
     HeadlineRow("abrupt_client_aborts_per_1000", "abrupt gRPC client sessions that abort Triton, per 1,000", 0.0,
                 at_most=True, digits=0),
 )
