@@ -41,7 +41,7 @@ for s in socks: s.bind(('127.0.0.1', 0))
 print(' '.join(str(s.getsockname()[1]) for s in socks))")
 read -r HTTP GRPC METRICS <<<"$ports"
 LOG="$(mktemp /tmp/specbuild-genai-perf-server.XXXXXX.log)"
-.venv/bin/specbuild serve --http-port "$HTTP" --grpc-port "$GRPC" --metrics-port "$METRICS" >"$LOG" 2>&1 &
+.venv/bin/specbuild serve --decoupled-mode true --http-port "$HTTP" --grpc-port "$GRPC" --metrics-port "$METRICS" >"$LOG" 2>&1 &
 SERVER=$!
 stop_server() { kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null; echo "genai_perf.sh: server stopped (log $LOG)"; }
 trap stop_server EXIT

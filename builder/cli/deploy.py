@@ -94,6 +94,8 @@ SETTINGS = (
     Setting("mpirun", str, "mpirun", "the mpirun of a multi-rank launch"),
     Setting("startup-timeout", float, "600", "seconds Triton may take to become ready"),
     Setting("log-verbose", int, "0", "Triton --log-verbose level"),
+    Setting("decoupled-mode", _bool, "false", "ensemble / tensorrt_llm / tensorrt_llm_bls decoupled (streaming; "
+            "Triton's infer refused) or not (infer; NVIDIA's quick-start default false)"),
     Setting("prepare-only", _bool, "false", "build or reuse, render, print the repository and exit", flag_only=True),
 )
 
@@ -139,7 +141,8 @@ def config_from_settings(v: dict[str, Any]) -> DeployConfig:
     return DeployConfig(spec=v["spec"], source=v["source"], engine_cache=v["engine_cache"] or default_engine_cache(),
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
                         build_threads=v["build_threads"], rebuild=v["rebuild"], verify_cache=v["verify_cache"],
-                        server=server, world_size=v["world_size"], mpirun=v["mpirun"])
+                        server=server, world_size=v["world_size"], mpirun=v["mpirun"],
+                        decoupled_mode=v["decoupled_mode"])
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

@@ -46,11 +46,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from builder.stages.compile import TRTLLM_BUILD, EngineStatus
-from builder.stages.manifest import MANIFEST_NAME, verify_manifest
+from builder.stages.manifest import MANIFEST_NAME, refresh_manifest, verify_manifest
 from builder.ops.serve import REPOSITORY_DIR, ServeConfig, prepare_repository, serve_forever
 from builder.plan.spec import BuildSpec
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, TritonServer
 from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.serving.interface import ServingConfig
 from triton_backend.engines.trtllm.config import EngineRuntime
 from triton_backend.core.errors import ConfigError, SpecbuildError
 from triton_backend.core.reference_model import cache_dir
@@ -92,6 +93,7 @@ class DeployConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(model_repository=Path(".")))
     world_size: int | None = None  # None: TP x PP of the plan when the repository has TensorRT-LLM models
     mpirun: str = "mpirun"
+    decoupled_mode: bool = False  # ServingConfig.decoupled_mode of the models rendered here
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build_mode", BuildMode(self.build_mode))
@@ -342,14 +344,28 @@ def _default_repository(config: DeployConfig) -> Path:
     deployment = DeploymentConfig()
     ensure_reference_model(deployment.target)  # fetched at image build time; here: before Triton loads it
     name = hashlib.sha256(deployment.to_json().encode()).hexdigest()[:20]
-    return render_model_repository(deployment, config.engine_cache / f"default-{name}" / REPOSITORY_DIR)
+    return render_model_repository(deployment, config.engine_cache / f"default-{name}" / REPOSITORY_DIR,
+                                   ServingConfig(decoupled_mode=config.decoupled_mode))
 
 
 def _source_repository(config: DeployConfig) -> Path:
     assert config.source is not None
     name = hashlib.sha256(str(config.source.resolve()).encode()).hexdigest()[:20]
     rendered = config.engine_cache / f"source-{name}" / REPOSITORY_DIR
-    return prepare_repository(ServeConfig(source=config.source, repository_dir=rendered))[0]
+    serving = ServingConfig(decoupled_mode=config.decoupled_mode)  # a model repository given is served as is
+    return prepare_repository(ServeConfig(source=config.source, repository_dir=rendered, serving=serving))[0]
+
+
+def _build_front_models(spec_path: Path, build_dir: Path, config: DeployConfig) -> None:
+    """The tensorrtllm_backend-named models of a build, rendered again with this deployment's
+    ``decoupled_mode`` (the build's key does not depend on it; they hold no state)."""
+    from builder.stages.model_repository import render_front_models
+
+    serving = ServingConfig(max_batch_size=BuildSpec.load(spec_path).limits.max_batch_size,
+                            decoupled_mode=config.decoupled_mode)  # as the build's repository stage renders it
+    written = render_front_models(serving, build_dir / REPOSITORY_DIR)
+    if (build_dir / MANIFEST_NAME).is_file():  # --verify-cache checks them against the manifest
+        refresh_manifest(build_dir, [p.relative_to(build_dir).as_posix() for p in written])
 
 
 def prepare(config: DeployConfig) -> Prepared:
@@ -364,6 +380,7 @@ def prepare(config: DeployConfig) -> Prepared:
             raise DeployError(f"build spec {config.spec} not found (mount it into the container?)")
         build_dir, reused = build_or_reuse(config.spec, config)
         check_engines_servable(build_dir)
+        _build_front_models(config.spec, build_dir, config)
         repository = build_dir / REPOSITORY_DIR
     elif config.source is not None:
         repository = _source_repository(config)

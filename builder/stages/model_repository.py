@@ -8,8 +8,9 @@
     out_dir/specdec_unary/config.pbtxt    non-decoupled entry point for Triton's infer API
     out_dir/specdec_unary/1/model.py      shim: TritonPythonModel = triton_backend.serving.triton.unary_model.UnaryModel
     out_dir/ensemble, tensorrt_llm_bls,   tensorrtllm_backend's names (r25.05 tensors) in front of specdec:
-      tensorrt_llm, preprocessing,        forwarders (triton_backend.serving.triton.forward_model) and the tokenizer
-      postprocessing                      models (triton_backend.serving.triton.tokenizer_models)
+      tensorrt_llm, preprocessing,        forwarders (triton_backend.serving.triton.forward_model; decoupled
+      postprocessing                      as ServingConfig.decoupled_mode says) and the tokenizer models
+                                          (triton_backend.serving.triton.tokenizer_models)
 
 config.pbtxt is rendered from the typed :class:`~triton_backend.serving.interface.ServingConfig` and
 the tensor specs in :mod:`triton_backend.serving.interface`; every placeholder must be filled
@@ -151,9 +152,10 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
     if names is None:
         return []
     forward, tok = (FORWARD_MODULE, "ForwardModel"), "triton_backend.serving.triton.tokenizer_models"
-    specs = [(names.ensemble, True, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
-             (names.bls, False, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
-             (names.tokens, True, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward),
+    decoupled = serving.decoupled_mode  # tensorrtllm_backend's decoupled_mode switch
+    specs = [(names.ensemble, decoupled, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
+             (names.bls, decoupled, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
+             (names.tokens, decoupled, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward),
              (names.preprocessing, False, PRE_INPUTS, PRE_OUTPUTS, tok, "PreprocessingModel"),
              (names.postprocessing, False, POST_INPUTS, POST_OUTPUTS, tok, "PostprocessingModel")]
     return [FrontModel(*spec) for spec in specs if spec[0]]
@@ -190,11 +192,17 @@ def render_model_repository(deployment: "DeploymentConfig", out_dir: Path,
     if serving.unary_model_name is not None:
         _write_model(out_dir, serving.unary_model_name, render_config_pbtxt(serving, unary=True),
                      "triton_backend.serving.triton.unary_model", "UnaryModel")
-    for model in front_models(serving):
-        _write_model(out_dir, model.name, render_front_config(serving, model), model.module, model.adapter)
+    render_front_models(serving, out_dir)
     logger.info("rendered model repository %s (model %s; %s)", out_dir, serving.model_name,
                 ", ".join(m.name for m in front_models(serving)) or "no tensorrtllm_backend names")
     return out_dir
+
+
+def render_front_models(serving: ServingConfig, out_dir: Path) -> list[Path]:
+    """(Re)write the tensorrtllm_backend-named models of ``serving`` into ``out_dir`` (they hold
+    no state: a built repository takes another ``decoupled_mode`` this way)."""
+    return [_write_model(Path(out_dir), model.name, render_front_config(serving, model), model.module, model.adapter)
+            for model in front_models(serving)]
 
 
 def is_model_repository(path: Path) -> bool:
@@ -202,4 +210,4 @@ def is_model_repository(path: Path) -> bool:
     return path.is_dir() and any(p.is_file() for p in path.glob("*/config.pbtxt"))
 
 
-__all__ = ["FrontModel", "RenderError", "front_models", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]
+__all__ = ["FrontModel", "RenderError", "front_models", "render_front_models", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]

@@ -25,7 +25,7 @@ MAX_TOKENS = TensorSpec("max_tokens", T.INT32, doc="tokens to generate at most")
 STREAM = TensorSpec("stream", T.BOOL, doc="send each verified block as it is accepted")
 TEMPERATURE = TensorSpec("temperature", T.FP32, doc="0 = greedy (the default)")
 TOP_K = TensorSpec("top_k", T.INT32, doc="0 = no top-k filter")
-TOP_P = TensorSpec("top_p", T.FP32, doc="in (0, 1]; 1 = no nucleus filter")
+TOP_P = TensorSpec("top_p", T.FP32, doc="in (0, 1]; 1 or 0 = no nucleus filter")
 RANDOM_SEED = TensorSpec("random_seed", T.UINT64, doc="seed of the sampler")
 END_ID = TensorSpec("end_id", T.INT32, doc="an extra end token id (EOS always ends)")
 STOP_WORDS = TensorSpec("stop_words", T.STRING, (-1,), doc="stop strings, not part of the output")
@@ -65,10 +65,10 @@ def _positive(value: int, name: str) -> None:
 @dataclass(frozen=True)
 class TrtllmModelNames:
     """The tensorrtllm_backend model names the repository serves in front of ``model_name``
-    (:mod:`triton_backend.serving.trtllm_interface`): ``ensemble`` (text, decoupled: streaming,
-    generate, generate_stream), ``tensorrt_llm_bls`` (text, non-decoupled: infer),
-    ``tensorrt_llm`` (token level, decoupled), ``preprocessing`` / ``postprocessing``
-    (the tokenizer). ``None`` leaves that model out."""
+    (:mod:`triton_backend.serving.trtllm_interface`): ``ensemble`` and ``tensorrt_llm_bls``
+    (text level), ``tensorrt_llm`` (token level), ``preprocessing`` / ``postprocessing`` (the
+    tokenizer). Whether the first three are decoupled is :attr:`ServingConfig.decoupled_mode`.
+    ``None`` leaves that model out."""
 
     ensemble: str | None = "ensemble"
     bls: str | None = "tensorrt_llm_bls"
@@ -93,6 +93,11 @@ class ServingConfig:
     thread each. ``unary_model_name``: a non-decoupled entry point that
     forwards to the decoupled model, for clients of Triton's ``infer`` API (HTTP ``infer``
     and gRPC ``ModelInfer`` do not accept decoupled models); ``None`` renders none.
+    ``decoupled_mode``: tensorrtllm_backend's switch of the same name, for ``ensemble``,
+    ``tensorrt_llm`` and ``tensorrt_llm_bls``: ``False`` (NVIDIA's quick-start default) makes
+    them answer Triton's ``infer`` (one response; ``stream`` / ``streaming`` true refused),
+    ``True`` makes them decoupled (streaming over gRPC and ``generate_stream``; ``infer``
+    refused by Triton). ``specdec`` is always decoupled, ``specdec_unary`` never.
     """
 
     model_name: str = "specdec"
@@ -107,8 +112,11 @@ class ServingConfig:
     max_queue_size: int = 64
     batch_policy: str = "load_aware"
     prefill_chunk_tokens: int = 512
+    decoupled_mode: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.decoupled_mode, bool):
+            raise ConfigError(f"decoupled_mode must be true or false, got {self.decoupled_mode!r}")
         for name in ("max_batch_size", "instance_count", "max_concurrency", "unary_instance_count", "default_max_tokens",
                      "max_queue_size", "prefill_chunk_tokens"):
             _positive(getattr(self, name), name)

@@ -86,7 +86,10 @@ def read_seed(arrays: Mapping[str, np.ndarray]) -> int | None:
 
 
 def read_top_k_p(arrays: Mapping[str, np.ndarray]) -> tuple[int | None, float | None]:
-    return one_of(arrays, TOP_K, RUNTIME_TOP_K), one_of(arrays, TOP_P, RUNTIME_TOP_P)
+    """``top_k`` / ``runtime_top_k`` and ``top_p`` / ``runtime_top_p``; 0 (what NVIDIA's clients
+    send by default) means "off" for both, as in TensorRT-LLM: top-p 0 reads as ``None``."""
+    top_p = one_of(arrays, TOP_P, RUNTIME_TOP_P)
+    return one_of(arrays, TOP_K, RUNTIME_TOP_K), None if top_p == 0 else top_p
 
 
 def check_single_sequence(arrays: Mapping[str, np.ndarray]) -> None:

@@ -5,8 +5,9 @@ the weights. No torch: each is a cheap process.
 A decoupled front model streams every response of the serving model back as it comes (the
 one carrying ``finish_reason`` is the last); a non-decoupled one asks for one response
 (``stream`` / ``streaming`` true is refused there: it needs the decoupled model) and returns
-it. Only the outputs the front model declares are passed on; ``text_output`` is flattened to
-``[beam]`` as tensorrtllm_backend's clients expect. The serving model's
+it. Only the outputs the front model declares are passed on, in the order its config.pbtxt
+lists them (NVIDIA's order, ours after: some clients read outputs by position); ``text_output``
+is flattened to ``[beam]`` as tensorrtllm_backend's clients expect. The serving model's
 ``config.pbtxt`` parameter ``target_model`` names the model to forward to.
 ``model_repo/<model>/1/model.py`` re-exports :class:`ForwardModel`.
 """
@@ -63,7 +64,8 @@ class ForwardModel:
         if response.has_error():
             error = response.error()
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code()))
-        kept = [_flat_text(t) for t in response.output_tensors() if t.name() in self.outputs]
+        by_name = {t.name(): t for t in response.output_tensors()}
+        kept = [_flat_text(by_name[name]) for name in self.outputs if name in by_name]
         return pb_utils.InferenceResponse(output_tensors=kept)
 
     def _unary(self, request: Any) -> Any:
