@@ -364,7 +364,7 @@ def _build_front_models(spec_path: Path, build_dir: Path, config: DeployConfig) 
     serving = ServingConfig(max_batch_size=BuildSpec.load(spec_path).limits.max_batch_size,
                             decoupled_mode=config.decoupled_mode)  # as the build's repository stage renders it
     written = render_front_models(serving, build_dir / REPOSITORY_DIR)
-    if (build_dir / MANIFEST_NAME).is_file():  # --verify-cache checks them against the manifest
+    if written and (build_dir / MANIFEST_NAME).is_file():  # --verify-cache checks them against the manifest
         refresh_manifest(build_dir, [p.relative_to(build_dir).as_posix() for p in written])
 
 

@@ -141,6 +141,7 @@ class FrontModel:
     outputs: tuple[TensorSpec, ...]
     module: str
     adapter: str
+    parameters: tuple[tuple[str, str], ...] = ()  # config.pbtxt parameters besides target_model
 
 
 FORWARD_MODULE = "triton_backend.serving.triton.forward_model"  # the text- and token-level tensorrtllm_backend models
@@ -155,7 +156,8 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
     decoupled = serving.decoupled_mode  # tensorrtllm_backend's decoupled_mode switch
     specs = [(names.ensemble, decoupled, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
              (names.bls, decoupled, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
-             (names.tokens, decoupled, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward),
+             (names.tokens, decoupled, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward,
+              (("exclude_input_in_output", "true" if serving.exclude_input_in_output else "false"),)),
              (names.preprocessing, False, PRE_INPUTS, PRE_OUTPUTS, tok, "PreprocessingModel"),
              (names.postprocessing, False, POST_INPUTS, POST_OUTPUTS, tok, "PostprocessingModel")]
     return [FrontModel(*spec) for spec in specs if spec[0]]
@@ -164,12 +166,17 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
 def render_front_config(serving: ServingConfig, model: FrontModel) -> str:
     return _config(model.name, decoupled=model.decoupled, inputs=model.inputs, outputs=model.outputs,
                    count=serving.unary_instance_count if model.module == FORWARD_MODULE and not model.decoupled else 1,
-                   params={"target_model": serving.model_name}, max_batch_size=serving.max_batch_size)
+                   params={"target_model": serving.model_name, **dict(model.parameters)},
+                   max_batch_size=serving.max_batch_size)
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str) -> bool:
+    """Write ``text`` unless the file holds it already (a cached build stays untouched); changed?"""
+    if path.is_file() and path.read_text() == text:
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    return True
 
 
 def _write_model(out_dir: Path, name: str, config: str, module: str, adapter: str) -> Path:
@@ -200,9 +207,17 @@ def render_model_repository(deployment: "DeploymentConfig", out_dir: Path,
 
 def render_front_models(serving: ServingConfig, out_dir: Path) -> list[Path]:
     """(Re)write the tensorrtllm_backend-named models of ``serving`` into ``out_dir`` (they hold
-    no state: a built repository takes another ``decoupled_mode`` this way)."""
-    return [_write_model(Path(out_dir), model.name, render_front_config(serving, model), model.module, model.adapter)
-            for model in front_models(serving)]
+    no state: a built repository takes another ``decoupled_mode`` this way); the files changed."""
+    changed = []
+    for model in front_models(serving):
+        config = Path(out_dir) / model.name / "config.pbtxt"
+        if _write(config, render_front_config(serving, model)):
+            changed.append(config)
+        shim = Path(out_dir) / model.name / VERSION / "model.py"
+        if _write(shim, render_template(MODEL_SHIM, {"name": model.name, "module": model.module,
+                                                     "adapter": model.adapter})):
+            changed.append(shim)
+    return changed
 
 
 def is_model_repository(path: Path) -> bool:

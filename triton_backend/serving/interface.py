@@ -98,6 +98,9 @@ class ServingConfig:
     them answer Triton's ``infer`` (one response; ``stream`` / ``streaming`` true refused),
     ``True`` makes them decoupled (streaming over gRPC and ``generate_stream``; ``infer``
     refused by Triton). ``specdec`` is always decoupled, ``specdec_unary`` never.
+    ``exclude_input_in_output``: tensorrt_llm's parameter of that name, what a request that
+    leaves the input out gets (true, as in every NVIDIA setup: ``output_ids`` holds the new
+    tokens only; false: the prompt's ids first, when not streaming).
     """
 
     model_name: str = "specdec"
@@ -113,10 +116,12 @@ class ServingConfig:
     batch_policy: str = "load_aware"
     prefill_chunk_tokens: int = 512
     decoupled_mode: bool = False
+    exclude_input_in_output: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.decoupled_mode, bool):
-            raise ConfigError(f"decoupled_mode must be true or false, got {self.decoupled_mode!r}")
+        for name in ("decoupled_mode", "exclude_input_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "instance_count", "max_concurrency", "unary_instance_count", "default_max_tokens",
                      "max_queue_size", "prefill_chunk_tokens"):
             _positive(getattr(self, name), name)

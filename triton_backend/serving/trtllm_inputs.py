@@ -92,6 +92,29 @@ def read_top_k_p(arrays: Mapping[str, np.ndarray]) -> tuple[int | None, float | 
     return one_of(arrays, TOP_K, RUNTIME_TOP_K), None if top_p == 0 else top_p
 
 
+def trtllm_request_defaults(arrays: Mapping[str, np.ndarray], exclude_input: bool | None) -> dict[str, np.ndarray]:
+    """What a tensorrtllm_backend-named model sets on a request before forwarding it, so the
+    request means what it means to TensorRT-LLM (returned as ``{input: [1, 1] array}``):
+
+    - neither top-k nor top-p above 0 (absent counts as 0): greedy, whatever the temperature
+      (TensorRT-LLM's sampling layers turn top_k = top_p = 0 into top_k = 1), so
+      ``temperature`` becomes 0;
+    - ``exclude_input_in_output`` absent: ``exclude_input`` (the model's config parameter, as
+      tensorrt_llm's ``exclude_input_in_output`` parameter), when not ``None``."""
+    out: dict[str, np.ndarray] = {}
+    top_k, top_p = read_top_k_p(arrays)
+    if not (top_k or 0) > 0 and not (top_p or 0) > 0:
+        out[TEMPERATURE_NAME] = np.zeros((1, 1), np.float32)
+    if exclude_input is not None and EXCLUDE_INPUT_NAME not in arrays:
+        out[EXCLUDE_INPUT_NAME] = np.full((1, 1), exclude_input, np.bool_)
+    return out
+
+
+TEMPERATURE_NAME, EXCLUDE_INPUT_NAME = "temperature", "exclude_input_in_output"
+# the inputs trtllm_request_defaults reads
+DEFAULTS_READ = (TOP_K.name, RUNTIME_TOP_K.name, TOP_P.name, RUNTIME_TOP_P.name, EXCLUDE_INPUT_NAME)
+
+
 def check_single_sequence(arrays: Mapping[str, np.ndarray]) -> None:
     """``beam_width`` and ``num_return_sequences``: 1 (or absent); speculation verifies one sequence."""
     for spec in (BEAM_WIDTH, NUM_RETURN_SEQUENCES):
@@ -127,7 +150,8 @@ def read_word_list(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> tuple[
 
 
 __all__ = ["check_single_sequence", "one_of", "read_max_tokens", "read_pad_id", "read_penalties", "read_prompt",
-           "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported"]
+           "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported",
+           "trtllm_request_defaults"]
 
 
 def read_penalties(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
