@@ -96,6 +96,8 @@ SETTINGS = (
     Setting("log-verbose", int, "0", "Triton --log-verbose level"),
     Setting("decoupled-mode", _bool, "false", "ensemble / tensorrt_llm / tensorrt_llm_bls decoupled (streaming; "
             "Triton's infer refused) or not (infer; NVIDIA's quick-start default false)"),
+    Setting("exclude-input-in-output", _bool, "true", "tensorrt_llm's parameter: output_ids without the prompt "
+            "when a request does not say (false: the prompt first, for client-side draft-target orchestration)"),
     Setting("prepare-only", _bool, "false", "build or reuse, render, print the repository and exit", flag_only=True),
 )
 
@@ -142,7 +144,7 @@ def config_from_settings(v: dict[str, Any]) -> DeployConfig:
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
                         build_threads=v["build_threads"], rebuild=v["rebuild"], verify_cache=v["verify_cache"],
                         server=server, world_size=v["world_size"], mpirun=v["mpirun"],
-                        decoupled_mode=v["decoupled_mode"])
+                        decoupled_mode=v["decoupled_mode"], exclude_input_in_output=v["exclude_input_in_output"])
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

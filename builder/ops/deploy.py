@@ -94,6 +94,12 @@ class DeployConfig:
     world_size: int | None = None  # None: TP x PP of the plan when the repository has TensorRT-LLM models
     mpirun: str = "mpirun"
     decoupled_mode: bool = False  # ServingConfig.decoupled_mode of the models rendered here
+    exclude_input_in_output: bool = True  # ServingConfig.exclude_input_in_output of the models rendered here
+
+    def serving(self, **fields: Any) -> ServingConfig:
+        """The ServingConfig of the models rendered here (``fields``: the build's own settings)."""
+        return ServingConfig(decoupled_mode=self.decoupled_mode, exclude_input_in_output=self.exclude_input_in_output,
+                             **fields)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build_mode", BuildMode(self.build_mode))
@@ -345,24 +351,24 @@ def _default_repository(config: DeployConfig) -> Path:
     ensure_reference_model(deployment.target)  # fetched at image build time; here: before Triton loads it
     name = hashlib.sha256(deployment.to_json().encode()).hexdigest()[:20]
     return render_model_repository(deployment, config.engine_cache / f"default-{name}" / REPOSITORY_DIR,
-                                   ServingConfig(decoupled_mode=config.decoupled_mode))
+                                   config.serving())
 
 
 def _source_repository(config: DeployConfig) -> Path:
     assert config.source is not None
     name = hashlib.sha256(str(config.source.resolve()).encode()).hexdigest()[:20]
     rendered = config.engine_cache / f"source-{name}" / REPOSITORY_DIR
-    serving = ServingConfig(decoupled_mode=config.decoupled_mode)  # a model repository given is served as is
+    serving = config.serving()  # a model repository given is served as is
     return prepare_repository(ServeConfig(source=config.source, repository_dir=rendered, serving=serving))[0]
 
 
 def _build_front_models(spec_path: Path, build_dir: Path, config: DeployConfig) -> None:
     """The tensorrtllm_backend-named models of a build, rendered again with this deployment's
-    ``decoupled_mode`` (the build's key does not depend on it; they hold no state)."""
+    ``decoupled_mode`` / ``exclude_input_in_output`` (the build's key does not depend on them;
+    they hold no state)."""
     from builder.stages.model_repository import render_front_models
 
-    serving = ServingConfig(max_batch_size=BuildSpec.load(spec_path).limits.max_batch_size,
-                            decoupled_mode=config.decoupled_mode)  # as the build's repository stage renders it
+    serving = config.serving(max_batch_size=BuildSpec.load(spec_path).limits.max_batch_size)  # as the build renders it
     written = render_front_models(serving, build_dir / REPOSITORY_DIR)
     if written and (build_dir / MANIFEST_NAME).is_file():  # --verify-cache checks them against the manifest
         refresh_manifest(build_dir, [p.relative_to(build_dir).as_posix() for p in written])

@@ -10,11 +10,14 @@ sending both with different values is refused.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from triton_backend.core.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from triton_backend.speculation.drafters.client import ClientDraft
 from triton_backend.serving.interface import MAX_TOKENS, STREAM, TEXT_INPUT, TOP_K, TOP_P
 from triton_backend.serving.interface import RANDOM_SEED as OUR_SEED
 from triton_backend.serving.tensors import TensorSpec, read_ids, read_matrix, read_scalar
@@ -115,6 +118,28 @@ TEMPERATURE_NAME, EXCLUDE_INPUT_NAME = "temperature", "exclude_input_in_output"
 DEFAULTS_READ = (TOP_K.name, RUNTIME_TOP_K.name, TOP_P.name, RUNTIME_TOP_P.name, EXCLUDE_INPUT_NAME)
 
 
+def read_client_draft(arrays: Mapping[str, np.ndarray], token_level: bool) -> "ClientDraft | None":
+    """``draft_input_ids`` (+ ``draft_logits``): a client's drafts for the target to verify
+    (token level only); ``None`` when absent or empty."""
+    from triton_backend.speculation.drafters.client import ClientDraft
+    from triton_backend.serving.trtllm_interface import DRAFT_INPUT_IDS, DRAFT_LOGITS
+
+    ids = read_ids(arrays, DRAFT_INPUT_IDS) or []
+    logits = read_matrix(arrays, DRAFT_LOGITS)
+    if not ids:
+        if logits is not None and logits.size:
+            raise InvalidRequestError("draft_logits needs draft_input_ids")
+        return None
+    if not token_level:
+        raise InvalidRequestError("draft_input_ids needs input_ids (the token-level tensorrt_llm model)")
+    if logits is not None and logits.size:
+        if logits.dtype.kind != "f":
+            raise InvalidRequestError("draft_logits must be FP32")
+        logits = np.asarray(logits, np.float32)
+        return ClientDraft(tuple(ids), logits.reshape(-1, logits.shape[-1]) if logits.ndim > 2 else logits)
+    return ClientDraft(tuple(ids))
+
+
 def check_single_sequence(arrays: Mapping[str, np.ndarray]) -> None:
     """``beam_width`` and ``num_return_sequences``: 1 (or absent); speculation verifies one sequence."""
     for spec in (BEAM_WIDTH, NUM_RETURN_SEQUENCES):
@@ -150,7 +175,7 @@ def read_word_list(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> tuple[
 
 
 __all__ = ["check_single_sequence", "one_of", "read_max_tokens", "read_pad_id", "read_penalties", "read_prompt",
-           "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported",
+           "read_client_draft", "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported",
            "trtllm_request_defaults"]
 
 
