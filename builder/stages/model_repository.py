@@ -154,10 +154,11 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
         return []
     forward, tok = (FORWARD_MODULE, "ForwardModel"), "triton_backend.serving.triton.tokenizer_models"
     decoupled = serving.decoupled_mode  # tensorrtllm_backend's decoupled_mode switch
-    specs = [(names.ensemble, decoupled, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
-             (names.bls, decoupled, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
-             (names.tokens, decoupled, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward,
-              (("exclude_input_in_output", "true" if serving.exclude_input_in_output else "false"),)),
+    # tensorrt_llm's parameter; the text-level models inherit it as NVIDIA's do through tensorrt_llm
+    exclude = (("exclude_input_in_output", "true" if serving.exclude_input_in_output else "false"),)
+    specs = [(names.ensemble, decoupled, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward, exclude),
+             (names.bls, decoupled, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward, exclude),
+             (names.tokens, decoupled, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward, exclude),
              (names.preprocessing, False, PRE_INPUTS, PRE_OUTPUTS, tok, "PreprocessingModel"),
              (names.postprocessing, False, POST_INPUTS, POST_OUTPUTS, tok, "PostprocessingModel")]
     return [FrontModel(*spec) for spec in specs if spec[0]]

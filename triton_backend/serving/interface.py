@@ -98,9 +98,10 @@ class ServingConfig:
     them answer Triton's ``infer`` (one response; ``stream`` / ``streaming`` true refused),
     ``True`` makes them decoupled (streaming over gRPC and ``generate_stream``; ``infer``
     refused by Triton). ``specdec`` is always decoupled, ``specdec_unary`` never.
-    ``exclude_input_in_output``: tensorrt_llm's parameter of that name, what a request that
-    leaves the input out gets (true, as in every NVIDIA setup: ``output_ids`` holds the new
-    tokens only; false: the prompt's ids first, when not streaming).
+    ``exclude_input_in_output``: tensorrt_llm's parameter of that name, what a request to
+    ``tensorrt_llm``, ``ensemble`` or ``tensorrt_llm_bls`` that leaves the input out gets (true,
+    as in every NVIDIA setup: the new tokens / text only; false: the prompt first, when not
+    streaming).
     """
 
     model_name: str = "specdec"
