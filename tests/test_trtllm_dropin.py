@@ -243,6 +243,10 @@ def test_end_to_end_grpc_client_request_with_perf_metrics(triton, local_decoder)
     assert all(not isinstance(r, Exception) for r in responses), responses
     # as end_to_end_grpc_client.py reads it: output[0].decode() (text_output is [beam])
     assert "".join(r.as_numpy("text_output")[0].decode() for r in responses) == want.text
+    for r in responses:  # as TensorRT-LLM: the perf outputs on every streamed response
+        assert r.as_numpy("kv_cache_alloc_new_blocks") is not None and r.as_numpy("acceptance_rate") is not None
+    drafted = [int(r.as_numpy("total_draft_tokens")[0][0]) for r in responses]
+    assert drafted == sorted(drafted)  # counts so far
     last = responses[-1]
     assert last.as_numpy("batch_index")[0][0] == 0 and last.as_numpy("sequence_index")[0][0] == 0
     arrival, first, done = (int(last.as_numpy(n)[0][0]) for n in ("arrival_time_ns", "first_token_time_ns",
