@@ -54,7 +54,8 @@ OUTPUTS: tuple[TensorSpec, ...] = (TEXT_OUTPUT, ACCEPTANCE_RATE, TOTAL_ACCEPTED,
                                    NUM_OUTPUT_TOKENS, METHOD, FINISH_REASON)
 
 
-BATCH_POLICIES = ("load_aware", "per_request")  # triton_backend.batching.plan.BatchPolicy
+BATCH_POLICIES = ("load_aware", "per_request")
+TRTLLM_METRICS_MODEL = "trtllm_metrics_model"  # the serving model's config parameter: ServingConfig.trtllm_metrics_model  # triton_backend.batching.plan.BatchPolicy
 
 
 def _positive(value: int, name: str) -> None:
@@ -142,7 +143,16 @@ class ServingConfig:
     def parameters(self) -> dict[str, str]:
         """What the decoupled model's config.pbtxt carries (and :meth:`from_parameters` reads)."""
         return {"deployment_file": self.deployment_file, "max_concurrency": str(self.max_concurrency),
-                "default_max_tokens": str(self.default_max_tokens), **self._batch_parameters()}
+                "default_max_tokens": str(self.default_max_tokens), **self._batch_parameters(),
+                TRTLLM_METRICS_MODEL: self.trtllm_metrics_model}
+
+    @property
+    def trtllm_metrics_model(self) -> str:
+        """The ``model`` label of TensorRT-LLM's metric families (``nv_trt_llm_*``,
+        ``nv_llm_*_token_len``): the token-level model's name, where TensorRT-LLM publishes them
+        (NVIDIA's CI reads ``model="tensorrt_llm"``), else this model's."""
+        tokens = self.trtllm_models.tokens if self.trtllm_models is not None else None
+        return tokens or self.model_name
 
     def _batch_parameters(self) -> dict[str, str]:
         return {"max_batch_size": str(self.max_batch_size), "max_queue_size": str(self.max_queue_size),
