@@ -51,8 +51,8 @@ case "$ENDPOINT_TYPE" in
     *) echo "genai_perf.sh: --endpoint-type must be chat or completions" >&2; exit 2 ;;
 esac
 LOG="$(mktemp /tmp/specbuild-genai-perf-server.XXXXXX.log)"
-.venv/bin/specbuild serve --http-port "$HTTP" --grpc-port "$GRPC" --metrics-port "$METRICS" "${OPENAI_FLAGS[@]}" \
-    >"$LOG" 2>&1 &
+.venv/bin/specbuild serve --decoupled-mode true --http-port "$HTTP" --grpc-port "$GRPC" --metrics-port "$METRICS" \
+    "${OPENAI_FLAGS[@]}" >"$LOG" 2>&1 &
 SERVER=$!
 stop_server() { kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null; echo "genai_perf.sh: server stopped (log $LOG)"; }
 trap stop_server EXIT

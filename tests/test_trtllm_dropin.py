@@ -244,6 +244,10 @@ def test_end_to_end_grpc_client_request_with_perf_metrics(triton, local_decoder)
     assert all(not isinstance(r, Exception) for r in responses), responses
     # as end_to_end_grpc_client.py reads it: output[0].decode() (text_output is [beam])
     assert "".join(r.as_numpy("text_output")[0].decode() for r in responses) == want.text
+    for r in responses:  # as TensorRT-LLM: the perf outputs on every streamed response
+        assert r.as_numpy("kv_cache_alloc_new_blocks") is not None and r.as_numpy("acceptance_rate") is not None
+    drafted = [int(r.as_numpy("total_draft_tokens")[0][0]) for r in responses]
+    assert drafted == sorted(drafted)  # counts so far
     last = responses[-1]
     assert last.as_numpy("batch_index")[0][0] == 0 and last.as_numpy("sequence_index")[0][0] == 0
     arrival, first, done = (int(last.as_numpy(n)[0][0]) for n in ("arrival_time_ns", "first_token_time_ns",
@@ -295,8 +299,7 @@ def test_token_level_model_through_preprocessing_and_postprocessing(triton, loca
         responses = [results.get_nowait() for _ in range(results.qsize())]
         assert all(not isinstance(r, Exception) for r in responses), responses
         got = [int(t) for r in responses for t in r.as_numpy("output_ids")[0][0]]
-        expected = want.token_ids if streaming else ids + want.token_ids  # non-streaming: the input first
-        assert got == expected, streaming
+        assert got == want.token_ids, streaming  # exclude_input_in_output: the model's parameter (true)
         assert responses[-1].as_numpy("sequence_length")[0][0] == len(responses[-1].as_numpy("output_ids")[0][0])
     post = _infer(triton, "postprocessing", {"TOKENS_BATCH": np.array([[want.token_ids]], np.int32),
                                              "SEQUENCE_LENGTH": np.array([[len(want.token_ids)]], np.int32)})

@@ -28,7 +28,7 @@ def _samples(t, name: str, **labels: str) -> list[float]:
 
 
 def _one(t, name: str, **labels: str) -> float:
-    values = _samples(t, name, model=SERVING.model_name, **labels)
+    values = _samples(t, name, model=SERVING.trtllm_metrics_model, **labels)  # "tensorrt_llm", as TensorRT-LLM
     assert len(values) == 1, (name, labels, values)
     return values[0]
 

@@ -22,7 +22,7 @@ from triton_backend.serving.interface import ServingConfig
 
 # the deployment the server serves and the in-process reference decoder is built from
 DEPLOYMENT = DeploymentConfig()
-SERVING = ServingConfig(max_concurrency=4, unary_instance_count=4)
+SERVING = ServingConfig(max_concurrency=4, unary_instance_count=4, decoupled_mode=True)  # streaming front models
 
 
 @dataclass

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 class PerfAnalyzerBenchConfig:
     target: str = BenchConfig.target
     model: str = "ensemble"  # a tensorrtllm_backend front model (ensemble / tensorrt_llm_bls)
-    streaming: bool = True  # gRPC streaming (ensemble is decoupled); false for tensorrt_llm_bls
+    streaming: bool = True  # gRPC streaming (decoupled_mode true); false: infer (decoupled_mode false)
     concurrency: tuple[int, ...] = (1, 2, 4)
     prompts_file: Path = DEFAULT_PROMPTS
     workloads: tuple[str, ...] = ("chat", "code", "copy")
@@ -57,7 +57,8 @@ def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> list[PerfRow]:
     deployment = DeploymentConfig(target=config.target, runtime=RuntimeConfig(num_threads=config.num_threads))
     with tempfile.TemporaryDirectory(prefix="specbuild-perf-") as work:
         repository = render_model_repository(deployment, Path(work) / "model_repo",
-                                             ServingConfig(max_batch_size=config.max_batch_size))
+                                             ServingConfig(max_batch_size=config.max_batch_size,
+                                                           decoupled_mode=config.streaming))
         with TritonServer(ServerConfig(repository, exit_timeout_s=10, log_file=Path(work) / "triton.log")) as server:
             assert server.endpoints is not None
             run = PerfAnalyzerRun(server.endpoints.grpc_url, config.model, prompts, max_tokens=config.max_tokens,

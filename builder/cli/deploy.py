@@ -107,6 +107,10 @@ SETTINGS = (
     Setting("openai-port", _port, None, "also serve the OpenAI-compatible API on this port (docs/openai.md)"),
     Setting("api-key", str, None, "the OpenAI API's /v1 routes need 'Authorization: Bearer KEY'"),
     Setting("served-model-name", str, None, "the model id OpenAI clients send (default: the target's name)"),
+    Setting("decoupled-mode", _bool, "false", "ensemble / tensorrt_llm / tensorrt_llm_bls decoupled (streaming; "
+            "Triton's infer refused) or not (infer; NVIDIA's quick-start default false)"),
+    Setting("exclude-input-in-output", _bool, "true", "tensorrt_llm's parameter: output_ids without the prompt "
+            "when a request does not say (false: the prompt first, for client-side draft-target orchestration)"),
     Setting("prepare-only", _bool, "false", "build or reuse, render, print the repository and exit", flag_only=True),
 )
 
@@ -153,7 +157,8 @@ def config_from_settings(v: dict[str, Any]) -> DeployConfig:
     return DeployConfig(spec=v["spec"], source=v["source"], engine_cache=v["engine_cache"] or default_engine_cache(),
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
                         build_threads=v["build_threads"], rebuild=v["rebuild"], verify_cache=v["verify_cache"],
-                        server=server, world_size=v["world_size"], mpirun=v["mpirun"], openai=_openai(v))
+                        server=server, world_size=v["world_size"], mpirun=v["mpirun"], openai=_openai(v),
+                        decoupled_mode=v["decoupled_mode"], exclude_input_in_output=v["exclude_input_in_output"])
 
 
 def _openai(v: dict[str, Any]) -> OpenAIConfig | None:

@@ -87,15 +87,21 @@ def add_openai_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:
-    from builder.ops.serve import RestartPolicy, ServeConfig, prepare_repository, serve_forever
+    from builder.ops.serve import RestartPolicy, ServeConfig, find_deployment, prepare_repository, serve_forever
 
     serving = ServingConfig(max_concurrency=a.max_concurrency, instance_count=a.instance_count,
                             unary_instance_count=a.max_concurrency, max_batch_size=a.max_batch_size,
-                            max_queue_size=a.max_queue_size, batch_policy=a.batch_policy)
+                            max_queue_size=a.max_queue_size, batch_policy=a.batch_policy,
+                            decoupled_mode=a.decoupled_mode == "true",
+                            exclude_input_in_output=a.exclude_input_in_output != "false")
     server = ServerConfig(model_repository=Path("."), host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
                           metrics_port=a.metrics_port, source=TritonSource(a.triton),
                           startup_timeout_s=a.startup_timeout, exit_timeout_s=a.exit_timeout, log_verbose=a.log_verbose,
                           log_file=a.log_file)
+    rendering = (a.decoupled_mode, a.exclude_input_in_output)
+    if rendering != (None, None) and a.source is not None and find_deployment(a.source) is None:
+        raise ConfigError("--decoupled-mode / --exclude-input-in-output apply to a repository serve renders; this "
+                          "model repository is served as rendered (render it again with --render-only ...)")
     restart = RestartPolicy(max_fast_failures=a.restart_limit, fast_failure_s=a.restart_window)
     config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir,
                          restart=restart, openai=openai_config(a))
@@ -129,6 +135,14 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--max-queue-size", type=int, default=64, help="requests waiting for a batch slot; more are refused")
     p.add_argument("--batch-policy", choices=("load_aware", "per_request"), default="load_aware",
                    help="who picks draft lengths each round: the batch's pass-cost plan, or each request alone")
+    p.add_argument("--decoupled-mode", choices=("false", "true"), default=None,
+                   help="tensorrtllm_backend's switch for ensemble / tensorrt_llm / tensorrt_llm_bls: false (NVIDIA's "
+                        "default) answers Triton's infer, true streams (gRPC streaming, generate_stream); specdec "
+                        "always streams. Applies when serve renders the repository (default false)")
+    p.add_argument("--exclude-input-in-output", choices=("false", "true"), default=None,
+                   help="tensorrt_llm's parameter: what output_ids hold when a request leaves exclude_input_in_output "
+                        "out: the new tokens only (true, the default, as NVIDIA's setups) or the prompt first (false: "
+                        "client-side draft-target orchestration, e2e_grpc_speculative_decoding_client.py)")
     p.add_argument("--instance-count", type=int, default=1, help="model instances (each loads the models)")
     p.add_argument("--repository-dir", type=Path, default=None, help="render the repository here (kept)")
     p.add_argument("--render-only", action="store_true", help="render the repository and exit")

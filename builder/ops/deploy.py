@@ -46,12 +46,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from builder.stages.compile import TRTLLM_BUILD, EngineStatus
-from builder.stages.manifest import MANIFEST_NAME, verify_manifest
+from builder.stages.manifest import MANIFEST_NAME, refresh_manifest, verify_manifest
 from builder.ops.openai.app import OpenAIConfig
 from builder.ops.serve import REPOSITORY_DIR, ServeConfig, prepare_repository, serve_forever
 from builder.plan.spec import BuildSpec
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, TritonServer
 from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.serving.interface import ServingConfig
 from triton_backend.engines.trtllm.config import EngineRuntime
 from triton_backend.core.errors import ConfigError, SpecbuildError
 from triton_backend.core.reference_model import cache_dir
@@ -94,6 +95,13 @@ class DeployConfig:
     world_size: int | None = None  # None: TP x PP of the plan when the repository has TensorRT-LLM models
     mpirun: str = "mpirun"
     openai: OpenAIConfig | None = None  # the OpenAI-compatible front beside Triton (builder.ops.openai)
+    decoupled_mode: bool = False  # ServingConfig.decoupled_mode of the models rendered here
+    exclude_input_in_output: bool = True  # ServingConfig.exclude_input_in_output of the models rendered here
+
+    def serving(self, **fields: Any) -> ServingConfig:
+        """The ServingConfig of the models rendered here (``fields``: the build's own settings)."""
+        return ServingConfig(decoupled_mode=self.decoupled_mode, exclude_input_in_output=self.exclude_input_in_output,
+                             **fields)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build_mode", BuildMode(self.build_mode))
@@ -344,14 +352,28 @@ def _default_repository(config: DeployConfig) -> Path:
     deployment = DeploymentConfig()
     ensure_reference_model(deployment.target)  # fetched at image build time; here: before Triton loads it
     name = hashlib.sha256(deployment.to_json().encode()).hexdigest()[:20]
-    return render_model_repository(deployment, config.engine_cache / f"default-{name}" / REPOSITORY_DIR)
+    return render_model_repository(deployment, config.engine_cache / f"default-{name}" / REPOSITORY_DIR,
+                                   config.serving())
 
 
 def _source_repository(config: DeployConfig) -> Path:
     assert config.source is not None
     name = hashlib.sha256(str(config.source.resolve()).encode()).hexdigest()[:20]
     rendered = config.engine_cache / f"source-{name}" / REPOSITORY_DIR
-    return prepare_repository(ServeConfig(source=config.source, repository_dir=rendered))[0]
+    serving = config.serving()  # a model repository given is served as is
+    return prepare_repository(ServeConfig(source=config.source, repository_dir=rendered, serving=serving))[0]
+
+
+def _build_front_models(spec_path: Path, build_dir: Path, config: DeployConfig) -> None:
+    """The tensorrtllm_backend-named models of a build, rendered again with this deployment's
+    ``decoupled_mode`` / ``exclude_input_in_output`` (the build's key does not depend on them;
+    they hold no state)."""
+    from builder.stages.model_repository import render_front_models
+
+    serving = config.serving(max_batch_size=BuildSpec.load(spec_path).limits.max_batch_size)  # as the build renders it
+    written = render_front_models(serving, build_dir / REPOSITORY_DIR)
+    if written and (build_dir / MANIFEST_NAME).is_file():  # --verify-cache checks them against the manifest
+        refresh_manifest(build_dir, [p.relative_to(build_dir).as_posix() for p in written])
 
 
 def prepare(config: DeployConfig) -> Prepared:
@@ -366,6 +388,7 @@ def prepare(config: DeployConfig) -> Prepared:
             raise DeployError(f"build spec {config.spec} not found (mount it into the container?)")
         build_dir, reused = build_or_reuse(config.spec, config)
         check_engines_servable(build_dir)
+        _build_front_models(config.spec, build_dir, config)
         repository = build_dir / REPOSITORY_DIR
     elif config.source is not None:
         repository = _source_repository(config)

@@ -52,6 +52,18 @@ def write_manifest(out_dir: Path, content: dict[str, Any], hashed: list[str]) ->
     return path
 
 
+def refresh_manifest(out_dir: Path, folders: list[str]) -> None:
+    """Hash again the files under ``folders`` (derived files rendered again, e.g. a serving
+    switch that is no part of the build's key); every other entry is kept."""
+    path = out_dir / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    stale = [rel for rel in manifest["files"] if any(rel == f or rel.startswith(f + "/") for f in folders)]
+    for rel in stale:
+        del manifest["files"][rel]
+    manifest["files"].update(file_hashes(out_dir, folders))
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
 def verify_manifest(out_dir: Path) -> list[str]:
     """Files whose content no longer matches the manifest (empty: all match)."""
     manifest = json.loads((out_dir / MANIFEST_NAME).read_text())

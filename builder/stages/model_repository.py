@@ -8,8 +8,9 @@
     out_dir/specdec_unary/config.pbtxt    non-decoupled entry point for Triton's infer API
     out_dir/specdec_unary/1/model.py      shim: TritonPythonModel = triton_backend.serving.triton.unary_model.UnaryModel
     out_dir/ensemble, tensorrt_llm_bls,   tensorrtllm_backend's names (r25.05 tensors) in front of specdec:
-      tensorrt_llm, preprocessing,        forwarders (triton_backend.serving.triton.forward_model) and the tokenizer
-      postprocessing                      models (triton_backend.serving.triton.tokenizer_models)
+      tensorrt_llm, preprocessing,        forwarders (triton_backend.serving.triton.forward_model; decoupled
+      postprocessing                      as ServingConfig.decoupled_mode says) and the tokenizer models
+                                          (triton_backend.serving.triton.tokenizer_models)
 
 config.pbtxt is rendered from the typed :class:`~triton_backend.serving.interface.ServingConfig` and
 the tensor specs in :mod:`triton_backend.serving.interface`; every placeholder must be filled
@@ -140,6 +141,7 @@ class FrontModel:
     outputs: tuple[TensorSpec, ...]
     module: str
     adapter: str
+    parameters: tuple[tuple[str, str], ...] = ()  # config.pbtxt parameters besides target_model
 
 
 FORWARD_MODULE = "triton_backend.serving.triton.forward_model"  # the text- and token-level tensorrtllm_backend models
@@ -151,9 +153,12 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
     if names is None:
         return []
     forward, tok = (FORWARD_MODULE, "ForwardModel"), "triton_backend.serving.triton.tokenizer_models"
-    specs = [(names.ensemble, True, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
-             (names.bls, False, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward),
-             (names.tokens, True, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward),
+    decoupled = serving.decoupled_mode  # tensorrtllm_backend's decoupled_mode switch
+    # tensorrt_llm's parameter; the text-level models inherit it as NVIDIA's do through tensorrt_llm
+    exclude = (("exclude_input_in_output", "true" if serving.exclude_input_in_output else "false"),)
+    specs = [(names.ensemble, decoupled, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward, exclude),
+             (names.bls, decoupled, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward, exclude),
+             (names.tokens, decoupled, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward, exclude),
              (names.preprocessing, False, PRE_INPUTS, PRE_OUTPUTS, tok, "PreprocessingModel"),
              (names.postprocessing, False, POST_INPUTS, POST_OUTPUTS, tok, "PostprocessingModel")]
     return [FrontModel(*spec) for spec in specs if spec[0]]
@@ -162,12 +167,17 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
 def render_front_config(serving: ServingConfig, model: FrontModel) -> str:
     return _config(model.name, decoupled=model.decoupled, inputs=model.inputs, outputs=model.outputs,
                    count=serving.unary_instance_count if model.module == FORWARD_MODULE and not model.decoupled else 1,
-                   params={"target_model": serving.model_name}, max_batch_size=serving.max_batch_size)
+                   params={"target_model": serving.model_name, **dict(model.parameters)},
+                   max_batch_size=serving.max_batch_size)
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str) -> bool:
+    """Write ``text`` unless the file holds it already (a cached build stays untouched); changed?"""
+    if path.is_file() and path.read_text() == text:
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    return True
 
 
 def _write_model(out_dir: Path, name: str, config: str, module: str, adapter: str) -> Path:
@@ -190,11 +200,25 @@ def render_model_repository(deployment: "DeploymentConfig", out_dir: Path,
     if serving.unary_model_name is not None:
         _write_model(out_dir, serving.unary_model_name, render_config_pbtxt(serving, unary=True),
                      "triton_backend.serving.triton.unary_model", "UnaryModel")
-    for model in front_models(serving):
-        _write_model(out_dir, model.name, render_front_config(serving, model), model.module, model.adapter)
+    render_front_models(serving, out_dir)
     logger.info("rendered model repository %s (model %s; %s)", out_dir, serving.model_name,
                 ", ".join(m.name for m in front_models(serving)) or "no tensorrtllm_backend names")
     return out_dir
+
+
+def render_front_models(serving: ServingConfig, out_dir: Path) -> list[Path]:
+    """(Re)write the tensorrtllm_backend-named models of ``serving`` into ``out_dir`` (they hold
+    no state: a built repository takes another ``decoupled_mode`` this way); the files changed."""
+    changed = []
+    for model in front_models(serving):
+        config = Path(out_dir) / model.name / "config.pbtxt"
+        if _write(config, render_front_config(serving, model)):
+            changed.append(config)
+        shim = Path(out_dir) / model.name / VERSION / "model.py"
+        if _write(shim, render_template(MODEL_SHIM, {"name": model.name, "module": model.module,
+                                                     "adapter": model.adapter})):
+            changed.append(shim)
+    return changed
 
 
 def is_model_repository(path: Path) -> bool:
@@ -202,4 +226,4 @@ def is_model_repository(path: Path) -> bool:
     return path.is_dir() and any(p.is_file() for p in path.glob("*/config.pbtxt"))
 
 
-__all__ = ["FrontModel", "RenderError", "front_models", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]
+__all__ = ["FrontModel", "RenderError", "front_models", "render_front_models", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]

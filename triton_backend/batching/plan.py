@@ -225,7 +225,7 @@ class DraftPlanner:
     def _planned(self, seq: BatchSequence) -> bool:
         """Whether the load-aware plan decides this row (else its controller does)."""
         return (self.policy is BatchPolicy.LOAD_AWARE and seq.use_drafter and seq.controller.gain_rule
-                and not seq.seeded_sampling)
+                and not seq.seeded_sampling and not seq.client_drafting)
 
     def plan(self, seqs: Sequence[BatchSequence]) -> list[int]:
         """Draft lengths of one round's rows. A row alone in its pass is its own controller's

@@ -27,6 +27,7 @@ from triton_backend.batching.rounds import (BatchSequence, PlannedRow, describe,
                                         propose_with_draft_model, verify_row)
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.speculation.drafters.client import ClientDraft
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing, SlotsExhaustedError
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
@@ -137,6 +138,7 @@ class _Job:
     mode: SpeculationMode
     handle: RequestHandle
     submitted: float
+    client_draft: ClientDraft | None = None  # drafts the client sent, verified in the first round
 
 
 class BatchScheduler:
@@ -168,17 +170,20 @@ class BatchScheduler:
 
     # -- client side (any thread) -----------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpeculationConfig,
-               handle: RequestHandle) -> None:
+               handle: RequestHandle, client_draft: ClientDraft | None = None) -> None:
         """Queue a request (validated: ``prompt_ids`` from :meth:`SpeculativeDecoder.encode`).
-        Raises at once: InvalidRequestError (mode not deployed), QueueFullError."""
-        mode, _ = self.decoder.resolve(spec.method)
+        ``client_draft``: the client's drafts, verified in its first round instead of a drafter's.
+        Raises at once: InvalidRequestError (mode not deployed, a bad draft), QueueFullError."""
+        mode, _ = self.decoder.resolve(SpeculationMode.OFF if client_draft is not None else spec.method)
+        if client_draft is not None:
+            client_draft.check_vocab(self.decoder.target.vocab_size)
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the model is shutting down")
             if len(self._queue) >= self.config.max_queue_size:
                 raise QueueFullError(f"server overloaded: {len(self._queue)} requests already wait for one of "
                                      f"{self.config.max_batch_size} batch slots; retry later")
-            self._queue.append(_Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter()))
+            self._queue.append(_Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter(), client_draft))
             self._cond.notify()
 
     def load(self) -> tuple[int, int]:
@@ -245,6 +250,8 @@ class BatchScheduler:
         seq = BatchSequence(self.decoder.target, self.decoder.tokenizer, job.prompt_ids, job.params, job.spec, mode, drafter,
                             started=job.submitted, drafter_session=not batched_draft,
                             ngram=self.decoder.auto_ngram(job.spec.method, mode))
+        if job.client_draft is not None:
+            seq.attach_client_draft(job.client_draft)
         seq.slot = self.target.allocate()
         if not seq.eagle and isinstance(self.target, PrefixSharing):  # EAGLE needs the prompt's features
             self._share_prefix(seq, self.target)

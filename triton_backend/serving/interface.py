@@ -25,7 +25,7 @@ MAX_TOKENS = TensorSpec("max_tokens", T.INT32, doc="tokens to generate at most")
 STREAM = TensorSpec("stream", T.BOOL, doc="send each verified block as it is accepted")
 TEMPERATURE = TensorSpec("temperature", T.FP32, doc="0 = greedy (the default)")
 TOP_K = TensorSpec("top_k", T.INT32, doc="0 = no top-k filter")
-TOP_P = TensorSpec("top_p", T.FP32, doc="in (0, 1]; 1 = no nucleus filter")
+TOP_P = TensorSpec("top_p", T.FP32, doc="in (0, 1]; 1 or 0 = no nucleus filter")
 RANDOM_SEED = TensorSpec("random_seed", T.UINT64, doc="seed of the sampler")
 END_ID = TensorSpec("end_id", T.INT32, doc="an extra end token id (EOS always ends)")
 STOP_WORDS = TensorSpec("stop_words", T.STRING, (-1,), doc="stop strings, not part of the output")
@@ -58,7 +58,8 @@ OUTPUTS: tuple[TensorSpec, ...] = (TEXT_OUTPUT, ACCEPTANCE_RATE, TOTAL_ACCEPTED,
                                    NUM_OUTPUT_TOKENS, METHOD, FINISH_REASON)
 
 
-BATCH_POLICIES = ("load_aware", "per_request")  # triton_backend.batching.plan.BatchPolicy
+BATCH_POLICIES = ("load_aware", "per_request")
+TRTLLM_METRICS_MODEL = "trtllm_metrics_model"  # the serving model's config parameter: ServingConfig.trtllm_metrics_model  # triton_backend.batching.plan.BatchPolicy
 
 
 def _positive(value: int, name: str) -> None:
@@ -69,10 +70,10 @@ def _positive(value: int, name: str) -> None:
 @dataclass(frozen=True)
 class TrtllmModelNames:
     """The tensorrtllm_backend model names the repository serves in front of ``model_name``
-    (:mod:`triton_backend.serving.trtllm_interface`): ``ensemble`` (text, decoupled: streaming,
-    generate, generate_stream), ``tensorrt_llm_bls`` (text, non-decoupled: infer),
-    ``tensorrt_llm`` (token level, decoupled), ``preprocessing`` / ``postprocessing``
-    (the tokenizer). ``None`` leaves that model out."""
+    (:mod:`triton_backend.serving.trtllm_interface`): ``ensemble`` and ``tensorrt_llm_bls``
+    (text level), ``tensorrt_llm`` (token level), ``preprocessing`` / ``postprocessing`` (the
+    tokenizer). Whether the first three are decoupled is :attr:`ServingConfig.decoupled_mode`.
+    ``None`` leaves that model out."""
 
     ensemble: str | None = "ensemble"
     bls: str | None = "tensorrt_llm_bls"
@@ -97,6 +98,15 @@ class ServingConfig:
     thread each. ``unary_model_name``: a non-decoupled entry point that
     forwards to the decoupled model, for clients of Triton's ``infer`` API (HTTP ``infer``
     and gRPC ``ModelInfer`` do not accept decoupled models); ``None`` renders none.
+    ``decoupled_mode``: tensorrtllm_backend's switch of the same name, for ``ensemble``,
+    ``tensorrt_llm`` and ``tensorrt_llm_bls``: ``False`` (NVIDIA's quick-start default) makes
+    them answer Triton's ``infer`` (one response; ``stream`` / ``streaming`` true refused),
+    ``True`` makes them decoupled (streaming over gRPC and ``generate_stream``; ``infer``
+    refused by Triton). ``specdec`` is always decoupled, ``specdec_unary`` never.
+    ``exclude_input_in_output``: tensorrt_llm's parameter of that name, what a request to
+    ``tensorrt_llm``, ``ensemble`` or ``tensorrt_llm_bls`` that leaves the input out gets (true,
+    as in every NVIDIA setup: the new tokens / text only; false: the prompt first, when not
+    streaming).
     """
 
     model_name: str = "specdec"
@@ -111,8 +121,13 @@ class ServingConfig:
     max_queue_size: int = 64
     batch_policy: str = "load_aware"
     prefill_chunk_tokens: int = 512
+    decoupled_mode: bool = False
+    exclude_input_in_output: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("decoupled_mode", "exclude_input_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "instance_count", "max_concurrency", "unary_instance_count", "default_max_tokens",
                      "max_queue_size", "prefill_chunk_tokens"):
             _positive(getattr(self, name), name)
@@ -132,7 +147,16 @@ class ServingConfig:
     def parameters(self) -> dict[str, str]:
         """What the decoupled model's config.pbtxt carries (and :meth:`from_parameters` reads)."""
         return {"deployment_file": self.deployment_file, "max_concurrency": str(self.max_concurrency),
-                "default_max_tokens": str(self.default_max_tokens), **self._batch_parameters()}
+                "default_max_tokens": str(self.default_max_tokens), **self._batch_parameters(),
+                TRTLLM_METRICS_MODEL: self.trtllm_metrics_model}
+
+    @property
+    def trtllm_metrics_model(self) -> str:
+        """The ``model`` label of TensorRT-LLM's metric families (``nv_trt_llm_*``,
+        ``nv_llm_*_token_len``): the token-level model's name, where TensorRT-LLM publishes them
+        (NVIDIA's CI reads ``model="tensorrt_llm"``), else this model's."""
+        tokens = self.trtllm_models.tokens if self.trtllm_models is not None else None
+        return tokens or self.model_name
 
     def _batch_parameters(self) -> dict[str, str]:
         return {"max_batch_size": str(self.max_batch_size), "max_queue_size": str(self.max_queue_size),

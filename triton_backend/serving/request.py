@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig
+from triton_backend.speculation.drafters.client import ClientDraft
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class ServingRequest:
     token_level: bool = False
     return_perf_metrics: bool = False
     arrival_ns: int = 0  # time.time_ns() when parsed (perf metrics)
+    client_draft: ClientDraft | None = None  # draft_input_ids (+ draft_logits): verified instead of a drafter's
 
 
 __all__ = ["ServingRequest"]

@@ -34,7 +34,7 @@ def merge_chunks(first: GenerationChunk, second: GenerationChunk) -> GenerationC
     if first.log_probs is not None or second.log_probs is not None:
         log_probs = list(first.log_probs or []) + list(second.log_probs or [])
     return GenerationChunk(list(first.token_ids) + list(second.token_ids), first.text + second.text,
-                           log_probs=log_probs)
+                           stats=second.stats or first.stats, log_probs=log_probs)
 
 
 @dataclass

@@ -81,10 +81,14 @@ class ResponseBuilder:
             self.ids.extend(chunk.token_ids)
             return None
         if self.request.token_level:
-            return {**token_outputs(list(chunk.token_ids)), **index_outputs(), **self._log_probs()} if chunk.token_ids else None
+            if not chunk.token_ids:
+                return None
+            return {**token_outputs(list(chunk.token_ids)), **index_outputs(), **self._log_probs(),
+                    **self._perf_so_far(chunk)}
         if not chunk.text:
             return None
-        out = {"text_output": string_tensor("".join(self.pieces) + chunk.text), **index_outputs(), **self._log_probs()}
+        out = {"text_output": string_tensor("".join(self.pieces) + chunk.text), **index_outputs(), **self._log_probs(),
+               **self._perf_so_far(chunk)}
         self.pieces.clear()
         return out
 
@@ -116,6 +120,16 @@ class ResponseBuilder:
         out = log_prob_outputs(self.log_probs, self.cum_log_prob)
         self.log_probs = []
         return out
+
+    def _perf_so_far(self, chunk: GenerationChunk) -> Outputs:
+        """A streamed response's perf outputs (as TensorRT-LLM sends them on every response):
+        timings and the acceptance counts so far."""
+        if not self.request.return_perf_metrics:
+            return {}
+        stats = chunk.stats or GenerationStats()
+        return {**self._perf(stats), ACCEPTANCE_RATE.name: scalar_tensor(stats.acceptance_rate, T.FP32),
+                TOTAL_ACCEPTED.name: scalar_tensor(stats.accepted_tokens, T.INT32),
+                TOTAL_DRAFT.name: scalar_tensor(stats.drafted_tokens, T.INT32)}
 
     def _perf(self, stats: GenerationStats) -> Outputs:
         """TensorRT-LLM's per-request perf outputs with specbuild's values: no paged KV cache

@@ -27,7 +27,7 @@ from triton_backend.serving.interface import (
 )
 from triton_backend.serving.trtllm_inputs import (
     check_single_sequence, read_max_tokens, read_pad_id, read_prompt, read_seed, read_stream, read_top_k_p,
-    read_guide, read_penalties, read_word_list, refuse_unsupported,
+    read_client_draft, read_guide, read_penalties, read_word_list, refuse_unsupported,
 )
 from triton_backend.serving.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.core.reference_model import REFERENCE_MODELS
@@ -66,6 +66,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         **read_penalties(arrays),
     )
     spec = speculation.for_request(read_scalar(arrays, SPECULATION), read_scalar(arrays, NUM_DRAFT_TOKENS))
+    client_draft = read_client_draft(arrays, token_level)
     stream = read_stream(arrays)
     chat = bool(read_scalar(arrays, CHAT))
     if token_level and chat:
@@ -76,7 +77,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         exclude_input is not None and not exclude_input)
     return ServingRequest(prompt, sampling, spec, stream=stream, chat=chat, include_prompt=include_prompt,
                           token_level=token_level, return_perf_metrics=bool(read_scalar(arrays, RETURN_PERF_METRICS)),
-                          arrival_ns=arrival)
+                          arrival_ns=arrival, client_draft=client_draft)
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -218,12 +219,15 @@ class SpecdecService:
             request = parse_request(arrays, self.speculation, self.config.default_max_tokens)
             responder = _Responder(request, sink, self.observer, started)
             if self.scheduler is None:
+                if request.client_draft is not None:
+                    raise InvalidRequestError("draft_input_ids: this deployment's runtime does not verify client "
+                                              "drafts (the torch runtime does)")
                 self._pool.submit(self.run, request, responder)
                 return
             prompt_ids = self.decoder.encode(self._prompt(request))
             handle = self._pump.wrap(responder)
             try:
-                self.scheduler.submit(prompt_ids, request.sampling, request.speculation, handle)
+                self.scheduler.submit(prompt_ids, request.sampling, request.speculation, handle, request.client_draft)
             except BaseException:
                 self._pump.discard(handle)
                 raise

@@ -10,12 +10,15 @@ sending both with different values is refused.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.core.guide import Guide
+
+if TYPE_CHECKING:
+    from triton_backend.speculation.drafters.client import ClientDraft
 from triton_backend.serving.interface import MAX_TOKENS, STREAM, TEXT_INPUT, TOP_K, TOP_P
 from triton_backend.serving.interface import RANDOM_SEED as OUR_SEED
 from triton_backend.serving.tensors import TensorSpec, read_ids, read_matrix, read_scalar
@@ -87,7 +90,55 @@ def read_seed(arrays: Mapping[str, np.ndarray]) -> int | None:
 
 
 def read_top_k_p(arrays: Mapping[str, np.ndarray]) -> tuple[int | None, float | None]:
-    return one_of(arrays, TOP_K, RUNTIME_TOP_K), one_of(arrays, TOP_P, RUNTIME_TOP_P)
+    """``top_k`` / ``runtime_top_k`` and ``top_p`` / ``runtime_top_p``; 0 (what NVIDIA's clients
+    send by default) means "off" for both, as in TensorRT-LLM: top-p 0 reads as ``None``."""
+    top_p = one_of(arrays, TOP_P, RUNTIME_TOP_P)
+    return one_of(arrays, TOP_K, RUNTIME_TOP_K), None if top_p == 0 else top_p
+
+
+def trtllm_request_defaults(arrays: Mapping[str, np.ndarray], exclude_input: bool | None) -> dict[str, np.ndarray]:
+    """What a tensorrtllm_backend-named model sets on a request before forwarding it, so the
+    request means what it means to TensorRT-LLM (returned as ``{input: [1, 1] array}``):
+
+    - neither top-k nor top-p above 0 (absent counts as 0): greedy, whatever the temperature
+      (TensorRT-LLM's sampling layers turn top_k = top_p = 0 into top_k = 1), so
+      ``temperature`` becomes 0;
+    - ``exclude_input_in_output`` absent: ``exclude_input`` (the model's config parameter, as
+      tensorrt_llm's ``exclude_input_in_output`` parameter), when not ``None``."""
+    out: dict[str, np.ndarray] = {}
+    top_k, top_p = read_top_k_p(arrays)
+    if not (top_k or 0) > 0 and not (top_p or 0) > 0:
+        out[TEMPERATURE_NAME] = np.zeros((1, 1), np.float32)
+    if exclude_input is not None and EXCLUDE_INPUT_NAME not in arrays:
+        out[EXCLUDE_INPUT_NAME] = np.full((1, 1), exclude_input, np.bool_)
+    return out
+
+
+TEMPERATURE_NAME, EXCLUDE_INPUT_NAME = "temperature", "exclude_input_in_output"
+# the inputs trtllm_request_defaults reads
+DEFAULTS_READ = (TOP_K.name, RUNTIME_TOP_K.name, TOP_P.name, RUNTIME_TOP_P.name, EXCLUDE_INPUT_NAME)
+
+
+def read_client_draft(arrays: Mapping[str, np.ndarray], token_level: bool) -> "ClientDraft | None":
+    """``draft_input_ids`` (+ ``draft_logits``): a client's drafts for the target to verify
+    (token level only); ``None`` when absent or empty."""
+    from triton_backend.speculation.drafters.client import ClientDraft
+    from triton_backend.serving.trtllm_interface import DRAFT_INPUT_IDS, DRAFT_LOGITS
+
+    ids = read_ids(arrays, DRAFT_INPUT_IDS) or []
+    logits = read_matrix(arrays, DRAFT_LOGITS)
+    if not ids:
+        if logits is not None and logits.size:
+            raise InvalidRequestError("draft_logits needs draft_input_ids")
+        return None
+    if not token_level:
+        raise InvalidRequestError("draft_input_ids needs input_ids (the token-level tensorrt_llm model)")
+    if logits is not None and logits.size:
+        if logits.dtype.kind != "f":
+            raise InvalidRequestError("draft_logits must be FP32")
+        logits = np.asarray(logits, np.float32)
+        return ClientDraft(tuple(ids), logits.reshape(-1, logits.shape[-1]) if logits.ndim > 2 else logits)
+    return ClientDraft(tuple(ids))
 
 
 def check_single_sequence(arrays: Mapping[str, np.ndarray]) -> None:
@@ -124,8 +175,9 @@ def read_word_list(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> tuple[
     return tuple(out)
 
 
-__all__ = ["check_single_sequence", "one_of", "read_guide", "read_max_tokens", "read_pad_id", "read_penalties", "read_prompt",
-           "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported"]
+__all__ = ["check_single_sequence", "one_of", "read_guide", "read_max_tokens", "read_pad_id", "read_penalties",
+           "read_prompt", "read_client_draft", "read_seed", "read_stream", "read_top_k_p", "read_word_list",
+           "refuse_unsupported", "trtllm_request_defaults"]
 
 
 def read_penalties(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:

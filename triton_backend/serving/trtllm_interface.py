@@ -95,6 +95,8 @@ TEXT_OUTPUTS: tuple[TensorSpec, ...] = (TEXT_OUTPUT,) + _COMMON_OUTPUTS + PERF_O
 
 # -- token level (tensorrt_llm) -------------------------------------------------------------
 INPUT_IDS = _in("input_ids", T.INT32, (-1,), "the prompt's token ids")
+DRAFT_INPUT_IDS = _in("draft_input_ids", T.INT32, (-1,), "a client's draft tokens, verified in the first round")
+DRAFT_LOGITS = _in("draft_logits", T.FP32, (-1, -1), "the draft model's logits of draft_input_ids [k, vocab]")
 INPUT_LENGTHS = TensorSpec("input_lengths", T.INT32, (1,), optional=False, doc="len(input_ids)")
 REQUEST_OUTPUT_LEN = TensorSpec("request_output_len", T.INT32, (1,), optional=False, doc="tokens to generate at most")
 STREAMING = _in("streaming", T.BOOL, doc="one response per verified block")
@@ -106,9 +108,9 @@ STOP = _in("stop", T.BOOL, doc="false only: cancel a request by closing its stre
 
 TOKEN_INPUTS: tuple[TensorSpec, ...] = (
     INPUT_IDS, _in("encoder_input_features", T.FP16, (-1, -1)), _in("encoder_output_lengths", T.INT32),
-    INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, _in("draft_input_ids", T.INT32, (-1,)),
+    INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, DRAFT_INPUT_IDS,
     _in("decoder_input_ids", T.INT32, (-1,)), _in("decoder_input_lengths", T.INT32),
-    _in("draft_logits", T.FP32, (-1, -1)), _in("draft_acceptance_threshold", T.FP32), END_ID, PAD_ID,
+    DRAFT_LOGITS, _in("draft_acceptance_threshold", T.FP32), END_ID, PAD_ID,
     STOP_WORDS_LIST, BAD_WORDS_LIST, _in("embedding_bias", T.FP32, (-1,)), BEAM_WIDTH, TEMPERATURE, RUNTIME_TOP_K,
     RUNTIME_TOP_P, _in("runtime_top_p_min", T.FP32), _in("runtime_top_p_decay", T.FP32),
     _in("runtime_top_p_reset_ids", T.INT32), _in("len_penalty", T.FP32), _in("early_stopping", T.BOOL),
@@ -177,8 +179,9 @@ REFUSED: dict[str, Refusal] = {
     **{name: Refusal("absent", _NOT_OFFERED + " (logit bias)") for name in (
         "embedding_bias", "embedding_bias_words", "embedding_bias_weights", "EMBEDDING_BIAS_WORDS",
         "EMBEDDING_BIAS_WEIGHTS")},
-    **{name: Refusal("absent", "is not used: specbuild drafts the tokens itself") for name in (
-        "draft_input_ids", "draft_logits", "draft_acceptance_threshold")},
+    "draft_acceptance_threshold": Refusal("absent", "is not offered: a fixed acceptance threshold does not keep the "
+                                          "target's distribution (specbuild verifies draft_logits with the "
+                                          "rejection rule)"),
     **{name: Refusal("absent", _NOT_OFFERED + " (top-p decay, KV retention, disaggregated serving, lookahead)")
        for name in ("runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids", "context_phase_params",
                     "retention_token_range_starts", "retention_token_range_ends",

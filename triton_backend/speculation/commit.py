@@ -64,8 +64,9 @@ class Commit:
         self.log_probs.extend(values)
 
     def commit(self, block: Sequence[int]) -> GenerationChunk | None:
-        """Commit one verified block; the chunk it adds (finished, with the stats, when the
-        request ends), or ``None`` when it adds nothing to stream yet."""
+        """Commit one verified block; the chunk it adds (finished when the request ends; its
+        ``stats`` the request's statistics, still growing on a partial chunk), or ``None`` when it
+        adds nothing to stream yet."""
         reason = self._append(block)
         if not self.stats.time_to_first_token_s:
             self.stats.time_to_first_token_s = time.perf_counter() - self.started
@@ -76,7 +77,8 @@ class Commit:
             self.stats.generated_tokens = len(self.generated)
             self.stats.total_time_s = time.perf_counter() - self.started
             return GenerationChunk(new, text, True, reason, self.stats, log_probs)
-        return GenerationChunk(new, text, log_probs=log_probs) if new or text else None
+        # a partial chunk carries the live statistics too (read when its response is made: perf metrics)
+        return GenerationChunk(new, text, stats=self.stats, log_probs=log_probs) if new or text else None
 
     def _append(self, block: Sequence[int]) -> FinishReason | None:
         """Append ``block`` token by token until a stop; ``tokens`` follows in place (a stop

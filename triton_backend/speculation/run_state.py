@@ -7,7 +7,7 @@ length, chain verification, log probabilities and recording the round."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -23,6 +23,9 @@ from triton_backend.core.grammar import GuideMatcher, compile_guide
 from triton_backend.speculation.rounds import RoundOutcome, cap_draft_length, record_round
 from triton_backend.core.sampling import LogitsProcessor, RowHistory, make_generator
 from triton_backend.speculation.verify import verify_greedy, verify_rejection
+
+if TYPE_CHECKING:
+    from triton_backend.speculation.drafters.client import ClientDraft
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,22 @@ class RunState:
                              max_context=target.max_context,
                              method=mode.value if drafter else SpeculationMode.OFF.value, started=started)
 
+    def attach_client_draft(self, draft: "ClientDraft") -> None:
+        """Verify a client's drafts in the first round (a run made without a drafter: its
+        controller decides nothing here); :mod:`triton_backend.speculation.drafters.client`."""
+        from triton_backend.speculation.drafters.client import METHOD, ClientDraftSession
+
+        self.drafter_session = ClientDraftSession(draft, self.commit.prompt_len)
+        self.use_drafter = True
+        self.commit.stats.method = METHOD
+
+    @property
+    def client_drafting(self) -> bool:
+        """Whether this run verifies a client's drafts (their length is the client's, not planned)."""
+        from triton_backend.speculation.drafters.client import ClientDraftSession
+
+        return isinstance(self.drafter_session, ClientDraftSession)
+
     @property
     def tokens(self) -> list[int]:
         """The prompt and the committed tokens (read only)."""
@@ -84,6 +103,8 @@ class RunState:
         """This round's draft length from the controller (0 without a drafter)."""
         if not self.use_drafter:
             return 0
+        if self.client_drafting:
+            return self.cap_draft_length(self.drafter_session.pending)
         if self.auto is None:
             return self.cap_draft_length(self.controller.next_draft_length())
         k = self.cap_draft_length(self.auto.draft_length(self.tokens))

@@ -18,7 +18,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
-from triton_backend.serving.interface import ServingConfig
+from triton_backend.serving.interface import TRTLLM_METRICS_MODEL, ServingConfig
 from triton_backend.serving.triton.io import TritonResponseSink, model_parameters, request_arrays
 from triton_backend.serving.trtllm_interface import SERVED_INPUTS
 
@@ -43,7 +43,8 @@ class SpecdecModel:
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(f"model {args['model_name']!r} must be decoupled")
-        config = ServingConfig.from_parameters(args["model_name"], model_parameters(model_config))
+        params = model_parameters(model_config)
+        config = ServingConfig.from_parameters(args["model_name"], params)
         deployment = load_deployment(Path(args["model_repository"]) / args["model_version"] / config.deployment_file)
         logger.info("%s: serving %s", args["model_instance_name"], " ".join(deployment.to_json().split()))
         decoder = build_decoder(deployment)
@@ -51,7 +52,8 @@ class SpecdecModel:
 
         # specdec_* and, beside them, TensorRT-LLM's nv_trt_llm_* names
         self.metrics = Observers(TritonMetrics(pb_utils, args["model_name"]),
-                                 TrtllmMetrics(pb_utils, args["model_name"], config.max_batch_size))
+                                 TrtllmMetrics(pb_utils, params.get(TRTLLM_METRICS_MODEL, args["model_name"]),
+                                               config.max_batch_size))
         self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
 
     def execute(self, requests: list[Any]) -> None:

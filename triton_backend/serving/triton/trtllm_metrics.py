@@ -1,6 +1,8 @@
 """TensorRT-LLM's metric names (tensorrtllm_backend's custom metrics reporter), with the values
 specbuild has, beside the ``specdec_*`` series: dashboards built for TensorRT-LLM read them
-unchanged. Labels: ``model`` and ``version`` as there, plus the family's own label.
+unchanged. Labels: ``model`` (the token-level model's name, ``tensorrt_llm``, where TensorRT-LLM
+publishes them: ServingConfig.trtllm_metrics_model) and ``version`` as there, plus the family's
+own label.
 
 - ``nv_trt_llm_request_metrics{request_type}``: ``active`` (requests being generated),
   ``max`` (the batch's slots), ``scheduled`` (rows in the latest batched pass), ``waiting``
