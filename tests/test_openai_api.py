@@ -200,8 +200,8 @@ def test_errors_are_typed_in_openai_format(front, client) -> None:
     assert info.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                       response_format={"type": "json_object"})
-    assert info.value.body["param"] == "response_format", info.value.body  # the served specdec: no guides
+                                       response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+    assert info.value.body["param"].startswith("response_format"), info.value.body  # a schema is required
     with pytest.raises(openai.BadRequestError) as info:  # checked by the model itself, as an error response
         client.completions.create(model=MODEL, prompt="word " * 3000, max_tokens=4)
     assert "context" in info.value.body["message"]
@@ -216,6 +216,21 @@ def test_errors_are_typed_in_openai_format(front, client) -> None:
         error = reply.json()["error"]
         assert reply.status_code == status and set(error) == {"message", "type", "param", "code"}, reply.text
         assert "Traceback" not in error["message"]
+
+
+@pytest.mark.slow
+def test_response_format_json_schema_is_decoded_under_its_grammar(client) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Alice is 31 years old. Give her name and age as JSON."}],
+        max_tokens=48, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    value = json.loads(reply.choices[0].message.content)  # the grammar forces a complete, valid object
+    assert set(value) == {"name", "age"} and isinstance(value["name"], str) and isinstance(value["age"], int)
+    loose = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                           max_tokens=32, temperature=0, response_format={"type": "json_object"})
+    assert isinstance(json.loads(loose.choices[0].message.content), (dict, list))
 
 
 @pytest.mark.slow
