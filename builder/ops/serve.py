@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 from builder.stages.model_repository import is_model_repository, render_model_repository
-from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
+from builder.ops.http_guard import GuardConfig, HttpGuard
+from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer, free_port
 from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
@@ -40,6 +41,8 @@ class ServeConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
     repository_dir: Path | None = None  # where to render a deployment (default: a temporary folder)
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # after Triton exits abnormally
+    # the HTTP guard on the public HTTP port (Triton's own HTTP then on loopback); None: Triton's HTTP is public
+    max_body_bytes: int | None = field(default_factory=lambda: GuardConfig().max_body_bytes)
 
 
 def find_deployment(source: Path | None) -> Path | None:
@@ -80,14 +83,22 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
 
 def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
                   server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
-    """Start Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
+    """Start the HTTP guard (:mod:`builder.ops.http_guard`, unless ``config.max_body_bytes`` is
+    ``None``) and Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
     SIGTERM: it finishes in-flight requests), restarting it after abnormal exits as
     ``config.restart`` says (:mod:`builder.ops.triton_supervisor`). Returns Triton's last status
     (2 when the supervisor gave up). ``server_factory`` makes each server (e.g. one launched
     under MPI, :mod:`builder.ops.deploy`)."""
     repository, temporary = prepare_repository(config)
-    supervisor = TritonSupervisor(replace(config.server, model_repository=repository, echo_log=True), server_factory,
-                                  config.restart)
+    server_config = replace(config.server, model_repository=repository, echo_log=True)
+    guard = None
+    if config.max_body_bytes is not None:  # Triton's HTTP moves to an internal loopback port behind the guard
+        internal = free_port("127.0.0.1")
+        guard = HttpGuard(GuardConfig(host=server_config.host, port=server_config.http_port,
+                                      max_body_bytes=config.max_body_bytes, restricted=server_config.restricted),
+                          f"http://127.0.0.1:{internal}")
+        server_config = replace(server_config, http_host="127.0.0.1", http_port=internal)
+    supervisor = TritonSupervisor(server_config, server_factory, config.restart)
     previous: dict[int, object] = {}
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
@@ -95,7 +106,12 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
         supervisor.request_stop()
 
     try:
+        if guard is not None:
+            guard.start()  # first: a taken public port fails before Triton's long start
         endpoints = supervisor.start()
+        if guard is not None:
+            assert guard.port is not None
+            endpoints = replace(endpoints, http_port=guard.port, http_host=None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)
         if on_ready is not None:
@@ -105,6 +121,8 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         supervisor.stop()
+        if guard is not None:
+            guard.stop()
         if temporary:
             shutil.rmtree(repository, ignore_errors=True)
 
