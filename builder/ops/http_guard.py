@@ -15,7 +15,9 @@ HTTP port. For each request the guard:
   without the admin header with ``403`` (Triton checks the same key again behind it);
 - streams Triton's answer back as it comes (``generate_stream`` server-sent events included)
   and closes the upstream connection when the client goes away;
-- answers ``503`` while Triton is not reachable (a restart after a crash).
+- answers ``503`` while Triton is not reachable (a restart after a crash), and turns the 400
+  that Triton 2.51's ``generate`` endpoint gives every model error into ``503`` (with
+  ``Retry-After``) when the model refused the request as overloaded.
 
 Every refusal is JSON, ``{"error": message, "code": code}``, as Triton writes its own errors
 (plus the typed code). gRPC and metrics do not pass through the guard.
@@ -36,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from builder.ops.triton_server import RestrictedApi, ServerError
+from triton_backend.core.errors import OVERLOADED_MESSAGE_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +86,14 @@ class GuardConfig:
             raise ServerError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
         if self.port is not None and not 0 < self.port < 65536:
             raise ServerError(f"guard port must be in 1..65535, got {self.port}")
+
+
+def _overloaded(body: bytes) -> bool:
+    try:
+        error = json.loads(body).get("error", "")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, str) and error.startswith(OVERLOADED_MESSAGE_PREFIX)
 
 
 def refusal(status: int, code: str, message: str) -> web.Response:
@@ -213,6 +224,13 @@ class HttpGuard:
             return self._refuse(503, "unavailable", "the server is not available right now (restarting?); retry later")
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        if upstream.status == 400 and upstream.content_length is not None and upstream.content_length < 1 << 16:
+            body = await upstream.read()
+            if _overloaded(body):  # Triton 2.51's generate endpoint answers every model error with 400
+                refused = self._refuse(503, "overloaded", json.loads(body)["error"])
+                refused.headers["Retry-After"] = "1"
+                return refused
+            return web.Response(status=400, body=body, content_type=upstream.content_type)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in upstream.headers.items():
             if name.lower() not in _HOP_BY_HOP:

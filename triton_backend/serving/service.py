@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig
 from triton_backend.deployment.config import DeploymentConfig
-from triton_backend.core.errors import InvalidRequestError, SpecbuildError
+from triton_backend.core.errors import InvalidRequestError, OverloadedError, SpecbuildError
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
@@ -198,6 +199,8 @@ class SpecdecService:
         self.scheduler: BatchScheduler | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pump: ResponsePump | None = None
+        self._lock = threading.Lock()
+        self._pool_requests = 0  # running or waiting on the pool
         if isinstance(decoder, SpeculativeDecoder) and batchable(decoder.target):
             rounds = observer if isinstance(observer, RoundObserver) else None
             # responses, cancellation queries and metrics off the scheduler thread
@@ -217,6 +220,7 @@ class SpecdecService:
             request = parse_request(arrays, self.speculation, self.config.default_max_tokens)
             responder = _Responder(request, sink, self.observer, started)
             if self.scheduler is None:
+                self._admit()  # the pool's queue is bounded like the scheduler's
                 self._pool.submit(self.run, request, responder)
                 return
             prompt_ids = self.decoder.encode(self._prompt(request))
@@ -229,8 +233,23 @@ class SpecdecService:
         except SpecbuildError as exc:
             _fail(self.observer, sink, exc, exc.code)
 
+    def _admit(self) -> None:
+        bound = self.config.max_concurrency + self.config.max_queue_size
+        with self._lock:
+            if self._pool_requests >= bound:
+                raise OverloadedError(f"{self._pool_requests} requests are running or waiting (at most {bound}); "
+                                      "retry later")
+            self._pool_requests += 1
+
     def run(self, request: ServingRequest, responder: _Responder) -> None:
         """One request's own loop (runtimes that batch on their own)."""
+        try:
+            self._run(request, responder)
+        finally:
+            with self._lock:
+                self._pool_requests -= 1
+
+    def _run(self, request: ServingRequest, responder: _Responder) -> None:
         try:
             with contextlib.closing(self.decoder.stream(self._prompt(request), request.sampling,
                                                         request.speculation)) as chunks:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from pathlib import Path
 from typing import Any
 
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.serving.interface import ServingConfig
-from triton_backend.serving.triton.io import TritonResponseSink, model_parameters, request_arrays
+from triton_backend.serving.triton.io import (CANCEL_PARAM, FORWARD_ID_PARAM, TritonResponseSink, model_parameters,
+                                              request_arrays, request_parameters)
 from triton_backend.serving.trtllm_interface import SERVED_INPUTS
 
 logger = logging.getLogger("triton_backend.serving.triton.specdec_model")
@@ -53,11 +55,28 @@ class SpecdecModel:
         self.metrics = Observers(TritonMetrics(pb_utils, args["model_name"]),
                                  TrtllmMetrics(pb_utils, args["model_name"], config.max_batch_size))
         self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
+        # forwarded requests by their front model's id, while they live (see io.FORWARD_ID_PARAM)
+        self._forwarded: weakref.WeakValueDictionary[str, TritonResponseSink] = weakref.WeakValueDictionary()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            self.service.submit(request_arrays(request, SERVED_INPUTS), TritonResponseSink(request))
+            parameters = request_parameters(request)
+            if CANCEL_PARAM in parameters:  # a front model's client went away: cancel its forwarded request
+                self._cancel_forwarded(str(parameters[CANCEL_PARAM]))
+                request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            forward_id = parameters.get(FORWARD_ID_PARAM)
+            sink = TritonResponseSink(request, forwarded=forward_id is not None)
+            if forward_id is not None:
+                self._forwarded[str(forward_id)] = sink
+            self.service.submit(request_arrays(request, SERVED_INPUTS), sink)
         return None
+
+    def _cancel_forwarded(self, forward_id: str) -> None:
+        sink = self._forwarded.get(forward_id)
+        logger.info("cancelling forwarded request %s (%s)", forward_id, "live" if sink is not None else "gone")
+        if sink is not None:
+            sink.cancel()
 
     def finalize(self) -> None:
         self.service.shutdown()
