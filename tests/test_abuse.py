@@ -6,18 +6,25 @@ HTTP guard (:mod:`builder.ops.http_guard`): the short CI form. The long form wit
   typed 413 before Triton sees it; with a bound above it, the guard's content-type rewrite
   still keeps it off Triton's crashing path (typed 400); the server keeps serving;
 - a chunked body with no length, a compressed body, the restricted admin APIs: typed 4xx;
-- ``generate_stream`` (server-sent events) streams through the guard.
+- ``generate_stream`` (server-sent events) streams through the guard;
+- a crowd on a front model (``ensemble``, ``tensorrt_llm_bls``) is refused beyond its bound at
+  once with 503; abandoned clients of front models free their slots; oversized lists and
+  integers get typed 400s at once.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
-from reliability_fixtures import reliable_triton  # noqa: F401 (fixture)
+from reliability_fixtures import (  # noqa: F401 (fixtures)
+    MODEL, delta, infer_input, reliable_triton, stream_request, wait_idle,
+)
 
 from builder.ops.http_guard import GuardConfig, HttpGuard, api_group
 from builder.ops.triton_server import RestrictedApi
@@ -25,6 +32,7 @@ from builder.ops.triton_server import RestrictedApi
 pytestmark = pytest.mark.slow
 
 KEY = RestrictedApi("k" * 24)
+CANCELLED = f'specdec_requests_total{{model="{MODEL}",outcome="cancelled"}}'
 BIG = json.dumps({"text_input": "x" * 6_000_000, "max_tokens": 4}).encode()
 
 
@@ -120,3 +128,73 @@ def test_generate_stream_streams_through_the_guard(guard) -> None:
         events = [json.loads(line[len(b"data: "):]) for line in reply if line.startswith(b"data: ")]
     assert len(events) >= 2 and events[-1].get("finish_reason") == "length"
     assert sum(1 for e in events if "text_output" in e) >= 2
+
+
+# -- crowds, abandoned clients, oversized lists and integers (the reliability server: 8 batch
+# slots + 8 queue places on specdec; tensorrt_llm_bls: 2 instances x 8 + 8 queued) ---------------
+def crowd(base: str, model: str, count: int) -> list[tuple[int, bytes, float]]:
+    answers: list[tuple[int, bytes, float]] = []
+    body = json.dumps({"text_input": "Count to ten.", "max_tokens": 8, "ignore_eos": True}).encode()
+
+    def one() -> None:
+        answers.append(post(f"{base}/v2/models/{model}/generate", body, {"Content-Type": "application/json"}))
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return answers
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_a_crowd_on_a_front_model_is_refused_beyond_the_bounds_at_once(guard, reliable_triton, model) -> None:  # noqa: F811
+    answers = crowd(f"http://127.0.0.1:{guard.port}", model, 48)
+    served = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] != 200]
+    assert len(answers) == 48 and served and refused, [a[0] for a in answers]
+    assert all(status == 503 for status, _, _ in refused), {a[0]: a[1][:200] for a in refused}
+    assert all(took < 5 for _, _, took in refused), sorted(a[2] for a in refused)
+    assert all(json.loads(body)["text_output"] for _, body, _ in served)
+    wait_idle(reliable_triton, timeout_s=60)
+
+
+def test_abandoned_clients_of_front_models_free_their_slots(reliable_triton) -> None:  # noqa: F811
+    """gRPC clients of ensemble / tensorrt_llm_bls that give up: the work behind them stops
+    (specdec counts each as cancelled) and a fresh request is served at once."""
+    before = wait_idle(reliable_triton)
+    request = [infer_input("text_input", np.array([[b"Tell me a long story."]], dtype=object), "BYTES"),
+               infer_input("max_tokens", np.array([[2048]], dtype=np.int32), "INT32"),
+               infer_input("ignore_eos", np.array([[True]]), "BOOL")]
+    streamed = request + [infer_input("stream", np.array([[True]]), "BOOL")]
+    outcomes: list = []
+    jobs = [("ensemble", streamed)] * 4 + [("tensorrt_llm_bls", request)] * 2
+    threads = [threading.Thread(target=lambda m=m, t=t: outcomes.append(
+        stream_request(reliable_triton.endpoints.grpc_url, t, cancel_after_s=3.0, model=m))) for m, t in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(outcomes) == len(jobs) and all(o.cancelled and o.error is None for o in outcomes)
+    after = wait_idle(reliable_triton, timeout_s=30)
+    assert delta(after, before, CANCELLED) == len(jobs)
+    started = time.monotonic()
+    fresh = stream_request(reliable_triton.endpoints.grpc_url, request[:1] + [
+        infer_input("max_tokens", np.array([[4]], dtype=np.int32), "INT32")], model="ensemble")
+    assert fresh.final and fresh.error is None and time.monotonic() - started < 30
+
+
+def test_oversized_lists_and_integers_get_typed_errors_at_once(guard, reliable_triton) -> None:  # noqa: F811
+    base = f"http://127.0.0.1:{guard.port}/v2/models/ensemble/generate"
+    for body, code, words in (({"text_input": "Hi", "max_tokens": 2**32 + 5}, "invalid_request", "INT32"),
+                              ({"text_input": "Hi", "max_tokens": 10**9}, None, "over the maximum"),
+                              ({"text_input": "Hi", "max_tokens": 4, "stop_words": [f"w{i}" for i in range(100_000)]},
+                               None, "over the limit of 32")):
+        status, answer, took = post(base, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        assert status == 400 and words in json.loads(answer)["error"] and took < 5, (status, answer[:300], took)
+        assert code is None or typed(answer) == code
+    started = time.monotonic()  # gRPC passes no guard: the model refuses a huge prompt before tokenizing it
+    outcome = stream_request(reliable_triton.endpoints.grpc_url, [
+        infer_input("text_input", np.array([[b"x" * (8 << 20)]], dtype=object), "BYTES")], model="ensemble")
+    assert outcome.error and "characters, over the limit" in outcome.error and time.monotonic() - started < 10
+    generate_ok(f"http://127.0.0.1:{guard.port}")

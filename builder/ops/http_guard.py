@@ -11,6 +11,9 @@ HTTP port. For each request the guard:
   the bound inside Triton) with ``415``;
 - sends form-encoded bodies on as ``application/json`` (Triton's HTTP API reads JSON or its
   binary tensor format only; the form parser is the path that crashes);
+- refuses a JSON ``generate`` / ``infer`` body holding an integer its input's type cannot hold
+  with ``400`` (Triton's JSON conversion would wrap it silently: ``max_tokens`` 2^32 + 5 was
+  served as 5);
 - refuses the restricted API groups (:class:`~builder.ops.triton_server.RestrictedApi`)
   without the admin header with ``403`` (Triton checks the same key again behind it);
 - streams Triton's answer back as it comes (``generate_stream`` server-sent events included)
@@ -86,6 +89,48 @@ class GuardConfig:
             raise ServerError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
         if self.port is not None and not 0 < self.port < 65536:
             raise ServerError(f"guard port must be in 1..65535, got {self.port}")
+
+
+_INT_RANGES = {"INT8": 8, "INT16": 16, "INT32": 32, "INT64": 64, "UINT8": -8, "UINT16": -16, "UINT32": -32,
+               "UINT64": -64}  # bits; negative: unsigned
+_UINT64_FIELDS = ("seed", "random_seed")  # every other integer field of the served models is INT32
+
+
+def _fits(value: object, bits: int) -> bool:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return True  # not an integer: Triton judges it
+    if bits < 0:
+        return 0 <= value < 1 << -bits
+    return -(1 << (bits - 1)) <= value < 1 << (bits - 1)
+
+
+def _integers(value: object) -> list[object]:
+    if isinstance(value, list):
+        return [v for item in value for v in _integers(item)]
+    return [value]
+
+
+def integer_problem(path: str, body: bytes) -> str | None:
+    """Why a JSON ``generate`` / ``infer`` body holds an integer its input's type cannot hold
+    (Triton 2.51 would wrap it: ``max_tokens`` 2^32 + 5 became 5), or ``None``."""
+    if not path.endswith(("/generate", "/generate_stream", "/infer")):
+        return None
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None  # Triton answers a body that does not parse
+    if not isinstance(request, dict):
+        return None
+    if path.endswith("/infer"):
+        fields = [(t.get("name"), _INT_RANGES.get(str(t.get("datatype")).upper()), t.get("data"))
+                  for t in request.get("inputs", []) if isinstance(t, dict)]
+    else:
+        fields = [(name, -64 if name in _UINT64_FIELDS else 32, value) for name, value in request.items()]
+    for name, bits, value in fields:
+        if bits is not None and not all(_fits(v, bits) for v in _integers(value)):
+            kind = f"{'UINT' if bits < 0 else 'INT'}{abs(bits)}"
+            return f"{name}: a value does not fit its type {kind}"
+    return None
 
 
 def _overloaded(body: bytes) -> bool:
@@ -208,6 +253,10 @@ class HttpGuard:
         if body is None:
             return self._refuse(413, "request_too_large",
                                 f"request body is over the limit of {self.config.max_body_bytes} bytes")
+        if "Inference-Header-Content-Length" not in request.headers:  # a JSON body, not binary tensors
+            problem = integer_problem(request.path, body)
+            if problem is not None:
+                return self._refuse(400, "invalid_request", problem)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         if headers.get("Content-Type", "").split(";")[0].strip().lower() == _FORM:
             headers["Content-Type"] = "application/json"
@@ -223,14 +272,22 @@ class HttpGuard:
                 logger.warning("Triton is not reachable at %s: %s", self.upstream_url, exc)
             return self._refuse(503, "unavailable", "the server is not available right now (restarting?); retry later")
 
+    def _error_answer(self, body: bytes, upstream: aiohttp.ClientResponse) -> web.Response:
+        """A whole 400 answer from Triton: as is, unless the model refused the request as
+        overloaded (Triton 2.51's generate endpoint answers every model error with 400)."""
+        if _overloaded(body):
+            refused = self._refuse(503, "overloaded", json.loads(body)["error"])
+            refused.headers["Retry-After"] = "1"
+            return refused
+        return web.Response(status=400, body=body, content_type=upstream.content_type)
+
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        if upstream.status == 400 and upstream.content_length is not None and upstream.content_length < 1 << 16:
-            body = await upstream.read()
-            if _overloaded(body):  # Triton 2.51's generate endpoint answers every model error with 400
-                refused = self._refuse(503, "overloaded", json.loads(body)["error"])
-                refused.headers["Retry-After"] = "1"
-                return refused
-            return web.Response(status=400, body=body, content_type=upstream.content_type)
+        head = b""
+        if upstream.status == 400 and (upstream.content_length or 0) < 1 << 16:
+            while not upstream.content.at_eof() and len(head) < 1 << 16:
+                head += await upstream.content.read((1 << 16) - len(head))
+            if upstream.content.at_eof():
+                return self._error_answer(head, upstream)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in upstream.headers.items():
             if name.lower() not in _HOP_BY_HOP:
@@ -241,6 +298,8 @@ class HttpGuard:
             response.enable_chunked_encoding()
         await response.prepare(request)
         try:
+            if head:
+                await response.write(head)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
         except (ConnectionResetError, aiohttp.ClientPayloadError) as exc:  # one side went away mid-answer
@@ -251,4 +310,4 @@ class HttpGuard:
         return response
 
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "GuardConfig", "HttpGuard", "api_group", "refusal"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "GuardConfig", "HttpGuard", "api_group", "integer_problem", "refusal"]

@@ -32,6 +32,7 @@ from triton_backend.serving.trtllm_inputs import (
 )
 from triton_backend.serving.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.core.reference_model import REFERENCE_MODELS
+from triton_backend.serving.limits import check_max_tokens, check_prompt, check_sampling
 from triton_backend.serving.response_pump import ResponsePump
 from triton_backend.serving.request import ServingRequest
 from triton_backend.serving.responses import ResponseBuilder
@@ -49,6 +50,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
     refuse_unsupported(arrays)
     check_single_sequence(arrays)
     prompt = read_prompt(arrays)
+    check_prompt(prompt)  # before any tokenizing
     token_level = not isinstance(prompt, str)
     read_pad_id(arrays)
     end_id = read_scalar(arrays, END_ID)
@@ -65,6 +67,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         ignore_eos=bool(read_scalar(arrays, IGNORE_EOS)),
         **read_penalties(arrays),
     )
+    check_sampling(sampling)
     spec = speculation.for_request(read_scalar(arrays, SPECULATION), read_scalar(arrays, NUM_DRAFT_TOKENS))
     stream = read_stream(arrays)
     chat = bool(read_scalar(arrays, CHAT))
@@ -223,6 +226,7 @@ class SpecdecService:
                 self._admit()  # the pool's queue is bounded like the scheduler's
                 self._pool.submit(self.run, request, responder)
                 return
+            check_max_tokens(request.sampling.max_tokens, self.scheduler.target.max_context)
             prompt_ids = self.decoder.encode(self._prompt(request))
             handle = self._pump.wrap(responder)
             try:
