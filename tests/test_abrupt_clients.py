@@ -121,6 +121,8 @@ def test_serve_restarts_triton_after_a_crash_and_leaves_no_stub_behind(tmp_path:
         assert restarted != server
         seen.update(process_group_members(restarted))
         assert "specbuild: Triton restart 1: Triton exited unexpectedly (killed by SIGABRT)" in stderr_path.read_text()
+        # nothing defunct stays under serve either (the stubs it inherited as subreaper are collected)
+        assert not [p for p in _children(proc.pid) if not _alive(p) and p != restarted and p not in (server,)]
 
         proc.send_signal(signal.SIGTERM)
         # 1: Triton 2.51's own exit timeout expired (it keeps finished gRPC streams' state), still a stop

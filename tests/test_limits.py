@@ -92,3 +92,23 @@ def test_integers_in_infer_bodies_are_checked_by_their_datatype() -> None:
     body["inputs"][0]["data"] = [[5]]
     assert integer_problem("/v2/models/specdec_unary/infer", json.dumps(body).encode()) is None
     assert integer_problem("/v2/models/x/infer", b"not json") is None
+
+
+def test_deploy_settings_bring_the_guard_and_close_the_admin_apis() -> None:
+    import argparse
+
+    from builder.cli.deploy import add_deploy_arguments, config_from_settings, resolve_settings
+    from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
+
+    parser = argparse.ArgumentParser()
+    add_deploy_arguments(parser)
+    config = config_from_settings(resolve_settings(parser.parse_args([]), {}))
+    assert config.max_body_bytes == DEFAULT_MAX_BODY_BYTES and config.server.restricted is not None
+    assert "model-repository" in config.server.restricted.apis and len(config.server.restricted.key) >= 32
+    keyed = config_from_settings(resolve_settings(parser.parse_args([]), {"SPECBUILD_ADMIN_KEY": "a" * 20,
+                                                                          "SPECBUILD_MAX_BODY_BYTES": "0"}))
+    assert keyed.server.restricted.key == "a" * 20 and keyed.max_body_bytes is None
+    opened = config_from_settings(resolve_settings(parser.parse_args(["--open-admin-apis"]), {}))
+    assert opened.server.restricted is None
+    flags = keyed.server.restricted.flags()
+    assert flags[0].startswith("--http-restricted-api=model-repository,") and flags[0].endswith(":specbuild-admin-key=" + "a" * 20)
