@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import collections
 import enum
-import re
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from builder.ops.processes import become_subreaper, die_with_parent, collect_defunct_stubs, process_group_members
 from triton_backend.core.errors import SpecbuildError
 from triton_backend.core.reference_model import cache_dir
 
@@ -274,68 +275,6 @@ class Endpoints:
 _ERROR_MARKERS = ("error", "failed", "already in use", "exception", "unavailable")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: SIGTERM the server if the process that started it dies."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def process_group_members(pgid: int, zombies: bool = False) -> list[int]:
-    """Processes whose process group is ``pgid``, zombies only if asked (Linux /proc; [] elsewhere)."""
-    members = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and (zombies or fields[0] != "Z"):
-            members.append(int(entry.name))
-    return sorted(members)
-
-
-TRITON_COMMANDS = ("tritonserver", "triton_python_b", "mpirun")  # /proc comm names (15 characters at most)
-
-
-def collect_defunct_stubs() -> list[int]:
-    """Collect this process's defunct children that are Triton processes (backend stubs a
-    crashed server left to us, its subreaper): they would stay as zombies otherwise. Other
-    children are left to whoever started them. Linux /proc; [] elsewhere."""
-    collected = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] == "Z" and int(fields[1]) == os.getpid() and comm in TRITON_COMMANDS:
-            try:
-                os.waitpid(int(entry.name), os.WNOHANG)
-                collected.append(int(entry.name))
-            except ChildProcessError:
-                pass
-    if collected:
-        logger.info("collected %d defunct Triton process(es): %s", len(collected), ", ".join(map(str, collected)))
-    return collected
-
-
-def _become_subreaper() -> None:
-    """Linux: orphaned descendants (backend stubs of a server that died) become our children,
-    so :meth:`TritonServer.reap` can collect them instead of leaving zombies to PID 1."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-        except OSError:
-            pass
-
-
 class TritonServer:
     """One tritonserver process: ``start()`` waits for readiness, ``stop()`` shuts it down."""
 
@@ -359,14 +298,14 @@ class TritonServer:
         self.log_path = cfg.log_file or Path(tempfile.mkdtemp(prefix="specbuild-triton-")) / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command(installation, endpoints)
-        _become_subreaper()
+        become_subreaper()
         shown = " ".join(cmd)
         if cfg.restricted is not None:  # the key stays out of the log
             shown = shown.replace(cfg.restricted.key, "***")
         logger.info("starting %s: %s", installation.description, shown)
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env=server_environment(installation), start_new_session=True,
-                                      preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                                      preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True)
         self._reader.start()
         try:
