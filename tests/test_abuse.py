@@ -168,16 +168,18 @@ def test_abandoned_clients_of_front_models_free_their_slots(reliable_triton) -> 
                infer_input("ignore_eos", np.array([[True]]), "BOOL")]
     streamed = request + [infer_input("stream", np.array([[True]]), "BOOL")]
     outcomes: list = []
-    jobs = [("ensemble", streamed)] * 4 + [("tensorrt_llm_bls", request)] * 2
+    jobs = [("ensemble", streamed)] * 12 + [("tensorrt_llm_bls", request)] * 4  # the batch (8) and the queue full
     threads = [threading.Thread(target=lambda m=m, t=t: outcomes.append(
         stream_request(reliable_triton.endpoints.grpc_url, t, cancel_after_s=3.0, model=m))) for m, t in jobs]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    assert len(outcomes) == len(jobs) and all(o.cancelled and o.error is None for o in outcomes)
+    gave_up = [o for o in outcomes if o.cancelled and o.error is None]
+    assert len(outcomes) == len(jobs) and len(gave_up) >= 8, outcomes
+    assert all(o in gave_up or "server overloaded" in (o.error or "") for o in outcomes)
     after = wait_idle(reliable_triton, timeout_s=30)
-    assert delta(after, before, CANCELLED) == len(jobs)
+    assert delta(after, before, CANCELLED) == len(gave_up)
     started = time.monotonic()
     fresh = stream_request(reliable_triton.endpoints.grpc_url, request[:1] + [
         infer_input("max_tokens", np.array([[4]], dtype=np.int32), "INT32")], model="ensemble")

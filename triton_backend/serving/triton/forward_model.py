@@ -28,11 +28,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.core.errors import InvalidRequestError, OverloadedError
-from triton_backend.serving.triton.io import (CANCEL_PARAM, FORWARD_ID_PARAM, error_response, forwarded_error,
+from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, error_response, forwarded_error,
                                               model_parameters)
 
 logger = logging.getLogger("triton_backend.serving.triton.forward_model")
@@ -40,17 +39,18 @@ STREAM_INPUTS = ("stream", "streaming")
 TEXT_OUTPUT = "text_output"
 LAST_RESPONSE_OUTPUT = "finish_reason"  # the serving model's final response always carries it
 DEFAULT_MAX_IN_FLIGHT = 64
-CANCEL_CARRIER = "text_input"  # an optional input of the serving model
 CANCEL_POLL_S = 0.25
 
 
 class CancelWatch:
     """Asks Triton every ``CANCEL_POLL_S`` whether each forwarded request's client cancelled
     (one thread for all: a forwarding thread blocks on its child's next response) and, once
-    one did, asks the serving model to cancel the child (Triton 2.51's BLS cannot cancel it)."""
+    one did, tells the serving model to cancel the child (Triton 2.51's BLS cannot cancel it):
+    :class:`~triton_backend.serving.triton.io.CancelChannel`."""
 
     def __init__(self, target: str) -> None:
         self.target = target
+        self._channel = CancelChannel(target)
         self._live: dict[str, Any] = {}
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -87,13 +87,8 @@ class CancelWatch:
                     logger.exception("could not cancel a forwarded request")
 
     def _cancel_child(self, forward_id: str) -> None:
-        # one (empty) input: Triton takes a batching model's batch size from its inputs
-        cancel = pb_utils.InferenceRequest(model_name=self.target, requested_output_names=[],
-                                           inputs=[pb_utils.Tensor(CANCEL_CARRIER, np.array([[b""]], dtype=np.object_))],
-                                           parameters={CANCEL_PARAM: forward_id})
-        for response in cancel.exec(decoupled=True):
-            if response.has_error():
-                logger.error("cancelling forwarded request %s failed: %s", forward_id, response.error().message())
+        if not self._channel.send(forward_id):
+            logger.warning("no instance of %s listens for cancellations: %s runs to its end", self.target, forward_id)
 
     def close(self) -> None:
         self._stop.set()

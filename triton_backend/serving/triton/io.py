@@ -6,7 +6,10 @@ decoupled response sink. Works only inside Triton's Python backend stub, where
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+import os
+import socket
+import threading
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,9 +53,9 @@ def inference_response(outputs: Mapping[str, np.ndarray]) -> Any:
 # an error's code across a BLS call (the caller sees INTERNAL) nor a caller's cancellation to
 # its child request, so the forwarder names its child in a request parameter, the serving
 # model prefixes that child's error messages with their typed code ("overloaded|..."), and a
-# cancelled caller's child is cancelled by a second request carrying CANCEL_PARAM.
+# cancelled caller's child is cancelled through a datagram to the serving model's instances
+# (CancelChannel; a second BLS request could wait behind the forwarded ones for minutes).
 FORWARD_ID_PARAM = "specbuild_forward_id"
-CANCEL_PARAM = "specbuild_cancel"
 _CODE_SEPARATOR = "|"
 _UNAVAILABLE_CODES = ("model_load", "overloaded")
 
@@ -101,6 +104,63 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return parameters if isinstance(parameters, dict) else {}
 
 
+class CancelChannel:
+    """Cancellations of forwarded requests, from a front model to the serving model's instances,
+    as Unix datagrams (one socket per serving instance, in a folder only this user can enter,
+    named by the Triton server's pid and the serving model). ``listen`` runs ``on_cancel(id)``
+    on a thread of its own for each forward id received; ``send`` reaches every instance."""
+
+    def __init__(self, model: str) -> None:
+        import tempfile
+        from pathlib import Path
+
+        self.folder = Path(tempfile.gettempdir()) / f"specbuild-cancel-{os.getppid()}-{model}"
+        self._socket: socket.socket | None = None
+
+    def listen(self, on_cancel: Callable[[str], None]) -> None:
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+        st = self.folder.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            logger.error("%s is not this user's own folder: cancellations of forwarded requests are not received",
+                         self.folder)
+            return
+        path = self.folder / f"{os.getpid()}.sock"
+        path.unlink(missing_ok=True)
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(str(path))
+        threading.Thread(target=self._receive, args=(self._socket, on_cancel), name="cancel-channel",
+                         daemon=True).start()
+
+    @staticmethod
+    def _receive(sock: socket.socket, on_cancel: Callable[[str], None]) -> None:
+        while True:
+            try:
+                data = sock.recv(256)
+            except OSError:  # closed
+                return
+            try:
+                on_cancel(data.decode("ascii", "replace"))
+            except Exception:  # keep listening
+                logger.exception("cancelling a forwarded request failed")
+
+    def send(self, forward_id: str) -> int:
+        """Sends to every serving instance; how many it reached."""
+        reached = 0
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            for path in self.folder.glob("*.sock"):
+                try:
+                    sock.sendto(forward_id.encode("ascii"), str(path))
+                    reached += 1
+                except OSError:  # an instance that is gone
+                    pass
+        return reached
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            (self.folder / f"{os.getpid()}.sock").unlink(missing_ok=True)
+
+
 class TritonResponseSink:
     """Sends a decoupled request's responses through its response sender
     (:mod:`triton_backend.serving.triton.response_fence`): one at a time, the final flag exactly once,
@@ -147,5 +207,5 @@ class TritonResponseSink:
         self._out.close()
 
 
-__all__ = ["CANCEL_PARAM", "FORWARD_ID_PARAM", "TritonResponseSink", "error_code", "error_response", "forwarded_error",
+__all__ = ["CancelChannel", "FORWARD_ID_PARAM", "TritonResponseSink", "error_code", "error_response", "forwarded_error",
            "request_parameters", "triton_error", "inference_response", "model_parameters", "request_arrays"]

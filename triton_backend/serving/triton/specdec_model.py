@@ -20,7 +20,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.serving.interface import ServingConfig
-from triton_backend.serving.triton.io import (CANCEL_PARAM, FORWARD_ID_PARAM, TritonResponseSink, model_parameters,
+from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, TritonResponseSink, model_parameters,
                                               request_arrays, request_parameters)
 from triton_backend.serving.trtllm_interface import SERVED_INPUTS
 
@@ -57,15 +57,12 @@ class SpecdecModel:
         self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
         # forwarded requests by their front model's id, while they live (see io.FORWARD_ID_PARAM)
         self._forwarded: weakref.WeakValueDictionary[str, TritonResponseSink] = weakref.WeakValueDictionary()
+        self._cancels = CancelChannel(args["model_name"])  # a front model's client went away
+        self._cancels.listen(self._cancel_forwarded)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            parameters = request_parameters(request)
-            if CANCEL_PARAM in parameters:  # a front model's client went away: cancel its forwarded request
-                self._cancel_forwarded(str(parameters[CANCEL_PARAM]))
-                request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                continue
-            forward_id = parameters.get(FORWARD_ID_PARAM)
+            forward_id = request_parameters(request).get(FORWARD_ID_PARAM)
             sink = TritonResponseSink(request, forwarded=forward_id is not None)
             if forward_id is not None:
                 self._forwarded[str(forward_id)] = sink
@@ -79,5 +76,6 @@ class SpecdecModel:
             sink.cancel()
 
     def finalize(self) -> None:
+        self._cancels.close()
         self.service.shutdown()
         self.metrics.close()
