@@ -40,6 +40,13 @@ def _port(text: str) -> int:
     return port
 
 
+def _seconds(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("expected a whole number of seconds >= 1")
+    return value
+
+
 def _world_size(text: str) -> int | None:
     return None if text.strip().lower() == "auto" else int(text)
 
@@ -94,6 +101,8 @@ SETTINGS = (
             "TensorRT-LLM models, else 1) or a number"),
     Setting("mpirun", str, "mpirun", "the mpirun of a multi-rank launch"),
     Setting("startup-timeout", float, "600", "seconds Triton may take to become ready"),
+    Setting("exit-timeout", _seconds, "30", "on SIGTERM, seconds Triton lets in-flight requests finish (Kubernetes: within "
+            "terminationGracePeriodSeconds)"),
     Setting("log-verbose", int, "0", "Triton --log-verbose level"),
     Setting("max-body-bytes", int, str(DEFAULT_MAX_BODY_BYTES),
             "the HTTP guard on the HTTP port refuses larger request bodies with 413 (Triton's HTTP then listens "
@@ -144,9 +153,11 @@ def resolve_settings(args: argparse.Namespace, environ: dict[str, str] | None = 
 def config_from_settings(v: dict[str, Any]) -> DeployConfig:
     server = ServerConfig(model_repository=Path("."), host=v["host"], http_port=v["http_port"], grpc_port=v["grpc_port"],
                           metrics_port=v["metrics_port"], source=TritonSource(v["triton"]),
-                          startup_timeout_s=v["startup_timeout"], log_verbose=v["log_verbose"],
+                          startup_timeout_s=v["startup_timeout"], exit_timeout_s=v["exit_timeout"],
+                          log_verbose=v["log_verbose"],
                           restricted=RestrictedApi.from_settings(v["admin_key"], v["admin_header"], v["open_admin_apis"]))
-    return DeployConfig(max_body_bytes=v["max_body_bytes"] or None, spec=v["spec"], source=v["source"], engine_cache=v["engine_cache"] or default_engine_cache(),
+    return DeployConfig(max_body_bytes=v["max_body_bytes"] or None, spec=v["spec"], source=v["source"],
+                        engine_cache=v["engine_cache"] or default_engine_cache(),
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
                         build_threads=v["build_threads"], rebuild=v["rebuild"], verify_cache=v["verify_cache"],
                         server=server, world_size=v["world_size"], mpirun=v["mpirun"])

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     from builder.cli.deploy import register as register_deploy
 
     register_deploy(sub)
+
+    from builder.cli.k8s import register as register_k8s
+
+    register_k8s(sub)
     return parser
 
 

@@ -132,6 +132,18 @@ class PlannedRow:
     k: int
     proposal: DraftProposal = field(default_factory=lambda: EMPTY_PROPOSAL)
     draft_s: float = 0.0
+    forced: bool = False  # the proposal is the grammar's forced tokens (structured output), not a drafter's
+
+    def offer_forced(self) -> bool:
+        """A chain row whose grammar forces its next tokens drafts them for free, as the single
+        loop does (no drafter, no plan); returns whether it did."""
+        seq = self.seq
+        if seq.guide is None or seq.medusa is not None or seq.eagle is not None:
+            return False
+        proposal = seq.forced_draft()
+        if proposal.tokens:
+            self.proposal, self.forced = proposal, True
+        return self.forced
 
     def target_row(self) -> BatchRow:
         seq, start = self.seq, self.seq._start()
@@ -158,7 +170,7 @@ def propose_per_row(planned: Sequence[PlannedRow]) -> None:
         if row.k <= 0 or seq.drafter_session is None or seq.draft_slot is not None:
             continue
         t0 = time.perf_counter()
-        row.proposal = seq.drafter_session.propose(seq.tokens, row.k, seq.processor, seq.rng)
+        row.proposal = seq.constrain(seq.drafter_session.propose(seq.tokens, row.k, seq.processor, seq.rng))
         row.draft_s += time.perf_counter() - t0
 
 

@@ -279,8 +279,9 @@ class BatchScheduler:
         # a prompt short enough for the round's budget rides in a planned row: such a round
         # runs several plain rounds long, whatever the regime, so it is not measured either
         prompting = bool(prefill) or any(r.seq.prompting for r in planned)
-        ks = self.planner.plan([r.seq for r in planned])
-        for row, k in zip(planned, ks):
+        free = [r for r in planned if not r.offer_forced()]  # structured output: forced tokens ride for free
+        ks = self.planner.plan([r.seq for r in free])
+        for row, k in zip(free, ks):
             row.k = k
         propose_per_row(planned)
         if self.draft_engine is not None:
@@ -333,7 +334,7 @@ class BatchScheduler:
         """Verify, commit and stream one row; returns the tokens it committed."""
         seq = row.seq
         try:
-            outcome = verify_row(self.target, row, out).outcome(row.draft_s, verify_s)
+            outcome = verify_row(self.target, row, out).outcome(row.draft_s, verify_s, forced=row.forced)
             seq.record(outcome)
             chunk = seq.commit.commit(outcome.block)
         except SpecbuildError as exc:

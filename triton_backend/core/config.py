@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Mapping, TypeVar
 
 from triton_backend.core.config_io import read_config, setting
 from triton_backend.core.errors import ConfigError, InvalidRequestError
+from triton_backend.core.guide import Guide
 
 logger = logging.getLogger(__name__)
 E = TypeVar("E", bound=enum.Enum)
@@ -103,6 +104,7 @@ class SamplingParams:
     bad_words: tuple[str, ...] = ()  # strings, tokenized with the model's tokenizer
     bad_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never generated
     return_log_probs: bool = False  # per output token: see GenerationChunk.log_probs
+    guide: Guide | None = None  # structured output: the output follows this JSON schema / regex / grammar
 
     def __post_init__(self) -> None:
         self._check_penalties()
@@ -144,6 +146,7 @@ class SamplingParams:
             "bad word token sequences must be non-empty sequences of token ids >= 0",
         )
         _require(isinstance(self.return_log_probs, bool), "return_log_probs must be true or false")
+        _require(self.guide is None or isinstance(self.guide, Guide), "guide must be a Guide")
         object.__setattr__(self, "bad_words", tuple(self.bad_words))
         object.__setattr__(self, "bad_token_ids", tuple(tuple(seq) for seq in self.bad_token_ids))
 
@@ -183,6 +186,8 @@ class DraftLengthConfig:
                                     "instead of always num_draft_tokens")
     verify_cost_per_token: float = setting(0.06, "the adaptive length's cost model: extra cost of verifying one "
                                                  "more token, in target steps")
+    forced_tokens: int = setting(16, "structured output: up to this many tokens the request's grammar forces "
+                                     "(keys, punctuation) are drafted for free before any drafter runs; 0: off")
 
     def __post_init__(self) -> None:
         _config(_is_int(self.num_draft_tokens) and 0 <= self.num_draft_tokens <= 64,
@@ -192,6 +197,8 @@ class DraftLengthConfig:
         _config(isinstance(self.adaptive, bool), "adaptive must be true or false")
         _finite(self.verify_cost_per_token, "verify_cost_per_token")
         _config(self.verify_cost_per_token >= 0, "verify_cost_per_token must be >= 0")
+        _config(_is_int(self.forced_tokens) and 0 <= self.forced_tokens <= 64,
+                f"forced_tokens must be in [0, 64], got {self.forced_tokens!r}")
 
 
 @dataclass(frozen=True)

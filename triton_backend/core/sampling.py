@@ -16,6 +16,11 @@ draft tokens before that row: exactly the history plain decoding would have ther
 committed part is tracked incrementally per request (:class:`TokenHistory`); a row adds only
 its few draft tokens (:class:`RowHistory`).
 
+Structured output (a request's guide): each row is masked to the tokens the grammar allows
+after that row's history (:class:`~triton_backend.core.grammar.GuideMatcher`), after the rules
+above and before temperature / top-k / top-p, so the target (p) and a drafter (q) are
+constrained identically and greedy decoding takes the argmax of the allowed tokens.
+
 Log probabilities (``return_log_probs``) are those of the processed target distribution
 *before* top-k / top-p truncation: ``log_softmax(penalised_logits / T)``, ``T`` the
 temperature (1 for greedy decoding)."""
@@ -28,6 +33,7 @@ from typing import Sequence
 import torch
 
 from triton_backend.core.config import SamplingParams
+from triton_backend.core.grammar import GuideMatcher
 
 
 class TokenHistory:
@@ -96,20 +102,24 @@ class LogitsProcessor:
     end_ids: tuple[int, ...] = ()  # masked until min_tokens
     bad_words: tuple[tuple[int, ...], ...] = ()
     history: TokenHistory | None = field(default=None, compare=False, repr=False)  # set: history-dependent
+    penalised: bool = False  # penalties, min_tokens or bad words apply (else the history is the guide's alone)
+    guide: GuideMatcher | None = field(default=None, compare=False, repr=False)  # structured output
 
     @classmethod
     def from_params(cls, params: SamplingParams, *, prompt_len: int = 0, end_ids: Sequence[int] = (),
-                    bad_words: Sequence[Sequence[int]] = ()) -> "LogitsProcessor":
+                    bad_words: Sequence[Sequence[int]] = (), guide: GuideMatcher | None = None) -> "LogitsProcessor":
         """A request's processor. ``end_ids``: the tokens min_tokens holds back; ``bad_words``:
-        token sequences beyond ``params.bad_token_ids`` (the tokenized ``params.bad_words``)."""
+        token sequences beyond ``params.bad_token_ids`` (the tokenized ``params.bad_words``);
+        ``guide``: the request's grammar state (structured output)."""
         banned = tuple(tuple(int(t) for t in w) for w in (*params.bad_token_ids, *bad_words) if len(w))
         history = None
-        if params.history_dependent:
+        if params.history_dependent or guide is not None:
             history = TokenHistory(prompt_len, max((len(w) for w in banned), default=1) - 1)
         return cls(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                    repetition_penalty=float(params.repetition_penalty), presence_penalty=float(params.presence_penalty),
                    frequency_penalty=float(params.frequency_penalty), min_tokens=params.min_tokens,
-                   end_ids=tuple(sorted(set(int(t) for t in end_ids))), bad_words=banned, history=history)
+                   end_ids=tuple(sorted(set(int(t) for t in end_ids))), bad_words=banned, history=history,
+                   penalised=params.history_dependent, guide=guide)
 
     @property
     def greedy(self) -> bool:
@@ -122,6 +132,8 @@ class LogitsProcessor:
         if self.history is None:
             return None
         self.history.sync(committed)
+        if self.guide is not None:
+            self.guide.sync(committed)
         return [RowHistory(self.history, tuple(int(t) for t in extra)) for extra in extras]
 
     def chain_rows(self, committed: Sequence[int], drafts: Sequence[int]) -> list[RowHistory] | None:
@@ -138,7 +150,13 @@ class LogitsProcessor:
             return logits
         if len(histories) != logits.shape[0]:
             raise ValueError(f"{len(histories)} histories for {logits.shape[0]} logits rows")
-        return torch.stack([self._penalise(row, h) for row, h in zip(logits, histories)])
+        return torch.stack([self._process(row, h) for row, h in zip(logits, histories)])
+
+    def _process(self, row: torch.Tensor, history: RowHistory) -> torch.Tensor:
+        penalised = self._penalise(row, history) if self.penalised else row
+        if self.guide is None:
+            return penalised
+        return self.guide.constrain(penalised, history.extra, fallback=row)
 
     def _penalise(self, row: torch.Tensor, history: RowHistory) -> torch.Tensor:
         vocab = row.shape[0]

@@ -36,9 +36,13 @@ CHAT = TensorSpec("apply_chat_template", T.BOOL, doc="wrap text_input in the tok
 IGNORE_EOS = TensorSpec("ignore_eos", T.BOOL, doc="keep generating past EOS (fixed-length benchmarks)")
 EXCLUDE_INPUT = TensorSpec("exclude_input_in_output", T.BOOL,
                            doc="false: text_output starts with the prompt as sent; true or absent: new text only")
+GUIDE_TYPE = TensorSpec("guided_decoding_guide_type", T.STRING,
+                        doc="structured output: json, json_schema, regex or ebnf_grammar (docs/structured-output.md)")
+GUIDE = TensorSpec("guided_decoding_guide", T.STRING, doc="the JSON schema, regex or grammar (unused for json)")
 
 INPUTS: tuple[TensorSpec, ...] = (TEXT_INPUT, MAX_TOKENS, STREAM, TEMPERATURE, TOP_K, TOP_P, RANDOM_SEED, END_ID,
-                                  STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT, IGNORE_EOS, EXCLUDE_INPUT)
+                                  STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT, IGNORE_EOS, EXCLUDE_INPUT,
+                                  GUIDE_TYPE, GUIDE)
 
 TEXT_OUTPUT = TensorSpec("text_output", T.STRING, (-1,), optional=False, doc="generated text (a block when streaming)")
 ACCEPTANCE_RATE = TensorSpec("acceptance_rate", T.FP32, doc="accepted / drafted tokens")

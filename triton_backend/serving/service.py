@@ -28,7 +28,7 @@ from triton_backend.serving.interface import (
 )
 from triton_backend.serving.trtllm_inputs import (
     check_single_sequence, read_max_tokens, read_pad_id, read_prompt, read_seed, read_stream, read_top_k_p,
-    read_penalties, read_word_list, refuse_unsupported,
+    read_guide, read_penalties, read_word_list, refuse_unsupported,
 )
 from triton_backend.serving.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.core.reference_model import REFERENCE_MODELS
@@ -65,6 +65,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         stop=tuple(read_strings(arrays, STOP_WORDS)),
         stop_token_ids=stop_ids + (((end_id,),) if end_id is not None else ()),
         ignore_eos=bool(read_scalar(arrays, IGNORE_EOS)),
+        guide=read_guide(arrays),
         **read_penalties(arrays),
     )
     check_sampling(sampling)

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from triton_backend.core.errors import InvalidRequestError
+from triton_backend.core.guide import Guide
 from triton_backend.serving.interface import MAX_TOKENS, STREAM, TEXT_INPUT, TOP_K, TOP_P
 from triton_backend.serving.interface import RANDOM_SEED as OUR_SEED
 from triton_backend.serving.tensors import TensorSpec, read_ids, read_matrix, read_scalar
@@ -123,7 +124,7 @@ def read_word_list(arrays: Mapping[str, np.ndarray], spec: TensorSpec) -> tuple[
     return tuple(out)
 
 
-__all__ = ["check_single_sequence", "one_of", "read_max_tokens", "read_pad_id", "read_penalties", "read_prompt",
+__all__ = ["check_single_sequence", "one_of", "read_guide", "read_max_tokens", "read_pad_id", "read_penalties", "read_prompt",
            "read_seed", "read_stream", "read_top_k_p", "read_word_list", "refuse_unsupported"]
 
 
@@ -152,3 +153,11 @@ def read_penalties(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     if read_scalar(arrays, RETURN_LOG_PROBS):
         out["return_log_probs"] = True
     return out
+
+
+def read_guide(arrays: Mapping[str, np.ndarray]) -> Guide | None:
+    """Structured output: ``guided_decoding_guide_type`` + ``guided_decoding_guide`` as a typed
+    :class:`~triton_backend.core.guide.Guide` (None when neither is set; a bad pair is refused)."""
+    from triton_backend.serving.interface import GUIDE, GUIDE_TYPE
+
+    return Guide.from_inputs(read_scalar(arrays, GUIDE_TYPE), read_scalar(arrays, GUIDE))

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from triton_backend.serving.interface import (
-    ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, EXCLUDE_INPUT, FINISH_REASON, IGNORE_EOS, INPUTS, MAX_TOKENS,
+    ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, EXCLUDE_INPUT, FINISH_REASON, GUIDE, GUIDE_TYPE, IGNORE_EOS, INPUTS,
+    MAX_TOKENS,
     NUM_DRAFT_TOKENS, OUTPUTS, SPECULATION, STOP_WORDS, STREAM, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P,
     TOTAL_ACCEPTED, TOTAL_DRAFT,
 )
@@ -50,8 +51,6 @@ PROMPT_VOCAB_SIZE = _in("prompt_vocab_size", T.INT32)
 LORA_TASK_ID = _in("lora_task_id", T.UINT64)
 LORA_WEIGHTS = _in("lora_weights", T.FP16, (-1, -1))
 LORA_CONFIG = _in("lora_config", T.INT32, (-1, 3))
-GUIDE_TYPE = _in("guided_decoding_guide_type", T.STRING)
-GUIDE = _in("guided_decoding_guide", T.STRING)
 
 # -- text level -----------------------------------------------------------------------------
 DECODER_TEXT_INPUT = _in("decoder_text_input", T.STRING)
@@ -178,8 +177,6 @@ REFUSED: dict[str, Refusal] = {
     **{name: Refusal("absent", _NOT_OFFERED + " (logit bias)") for name in (
         "embedding_bias", "embedding_bias_words", "embedding_bias_weights", "EMBEDDING_BIAS_WORDS",
         "EMBEDDING_BIAS_WEIGHTS")},
-    **{name: Refusal("absent", _NOT_OFFERED + " (guided decoding)") for name in (
-        "guided_decoding_guide_type", "guided_decoding_guide")},
     **{name: Refusal("absent", "is not used: specbuild drafts the tokens itself") for name in (
         "draft_input_ids", "draft_logits", "draft_acceptance_threshold")},
     **{name: Refusal("absent", _NOT_OFFERED + " (top-p decay, KV retention, disaggregated serving, lookahead)")

@@ -82,15 +82,17 @@ class ChainRound:
 
     def __call__(self) -> RoundOutcome:
         run = self.run
-        k = run.draft_length()
         t0 = time.perf_counter()
-        proposal = EMPTY_PROPOSAL
-        if k > 0 and run.drafter_session is not None:
-            proposal = run.drafter_session.propose(run.tokens, k, run.processor, run.rng)
+        proposal = run.forced_draft()  # structured output: what the grammar forces, drafted for free
+        forced = bool(proposal.tokens)
+        if not forced:
+            k = run.draft_length()
+            if k > 0 and run.drafter_session is not None:
+                proposal = run.constrain(run.drafter_session.propose(run.tokens, k, run.processor, run.rng))
         t1 = time.perf_counter()
         logits = self.session.logits(run.tokens + proposal.tokens, len(proposal) + 1)
         accepted = run.verify_chain(logits, proposal)
-        return accepted.outcome(t1 - t0, time.perf_counter() - t1)
+        return accepted.outcome(t1 - t0, time.perf_counter() - t1, forced=forced)
 
 
 def round_for(run: RunState, session: EngineSession) -> Round:

@@ -14,10 +14,11 @@ import torch
 from triton_backend.speculation.commit import Commit
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.controller import controller_for
-from triton_backend.speculation.drafters.base import DraftProposal, Drafter
+from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.core.eos import min_tokens_end_ids
 from triton_backend.core.errors import InvalidRequestError
+from triton_backend.core.grammar import GuideMatcher, compile_guide
 from triton_backend.speculation.rounds import RoundOutcome, cap_draft_length, record_round
 from triton_backend.core.sampling import LogitsProcessor, RowHistory, make_generator
 from triton_backend.speculation.verify import verify_greedy, verify_rejection
@@ -34,8 +35,10 @@ class Accepted:
     accepted: int
     path: list[int]
 
-    def outcome(self, draft_s: float, verify_s: float) -> RoundOutcome:
-        return RoundOutcome(self.block, self.drafted, self.accepted, draft_s, verify_s)
+    def outcome(self, draft_s: float, verify_s: float, *, forced: bool = False) -> RoundOutcome:
+        """The round's outcome; ``forced``: its draft was the grammar's forced tokens, not the
+        controller's decision (the controller neither decided nor learns from it)."""
+        return RoundOutcome(self.block, self.drafted, self.accepted, draft_s, verify_s, controller=not forced)
 
 
 class RunState:
@@ -46,9 +49,14 @@ class RunState:
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *,
                  started: float | None = None, drafter_session: bool = True) -> None:
         self.params = params
+        self.guide: GuideMatcher | None = None  # structured output: the grammar state of the committed tokens
+        if params.guide is not None:
+            self.guide = compile_guide(params.guide, tokenizer, vocab=target.vocab_size,
+                                       eos_token_ids=sorted(target.eos_token_ids), prompt_len=len(prompt_ids))
+        self.forced_limit = spec.draft_length.forced_tokens if self.guide is not None else 0
         self.processor = LogitsProcessor.from_params(
             params, prompt_len=len(prompt_ids), end_ids=min_tokens_end_ids(params, target.eos_token_ids),
-            bad_words=_tokenize_words(tokenizer, params.bad_words))
+            bad_words=_tokenize_words(tokenizer, params.bad_words), guide=self.guide)
         self.rng = make_generator(params.seed)
         self.drafter_session = drafter.new_session() if drafter is not None and drafter_session else None
         self.controller = controller_for(spec, mode, drafter, self.drafter_session)
@@ -71,6 +79,26 @@ class RunState:
     def cap_draft_length(self, k: int) -> int:
         """``k`` cut to what may still be generated (:func:`~triton_backend.speculation.rounds.cap_draft_length`)."""
         return cap_draft_length(self.commit, self.controller, k)
+
+    def forced_draft(self) -> DraftProposal:
+        """The tokens the request's grammar forces next (a free draft, verified like any other;
+        empty without a guide), cut so the round never passes what may still be generated."""
+        if self.forced_limit <= 0 or self.guide is None:
+            return EMPTY_PROPOSAL
+        self.guide.sync(self.tokens)
+        tokens = self.guide.forced(min(self.forced_limit, self.commit.remaining - 1))
+        return DraftProposal(tokens) if tokens else EMPTY_PROPOSAL
+
+    def constrain(self, proposal: DraftProposal) -> DraftProposal:
+        """A chain proposal cut before its first draft the grammar refuses (the target would
+        reject it for certain: its probability is 0 there); unchanged without a guide."""
+        if self.guide is None or not proposal.tokens or proposal.parents is not None:
+            return proposal
+        self.guide.sync(self.tokens)
+        n = self.guide.valid_prefix(proposal.tokens)
+        if n == len(proposal):
+            return proposal
+        return DraftProposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n])
 
     def verify_chain(self, logits: torch.Tensor, proposal: DraftProposal) -> Accepted:
         """Verify a chain proposal against the target's ``[len(proposal) + 1, vocab]`` logits."""

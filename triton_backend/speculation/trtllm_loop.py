@@ -130,6 +130,9 @@ class TrtllmSpeculativeDecoder:
                 "the TensorRT-LLM Medusa engine verifies its tree with its own acceptance rule, which keeps the "
                 "target's distribution only for greedy requests; send temperature 0, or set the deployment's "
                 "speculation.medusa.tree_acceptance to \"typical\" to accept the engine's sampling")
+        if params.guide is not None:
+            raise InvalidRequestError("structured output (guided decoding) is not wired to the trtllm runtime yet; "
+                                      "use the torch runtime")
         if params.history_dependent or params.return_log_probs:
             raise InvalidRequestError("penalties, min_tokens, bad words and log probs are not wired to the "
                                       "trtllm runtime yet; use the torch runtime or leave them out")

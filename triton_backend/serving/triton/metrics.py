@@ -15,6 +15,11 @@ from typing import Any
 from triton_backend.core.stats import GenerationStats
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# The per-replica load gauges an autoscaler reads (builder/ops/k8s: the HPA's Pods metric).
+# IN_FLIGHT: requests from arrival to their last response, waiting ones included; QUEUED:
+# requests waiting for a batch slot at the latest batched round.
+IN_FLIGHT_GAUGE = "specdec_requests_in_flight"
+QUEUED_GAUGE = "specdec_queued_requests"
 OUTCOMES = ("success", "invalid_request", "context_length", "vocab_mismatch", "model_load", "internal", "cancelled",
             "overloaded")
 
@@ -49,7 +54,7 @@ class TritonMetrics:
         # the families must outlive their metrics: keep references to both
         self._families = {
             "requests": family("specdec_requests_total", "Requests by outcome", family.COUNTER),
-            "in_flight": family("specdec_requests_in_flight", "Requests being generated now", family.GAUGE),
+            "in_flight": family(IN_FLIGHT_GAUGE, "Requests being generated now", family.GAUGE),
             "tokens": family("specdec_generated_tokens_total", "Generated tokens", family.COUNTER),
             "passes": family("specdec_target_passes_total", "Target forward passes", family.COUNTER),
             "drafted": family("specdec_draft_tokens_total", "Drafted tokens by method", family.COUNTER),
@@ -64,7 +69,7 @@ class TritonMetrics:
                            family.HISTOGRAM),
             # the batch scheduler's rounds (one ragged target pass each)
             "batch_size": family("specdec_batch_size", "Rows in the latest batched target pass", family.GAUGE),
-            "queued": family("specdec_queued_requests", "Requests waiting for a batch slot", family.GAUGE),
+            "queued": family(QUEUED_GAUGE, "Requests waiting for a batch slot", family.GAUGE),
             "rounds": family("specdec_batch_rounds_total", "Batched target passes", family.COUNTER),
             "round_rows": family("specdec_batch_rows_total", "Rows over all batched passes", family.COUNTER),
             "round_speculating": family("specdec_batch_speculating_rows_total",
