@@ -11,8 +11,10 @@ auto-completion does not pay for it. Importable only inside Triton's Python back
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, T
 from triton_backend.serving.trtllm_interface import SERVED_INPUTS
 
 logger = logging.getLogger("triton_backend.serving.triton.specdec_model")
+EARLY_CANCELS_KEPT = 4096  # cancellations of forwarded requests that had not arrived yet
 
 
 def configure_logging() -> None:
@@ -57,6 +60,8 @@ class SpecdecModel:
         self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
         # forwarded requests by their front model's id, while they live (see io.FORWARD_ID_PARAM)
         self._forwarded: weakref.WeakValueDictionary[str, TritonResponseSink] = weakref.WeakValueDictionary()
+        self._early_cancels: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._cancel_lock = threading.Lock()
         self._cancels = CancelChannel(args["model_name"])  # a front model's client went away
         self._cancels.listen(self._cancel_forwarded)
 
@@ -65,13 +70,24 @@ class SpecdecModel:
             forward_id = request_parameters(request).get(FORWARD_ID_PARAM)
             sink = TritonResponseSink(request, forwarded=forward_id is not None)
             if forward_id is not None:
-                self._forwarded[str(forward_id)] = sink
+                with self._cancel_lock:
+                    self._forwarded[str(forward_id)] = sink
+                    if str(forward_id) in self._early_cancels:  # cancelled before it arrived
+                        del self._early_cancels[str(forward_id)]
+                        sink.cancel()
             self.service.submit(request_arrays(request, SERVED_INPUTS), sink)
         return None
 
     def _cancel_forwarded(self, forward_id: str) -> None:
-        sink = self._forwarded.get(forward_id)
-        logger.info("cancelling forwarded request %s (%s)", forward_id, "live" if sink is not None else "gone")
+        """A front model's client went away. Its forwarded request may not have reached
+        ``execute`` yet (it waits in Triton's queue while the instance is busy): remembered then."""
+        with self._cancel_lock:
+            sink = self._forwarded.get(forward_id)
+            if sink is None:
+                self._early_cancels[forward_id] = None
+                while len(self._early_cancels) > EARLY_CANCELS_KEPT:
+                    self._early_cancels.popitem(last=False)
+        logger.info("cancelling forwarded request %s (%s)", forward_id, "live" if sink is not None else "not arrived")
         if sink is not None:
             sink.cancel()
 
