@@ -25,7 +25,7 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 
 DEPLOYMENT = DeploymentConfig()
-SERVING = ServingConfig(max_concurrency=4, unary_instance_count=2, default_max_tokens=4)
+SERVING = ServingConfig(max_concurrency=4, unary_instance_count=2, default_max_tokens=4, max_queue_size=8)
 MODEL = SERVING.model_name
 _SHARED: dict[str, Any] = {}
 

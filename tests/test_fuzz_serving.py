@@ -30,6 +30,7 @@ from reliability_fixtures import (  # noqa: F401 (fixtures)
 
 from triton_backend.core.errors import SpecbuildError
 from triton_backend.serving.interface import INPUTS
+from triton_backend.serving.limits import check_max_tokens
 from triton_backend.serving.service import parse_request
 from triton_backend.serving.tensors import TensorSpec
 
@@ -201,6 +202,7 @@ def expect(request: list[Tensor], decoder) -> Expected:
         return Expected(structural=frozenset(structural))
     try:
         parsed = parse_request({t.name: t.array for t in request}, DEPLOYMENT.speculation, SERVING.default_max_tokens)
+        check_max_tokens(parsed.sampling.max_tokens, decoder.target.max_context)  # as the service does
         prompt = parsed.prompt
         prefix = parsed.prompt if parsed.include_prompt else ""
         if parsed.chat:

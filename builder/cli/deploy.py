@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.ops.deploy import BuildMode, DeployConfig, DeployError, default_engine_cache
+from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
 from builder.ops.openai.app import OpenAIConfig
-from builder.ops.triton_server import Endpoints, ServerConfig, TritonSource
+from builder.ops.triton_server import DEFAULT_ADMIN_HEADER, Endpoints, RestrictedApi, ServerConfig, TritonSource
 from triton_backend.core.errors import SpecbuildError
 
 _TRUE = ("1", "true", "yes", "on")
@@ -111,6 +112,14 @@ SETTINGS = (
             "Triton's infer refused) or not (infer; NVIDIA's quick-start default false)"),
     Setting("exclude-input-in-output", _bool, "true", "tensorrt_llm's parameter: output_ids without the prompt "
             "when a request does not say (false: the prompt first, for client-side draft-target orchestration)"),
+    Setting("max-body-bytes", int, str(DEFAULT_MAX_BODY_BYTES),
+            "the HTTP guard on the HTTP port refuses larger request bodies with 413 (Triton's HTTP then listens "
+            "on an internal loopback port); 0: no guard (docs/security.md)"),
+    Setting("admin-key", str, None, "open Triton's admin APIs (model repository, logging, statistics, shared memory, "
+            "trace) to requests carrying this key in the admin header; without one they are closed to every client"),
+    Setting("admin-header", str, DEFAULT_ADMIN_HEADER, "HTTP header of the admin key (gRPC metadata: "
+            "triton-grpc-protocol-<header>)"),
+    Setting("open-admin-apis", _bool, "false", "leave the admin APIs open to anyone (Triton's default)", flag_only=True),
     Setting("prepare-only", _bool, "false", "build or reuse, render, print the repository and exit", flag_only=True),
 )
 
@@ -153,8 +162,10 @@ def config_from_settings(v: dict[str, Any]) -> DeployConfig:
     server = ServerConfig(model_repository=Path("."), host=v["host"], http_port=v["http_port"], grpc_port=v["grpc_port"],
                           metrics_port=v["metrics_port"], source=TritonSource(v["triton"]),
                           startup_timeout_s=v["startup_timeout"], exit_timeout_s=v["exit_timeout"],
-                          log_verbose=v["log_verbose"])
-    return DeployConfig(spec=v["spec"], source=v["source"], engine_cache=v["engine_cache"] or default_engine_cache(),
+                          log_verbose=v["log_verbose"],
+                          restricted=RestrictedApi.from_settings(v["admin_key"], v["admin_header"], v["open_admin_apis"]))
+    return DeployConfig(max_body_bytes=v["max_body_bytes"] or None, spec=v["spec"], source=v["source"],
+                        engine_cache=v["engine_cache"] or default_engine_cache(),
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
                         build_threads=v["build_threads"], rebuild=v["rebuild"], verify_cache=v["verify_cache"],
                         server=server, world_size=v["world_size"], mpirun=v["mpirun"], openai=_openai(v),

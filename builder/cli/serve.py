@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, RemoteResult
-from builder.ops.triton_server import Endpoints, ServerConfig, TritonSource
+from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
+from builder.ops.triton_server import DEFAULT_ADMIN_HEADER, Endpoints, RestrictedApi, ServerConfig, TritonSource
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
 
@@ -97,14 +99,15 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     server = ServerConfig(model_repository=Path("."), host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
                           metrics_port=a.metrics_port, source=TritonSource(a.triton),
                           startup_timeout_s=a.startup_timeout, exit_timeout_s=a.exit_timeout, log_verbose=a.log_verbose,
-                          log_file=a.log_file)
+                          log_file=a.log_file, restricted=RestrictedApi.from_settings(
+                              a.admin_key or os.environ.get("SPECBUILD_ADMIN_KEY"), a.admin_header, a.open_admin_apis))
     rendering = (a.decoupled_mode, a.exclude_input_in_output)
     if rendering != (None, None) and a.source is not None and find_deployment(a.source) is None:
         raise ConfigError("--decoupled-mode / --exclude-input-in-output apply to a repository serve renders; this "
                           "model repository is served as rendered (render it again with --render-only ...)")
     restart = RestartPolicy(max_fast_failures=a.restart_limit, fast_failure_s=a.restart_window)
     config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir,
-                         restart=restart, openai=openai_config(a))
+                         restart=restart, openai=openai_config(a), max_body_bytes=a.max_body_bytes or None)
     if a.render_only:
         if a.repository_dir is None:
             raise ConfigError("--render-only needs --repository-dir")
@@ -152,9 +155,21 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-file", type=Path, default=None)
     p.add_argument("--restart-limit", type=int, default=5,
-                   help="restart Triton after a crash, giving up after this many crashes in a row that each came "
-                        "within --restart-window seconds of a start (0 = never restart)")
-    p.add_argument("--restart-window", type=float, default=60.0, help="seconds; see --restart-limit")
+                   help="restart Triton after a crash; give up after this many restarts in a row that never became "
+                        "ready (a crash of a ready server never counts: a client may have caused it); 0 = never restart")
+    p.add_argument("--restart-window", type=float, default=60.0,
+                   help="seconds: crashes within this long of a start double the wait before the next restart")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="the HTTP guard on the HTTP port refuses larger request bodies with 413 (Triton's own HTTP "
+                        "then listens on an internal loopback port); 0: no guard, Triton's HTTP on the HTTP port "
+                        "(docs/security.md)")
+    p.add_argument("--admin-key", default=None,
+                   help="open Triton's admin APIs (model repository, logging, statistics, shared memory, trace) to "
+                        "requests carrying this key in --admin-header (env SPECBUILD_ADMIN_KEY); without a key "
+                        "they are closed to every client")
+    p.add_argument("--admin-header", default=DEFAULT_ADMIN_HEADER,
+                   help="HTTP header of the admin key (gRPC metadata: triton-grpc-protocol-<header>)")
+    p.add_argument("--open-admin-apis", action="store_true", help="leave the admin APIs open to anyone (Triton's default)")
     add_openai_flags(p)
     p.set_defaults(func=_cmd_serve)
 

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator
 
 from builder.stages.compile import TRTLLM_BUILD, EngineStatus
 from builder.stages.manifest import MANIFEST_NAME, refresh_manifest, verify_manifest
+from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
 from builder.ops.openai.app import OpenAIConfig
 from builder.ops.serve import REPOSITORY_DIR, ServeConfig, prepare_repository, serve_forever
 from builder.plan.spec import BuildSpec
@@ -94,6 +95,7 @@ class DeployConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(model_repository=Path(".")))
     world_size: int | None = None  # None: TP x PP of the plan when the repository has TensorRT-LLM models
     mpirun: str = "mpirun"
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES  # the HTTP guard's bound (None: no guard)
     openai: OpenAIConfig | None = None  # the OpenAI-compatible front beside Triton (builder.ops.openai)
     decoupled_mode: bool = False  # ServingConfig.decoupled_mode of the models rendered here
     exclude_input_in_output: bool = True  # ServingConfig.exclude_input_in_output of the models rendered here
@@ -405,8 +407,10 @@ def _terminate(signum: int, frame: types.FrameType | None) -> None:
 
 
 def deploy(config: DeployConfig, on_ready: Callable[[Endpoints, Path], None] | None = None) -> int:
-    """Prepare, then serve until Triton exits or SIGTERM/SIGINT arrives. SIGTERM while
-    building or starting stops cleanly too (a container's PID 1 has no default handler)."""
+    """Prepare, then serve until SIGTERM/SIGINT arrives, under the same supervision as
+    ``specbuild serve`` (restarts after a crash, the HTTP guard, the restricted admin APIs).
+    SIGTERM while building or starting stops cleanly too (a container's PID 1 has no default
+    handler)."""
     previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         prepared = prepare(config)
@@ -419,7 +423,7 @@ def deploy(config: DeployConfig, on_ready: Callable[[Endpoints, Path], None] | N
             return MpiTritonServer(server_config, prepared.world_size, prepared.trtllm_models, config.mpirun)
 
         serve = ServeConfig(source=prepared.repository, server=replace(config.server, model_repository=prepared.repository),
-                            openai=config.openai)
+                            openai=config.openai, max_body_bytes=config.max_body_bytes)
         return serve_forever(serve, on_ready, make_server)
     finally:
         for sig, handler in previous.items():

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Callable
 
 from builder.stages.model_repository import is_model_repository, render_model_repository
+from builder.ops.http_guard import GuardConfig, HttpGuard
 from builder.ops.openai.app import OpenAIConfig, OpenAIServer
 from builder.ops.openai.backend import BackendConfig, tokenizer_source
-from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
+from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer, free_port
 from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
@@ -44,6 +45,8 @@ class ServeConfig:
     repository_dir: Path | None = None  # where to render a deployment (default: a temporary folder)
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # after Triton exits abnormally
     openai: OpenAIConfig | None = None  # an OpenAI-compatible API in front of Triton (None: none)
+    # the HTTP guard on the public HTTP port (Triton's own HTTP then on loopback); None: Triton's HTTP is public
+    max_body_bytes: int | None = field(default_factory=lambda: GuardConfig().max_body_bytes)
 
 
 def find_deployment(source: Path | None) -> Path | None:
@@ -94,7 +97,8 @@ def start_openai_front(config: OpenAIConfig, endpoints: Endpoints, repository: P
 
 def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
                   server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
-    """Start Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
+    """Start the HTTP guard (:mod:`builder.ops.http_guard`, unless ``config.max_body_bytes`` is
+    ``None``) and Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
     SIGTERM: it finishes in-flight requests), restarting it after abnormal exits as
     ``config.restart`` says (:mod:`builder.ops.triton_supervisor`). With ``config.openai``, the
     OpenAI front runs beside it (:mod:`builder.ops.openai`), started once Triton is ready and
@@ -102,8 +106,15 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
     (2 when the supervisor gave up). ``server_factory`` makes each server (e.g. one launched
     under MPI, :mod:`builder.ops.deploy`)."""
     repository, temporary = prepare_repository(config)
-    supervisor = TritonSupervisor(replace(config.server, model_repository=repository, echo_log=True), server_factory,
-                                  config.restart)
+    server_config = replace(config.server, model_repository=repository, echo_log=True)
+    guard = None
+    if config.max_body_bytes is not None:  # Triton's HTTP moves to an internal loopback port behind the guard
+        internal = free_port("127.0.0.1")
+        guard = HttpGuard(GuardConfig(host=server_config.host, port=server_config.http_port,
+                                      max_body_bytes=config.max_body_bytes, restricted=server_config.restricted),
+                          f"http://127.0.0.1:{internal}")
+        server_config = replace(server_config, http_host="127.0.0.1", http_port=internal)
+    supervisor = TritonSupervisor(server_config, server_factory, config.restart)
     previous: dict[int, object] = {}
     front: OpenAIServer | None = None
 
@@ -114,7 +125,12 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
             threading.Thread(target=front.stop, name="openai-front-stop", daemon=True).start()
 
     try:
+        if guard is not None:
+            guard.start()  # first: a taken public port fails before Triton's long start
         endpoints = supervisor.start()
+        if guard is not None:
+            assert guard.port is not None
+            endpoints = replace(endpoints, http_port=guard.port, http_host=None)
         if config.openai is not None:
             front = start_openai_front(replace(config.openai, shutdown_timeout_s=config.server.exit_timeout_s),
                                        endpoints, repository, config.serving.model_name)
@@ -129,6 +145,8 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
         if front is not None:
             front.stop()
         supervisor.stop()
+        if guard is not None:
+            guard.stop()
         if temporary:
             shutil.rmtree(repository, ignore_errors=True)
 

@@ -20,6 +20,7 @@ import collections
 import enum
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from builder.ops.processes import become_subreaper, die_with_parent, collect_defunct_stubs, process_group_members
 from triton_backend.core.errors import SpecbuildError
 from triton_backend.core.reference_model import cache_dir
 
@@ -166,9 +168,60 @@ def check_port_free(host: str, port: int, what: str) -> None:
                               "pick another port or leave it out to use a free one") from None
 
 
+ADMIN_APIS = ("model-repository", "logging", "statistics", "shared-memory", "trace")  # Triton's API group names
+DEFAULT_ADMIN_HEADER = "specbuild-admin-key"
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # Triton 2.51 expects gRPC metadata "<prefix><header>"
+_HEADER = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_KEY = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
+
+
+@dataclass(frozen=True)
+class RestrictedApi:
+    """Triton's restricted-API settings: the API groups in ``apis`` answer only requests that
+    carry the header ``header`` with the value ``key`` (HTTP: that header; gRPC: the metadata
+    ``triton-grpc-protocol-<header>``); anyone else gets 403 (HTTP) / UNAVAILABLE (gRPC)."""
+
+    key: str
+    header: str = DEFAULT_ADMIN_HEADER
+    apis: tuple[str, ...] = ADMIN_APIS
+
+    def __post_init__(self) -> None:
+        if not _HEADER.match(self.header):
+            raise ServerError(f"admin header {self.header!r}: use lower-case letters, digits and '-'")
+        if not _KEY.match(self.key):
+            raise ServerError("admin key: use 16 to 256 characters of letters, digits and ._~+/=-")
+        unknown = set(self.apis) - set(ADMIN_APIS) - {"health", "metadata", "inference", "model-config"}
+        if unknown or not self.apis:
+            raise ServerError(f"restricted APIs: unknown {sorted(unknown)} (or none given)")
+
+    @classmethod
+    def random(cls, header: str = DEFAULT_ADMIN_HEADER) -> "RestrictedApi":
+        """A key nobody knows: the admin APIs are closed to every client."""
+        import secrets
+
+        return cls(secrets.token_urlsafe(32), header)
+
+    @classmethod
+    def from_settings(cls, key: str | None, header: str = DEFAULT_ADMIN_HEADER,
+                      open_admin: bool = False) -> "RestrictedApi | None":
+        """``serve`` / ``deploy``: the admin APIs behind ``key`` when one is given, open when
+        ``open_admin``, else closed to everyone (a random key that is never shown)."""
+        if open_admin:
+            if key:
+                raise ServerError("give an admin key or open the admin APIs, not both")
+            return None
+        return cls(key, header) if key else cls.random(header)
+
+    def flags(self) -> list[str]:
+        setting = f"{','.join(self.apis)}:{self.header}={self.key}"
+        return [f"--http-restricted-api={setting}", f"--grpc-restricted-protocol={setting}"]
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    """How to start Triton. Ports left ``None`` are picked free at start."""
+    """How to start Triton. Ports left ``None`` are picked free at start. ``http_host``: where
+    Triton's HTTP endpoint binds when not on ``host`` (behind :mod:`builder.ops.http_guard` it
+    is loopback, on an internal port). ``restricted``: admin API groups behind a header key."""
 
     model_repository: Path
     host: str = "127.0.0.1"
@@ -181,6 +234,8 @@ class ServerConfig:
     log_verbose: int = 0
     log_file: Path | None = None  # default: a file in a fresh temporary folder
     echo_log: bool = False  # copy Triton's log lines to stderr as they come
+    http_host: str | None = None  # None: ``host``
+    restricted: RestrictedApi | None = None  # None: every API open (as Triton's default)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_repository", Path(self.model_repository))
@@ -198,10 +253,11 @@ class Endpoints:
     grpc_port: int
     metrics_port: int
     openai_url: str | None = None  # the OpenAI-compatible front, where one runs (builder.ops.openai)
+    http_host: str | None = None  # None: ``host``
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"http://{self.http_host or self.host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -219,42 +275,6 @@ class Endpoints:
 
 
 _ERROR_MARKERS = ("error", "failed", "already in use", "exception", "unavailable")
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: SIGTERM the server if the process that started it dies."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def process_group_members(pgid: int, zombies: bool = False) -> list[int]:
-    """Processes whose process group is ``pgid``, zombies only if asked (Linux /proc; [] elsewhere)."""
-    members = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and (zombies or fields[0] != "Z"):
-            members.append(int(entry.name))
-    return sorted(members)
-
-
-def _become_subreaper() -> None:
-    """Linux: orphaned descendants (backend stubs of a server that died) become our children,
-    so :meth:`TritonServer.reap` can collect them instead of leaving zombies to PID 1."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-        except OSError:
-            pass
 
 
 class TritonServer:
@@ -280,11 +300,14 @@ class TritonServer:
         self.log_path = cfg.log_file or Path(tempfile.mkdtemp(prefix="specbuild-triton-")) / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command(installation, endpoints)
-        _become_subreaper()
-        logger.info("starting %s: %s", installation.description, " ".join(cmd))
+        become_subreaper()
+        shown = " ".join(cmd)
+        if cfg.restricted is not None:  # the key stays out of the log
+            shown = shown.replace(cfg.restricted.key, "***")
+        logger.info("starting %s: %s", installation.description, shown)
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env=server_environment(installation), start_new_session=True,
-                                      preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                                      preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True)
         self._reader.start()
         try:
@@ -298,13 +321,15 @@ class TritonServer:
     def command(self, installation: TritonInstallation, endpoints: Endpoints) -> list[str]:
         cfg = self.config
         cmd = [str(installation.binary), f"--model-repository={cfg.model_repository.resolve()}",
-               f"--http-address={endpoints.host}", f"--http-port={endpoints.http_port}",
+               f"--http-address={endpoints.http_host or endpoints.host}", f"--http-port={endpoints.http_port}",
                f"--grpc-address={endpoints.host}", f"--grpc-port={endpoints.grpc_port}",
                f"--metrics-address={endpoints.host}", f"--metrics-port={endpoints.metrics_port}",
                "--allow-metrics=true", "--strict-readiness=true", "--exit-on-error=true", "--disable-auto-complete-config",
                f"--exit-timeout-secs={cfg.exit_timeout_s}", f"--log-verbose={cfg.log_verbose}"]
         if installation.backend_dir is not None:
             cmd.append(f"--backend-directory={installation.backend_dir}")
+        if cfg.restricted is not None:
+            cmd += cfg.restricted.flags()
         return cmd
 
     def _endpoints(self) -> Endpoints:
@@ -312,14 +337,15 @@ class TritonServer:
         ports = {}
         for name, what in (("http_port", "HTTP"), ("grpc_port", "gRPC"), ("metrics_port", "metrics")):
             port = getattr(cfg, name)
+            host = cfg.http_host or cfg.host if name == "http_port" else cfg.host
             if port is None:
-                port = free_port(cfg.host)
+                port = free_port(host)
                 while port in ports.values():
-                    port = free_port(cfg.host)
+                    port = free_port(host)
             else:
-                check_port_free(cfg.host, port, what)
+                check_port_free(host, port, what)
             ports[name] = port
-        return Endpoints(cfg.host, **ports)
+        return Endpoints(cfg.host, **ports, http_host=cfg.http_host)
 
     def _pump(self, stream: IO[bytes] | None) -> None:
         assert stream is not None and self.log_path is not None
@@ -449,5 +475,5 @@ class TritonServer:
         self.stop()
 
 
-__all__ = ["Endpoints", "ServerConfig", "ServerError", "TritonInstallation", "TritonServer", "TritonSource",
-           "check_port_free", "find_installation", "free_port", "process_group_members", "pytriton_installation", "server_environment"]
+__all__ = ["ADMIN_APIS", "DEFAULT_ADMIN_HEADER", "GRPC_HEADER_PREFIX", "RestrictedApi", "Endpoints", "ServerConfig", "ServerError", "TritonInstallation", "TritonServer", "TritonSource",
+           "check_port_free", "collect_defunct_stubs", "find_installation", "free_port", "process_group_members", "pytriton_installation", "server_environment"]

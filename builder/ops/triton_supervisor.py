@@ -3,12 +3,18 @@
 :class:`TritonSupervisor` starts one :class:`~builder.ops.triton_server.TritonServer` and
 watches it. When it exits without being told to (a crash: SIGSEGV, SIGABRT, ...), the
 supervisor kills what is left of its process group (Python-backend stubs hold the model's
-memory), logs why, waits a backoff and starts a new server on the same ports. Each
-restart is counted and printed to stderr (``specbuild: Triton restart N: ...``). After
-``RestartPolicy.max_fast_failures`` failures in a row that each came within
-``fast_failure_s`` of a start (or a restart that never became ready), it gives up with a
-clear message and the server's last error lines. Requests in flight at a crash are lost:
-the clients see their stream or connection fail and may retry.
+memory), collects the defunct stubs it inherited, logs why, waits a backoff and starts a new
+server on the same ports. Each restart is counted and printed to stderr (``specbuild: Triton
+restart N: ...``).
+
+Giving up is for servers that cannot come up (a broken repository, a taken port): after
+``RestartPolicy.max_fast_failures`` restarts in a row that never became ready it gives up
+with a clear message and the server's last error lines. A server that was ready and then
+crashed may have been crashed by a client (Triton 2.51 has such paths), so that crash never
+counts toward giving up: otherwise a few requests would end the service for good. It is
+restarted after a backoff that grows while crashes come within ``fast_failure_s`` of a start
+(up to ``backoff_max_s``). Requests in flight at a crash are lost: the clients see their
+stream or connection fail and may retry.
 
 Stopping (SIGTERM to ``specbuild serve``): Triton gets SIGTERM and finishes in-flight
 requests; Triton 2.51 does not exit while a client holds a gRPC stream open, so it is
@@ -27,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer
+from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer, collect_defunct_stubs
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +42,13 @@ EXIT_GRACE_S = 10  # after Triton's own exit timeout
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """When to restart Triton and when to give up. ``max_fast_failures = 0``: never restart."""
+    """When to restart Triton and when to give up. ``max_fast_failures``: restarts in a row that
+    may fail to become ready (0: never restart). ``fast_failure_s``: crashes of a ready server
+    that come within this long of its start make the next backoff longer (they never count
+    toward giving up)."""
 
     max_fast_failures: int = 5
-    fast_failure_s: float = 60.0  # a run shorter than this (from start) counts as a fast failure
+    fast_failure_s: float = 60.0
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
 
@@ -103,26 +112,28 @@ class TritonSupervisor:
     def run(self) -> int:
         """Until told to stop or giving up: the last server's exit status (1 when it had to be
         killed, 2 when the supervisor gave up)."""
-        failures = 0
+        crashes = 0  # crashes of ready servers in a row, each soon after its start: the backoff only
         while True:
             assert self.server is not None
             started = time.monotonic()
             code = self._wait(self.server)
             reaped = self.server.reap()
+            collect_defunct_stubs()
             if self.stopping:
                 return self._stopped(code)
             lasted = time.monotonic() - started
-            failures = failures + 1 if lasted < self.policy.fast_failure_s else 1
+            crashes = crashes + 1 if lasted < self.policy.fast_failure_s else 1
             reason = f"Triton exited unexpectedly ({describe_status(code)}) after {lasted:.1f}s"
             if reaped:
                 reason += f"; killed {len(reaped)} leftover process(es) of its group ({', '.join(map(str, reaped))})"
             logger.error("%s; its last error lines:\n%s", reason, self.server.error_summary(limit=10))
             self.exit_reasons.append(reason)
+            if self.policy.max_fast_failures == 0:
+                return self._give_up(reason, 1)
             crashed = time.monotonic()
+            failures = 0  # restarts in a row that did not become ready
             while True:
-                if failures > self.policy.max_fast_failures:
-                    return self._give_up(reason, failures)
-                if self._stopping.wait(self.policy.backoff_s(failures)):
+                if self._stopping.wait(self.policy.backoff_s(max(crashes, failures))):
                     return self._stopped(code)
                 error = self._restart(reason)
                 if error is None:
@@ -132,6 +143,9 @@ class TritonSupervisor:
                     return self._stopped(code)
                 failures += 1
                 reason = f"restart {self.restarts} failed: {error}"
+                self.exit_reasons.append(reason)
+                if failures >= self.policy.max_fast_failures:
+                    return self._give_up(reason, failures)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -173,9 +187,8 @@ class TritonSupervisor:
 
     def _give_up(self, reason: str, failures: int) -> int:
         self.gave_up = True
-        message = (f"specbuild: giving up on Triton after {failures} failures in a row, each within "
-                   f"{self.policy.fast_failure_s:.0f}s of a start ({reason}). Restarts so far: {self.restarts}. "
-                   "Check the model repository and the server log.")
+        message = (f"specbuild: giving up on Triton after {failures} failed restart(s) in a row ({reason}). "
+                   f"Restarts so far: {self.restarts}. Check the model repository and the server log.")
         if self.server is not None and self.server.log_path is not None:
             message += f" Log: {self.server.log_path}"
         logger.error(message)

@@ -119,14 +119,35 @@ def _config(name: str, *, decoupled: bool, inputs: Sequence[TensorSpec], outputs
     })
 
 
+QUEUE_POLICY = """
+dynamic_batching {
+  max_queue_delay_microseconds: 0
+  default_queue_policy { max_queue_size: ${max_queue_size} }
+}
+"""
+
+
+def _forwarding(serving: ServingConfig, decoupled: bool) -> tuple[dict[str, str], str]:
+    """``(parameters, config tail)`` bounding a forwarding model: a decoupled one forwards at most
+    what the serving model can hold (its batch slots and queue, every instance) and refuses the
+    rest at once; a non-decoupled one runs a batch's requests side by side and waits in Triton's
+    queue, bounded (a full queue is refused at once with UNAVAILABLE)."""
+    params = {"target_model": serving.model_name}
+    if decoupled:
+        capacity = (serving.max_batch_size + serving.max_queue_size) * serving.instance_count
+        return {**params, "max_in_flight": str(capacity)}, ""
+    return ({**params, "max_in_flight": str(serving.max_batch_size)},
+            render_template(QUEUE_POLICY, {"max_queue_size": serving.max_queue_size}))
+
+
 def render_config_pbtxt(serving: ServingConfig, *, unary: bool = False) -> str:
     """config.pbtxt of the decoupled (serving) model, or of the unary entry point when ``unary``."""
     if unary and serving.unary_model_name is None:
         raise RenderError("this ServingConfig has no unary model")
     if unary:
+        params, tail = _forwarding(serving, decoupled=False)
         return _config(serving.unary_model_name, decoupled=False, inputs=INPUTS, outputs=OUTPUTS,
-                       count=serving.unary_instance_count, params={"target_model": serving.model_name},
-                       max_batch_size=serving.max_batch_size)
+                       count=serving.unary_instance_count, params=params, max_batch_size=serving.max_batch_size) + tail
     return _config(serving.model_name, decoupled=True, inputs=SERVED_INPUTS, outputs=SERVED_OUTPUTS,
                    count=serving.instance_count, params=serving.parameters(), max_batch_size=serving.max_batch_size)
 
@@ -165,10 +186,12 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
 
 
 def render_front_config(serving: ServingConfig, model: FrontModel) -> str:
+    params, tail = {"target_model": serving.model_name}, ""
+    if model.module == FORWARD_MODULE:
+        params, tail = _forwarding(serving, model.decoupled)
     return _config(model.name, decoupled=model.decoupled, inputs=model.inputs, outputs=model.outputs,
                    count=serving.unary_instance_count if model.module == FORWARD_MODULE and not model.decoupled else 1,
-                   params={"target_model": serving.model_name, **dict(model.parameters)},
-                   max_batch_size=serving.max_batch_size)
+                   params={**params, **dict(model.parameters)}, max_batch_size=serving.max_batch_size) + tail
 
 
 def _write(path: Path, text: str) -> bool:

@@ -17,6 +17,7 @@ teacher-forced top-1 accuracy at draft positions 1 and 2 vs training positions a
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -208,7 +209,11 @@ def _length_batches(seqs: list[_Seq], size: int, gen: torch.Generator) -> list[l
 def _resume(path: Path, cfg: EagleTrainConfig, net: EagleNet, opt: torch.optim.Optimizer) -> dict:
     if not path.is_file():
         return {"steps": 0, "seconds": 0.0, "positions": 0, "curve": [], "epoch": 0}
-    state = torch.load(path, weights_only=False)
+    try:  # tensors and plain containers only: a checkpoint file never runs code when it loads
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise BuildSpecError(f"{path} is not a training checkpoint this version can load safely ({exc}); "
+                             "delete it to start over") from None
     if state.get("identity") != cfg.identity():
         raise BuildSpecError(f"{path} was made with other settings; delete it to start over")
     net.load_state_dict(state["net"])

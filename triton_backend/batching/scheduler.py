@@ -32,17 +32,15 @@ from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing, SlotsExhaustedError
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
 from triton_backend.engines.torch.hf_engine import TorchEngine, common_prefix_length
-from triton_backend.core.errors import InvalidRequestError, SpecbuildError
+from triton_backend.core.errors import InvalidRequestError, OverloadedError, SpecbuildError
 from triton_backend.speculation.loop import SpeculativeDecoder
 from triton_backend.speculation.policy import PassCostModel
 
 logger = logging.getLogger(__name__)
 
 
-class QueueFullError(SpecbuildError):
+class QueueFullError(OverloadedError):
     """The scheduler's queue is full: the server is overloaded; retry later."""
-
-    code = "overloaded"
 
 
 class SchedulerClosedError(SpecbuildError):
@@ -181,7 +179,7 @@ class BatchScheduler:
             if self._closed:
                 raise SchedulerClosedError("the model is shutting down")
             if len(self._queue) >= self.config.max_queue_size:
-                raise QueueFullError(f"server overloaded: {len(self._queue)} requests already wait for one of "
+                raise QueueFullError(f"{len(self._queue)} requests already wait for one of "
                                      f"{self.config.max_batch_size} batch slots; retry later")
             self._queue.append(_Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter(), client_draft))
             self._cond.notify()

@@ -36,3 +36,17 @@ class ModelLoadError(SpecbuildError, RuntimeError):
     """Weights or a model directory could not be found, fetched or loaded."""
 
     code = "model_load"
+
+
+OVERLOADED_MESSAGE_PREFIX = "server overloaded"  # what HTTP front ends (builder.ops.http_guard) map to 503
+
+
+class OverloadedError(SpecbuildError):
+    """Refused at once because every slot and queue place is taken: retry later. The message
+    starts with :data:`OVERLOADED_MESSAGE_PREFIX` (Triton 2.51's HTTP ``generate`` endpoint
+    answers every model error with 400; the HTTP guard turns this one into 503)."""
+
+    code = "overloaded"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{OVERLOADED_MESSAGE_PREFIX}: {detail}")

@@ -19,6 +19,48 @@ def decode(tokenizer: Any, tokens: Sequence[int]) -> str:
     return tokenizer.decode(list(tokens), skip_special_tokens=True)
 
 
+class StopMatcher:
+    """Whether a text contains any of a set of stop strings, in one pass over the text whatever
+    their number (an Aho-Corasick automaton built once per request): the per-token cost of the
+    stop check does not grow with the number of stop strings."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._goto: list[dict[str, int]] = [{}]
+        self._fail = [0]
+        self._hit = [False]
+        for stop in stops:
+            state = 0
+            for char in stop:
+                if char not in self._goto[state]:
+                    self._goto.append({})
+                    self._fail.append(0)
+                    self._hit.append(False)
+                    self._goto[state][char] = len(self._goto) - 1
+                state = self._goto[state][char]
+            self._hit[state] = True
+        queue = list(self._goto[0].values())
+        for state in queue:  # breadth first: a state's failure link is set before its children's
+            for char, child in self._goto[state].items():
+                queue.append(child)
+                fallback = self._fail[state]
+                while fallback and char not in self._goto[fallback]:
+                    fallback = self._fail[fallback]
+                target = self._goto[fallback].get(char, 0)
+                self._fail[child] = target if target != child else 0
+                self._hit[child] = self._hit[child] or self._hit[self._fail[child]]
+
+    def found_in(self, text: str) -> bool:
+        state = 0
+        goto, fail, hit = self._goto, self._fail, self._hit
+        for char in text:
+            while state and char not in goto[state]:
+                state = fail[state]
+            state = goto[state].get(char, 0)
+            if hit[state]:
+                return True
+        return False
+
+
 class StopChecker:
     """Applied token by token as an accepted block is committed, so a stop inside the
     block truncates exactly there."""
@@ -28,6 +70,7 @@ class StopChecker:
         self._eos = stopping_eos(params, eos_token_ids)
         self._tokenizer = tokenizer
         self._stop_tail = max((len(s) for s in params.stop), default=0) + 4
+        self._stops = StopMatcher(params.stop) if params.stop else None
         self.text_cut: int | None = None  # where the output text ends (a stop string starts)
 
     def after_append(self, generated: list[int]) -> FinishReason | None:
@@ -40,9 +83,9 @@ class StopChecker:
             if len(generated) >= len(seq) and tuple(generated[-len(seq):]) == seq:
                 del generated[-len(seq):]
                 return FinishReason.STOP
-        if self._params.stop and self._tokenizer is not None:
+        if self._stops is not None and self._tokenizer is not None:
             tail = decode(self._tokenizer, generated[-self._stop_tail:])
-            if any(s in tail for s in self._params.stop):
+            if self._stops.found_in(tail):
                 full = decode(self._tokenizer, generated)
                 hits = [i for i in (full.find(s) for s in self._params.stop) if i >= 0]
                 if hits:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig
 from triton_backend.deployment.config import DeploymentConfig
-from triton_backend.core.errors import InvalidRequestError, SpecbuildError
+from triton_backend.core.errors import InvalidRequestError, OverloadedError, SpecbuildError
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
@@ -31,6 +32,7 @@ from triton_backend.serving.trtllm_inputs import (
 )
 from triton_backend.serving.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.core.reference_model import REFERENCE_MODELS
+from triton_backend.serving.limits import check_max_tokens, check_prompt, check_sampling
 from triton_backend.serving.response_pump import ResponsePump
 from triton_backend.serving.request import ServingRequest
 from triton_backend.serving.responses import ResponseBuilder
@@ -48,6 +50,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
     refuse_unsupported(arrays)
     check_single_sequence(arrays)
     prompt = read_prompt(arrays)
+    check_prompt(prompt)  # before any tokenizing
     token_level = not isinstance(prompt, str)
     read_pad_id(arrays)
     end_id = read_scalar(arrays, END_ID)
@@ -65,6 +68,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         guide=read_guide(arrays),
         **read_penalties(arrays),
     )
+    check_sampling(sampling)
     spec = speculation.for_request(read_scalar(arrays, SPECULATION), read_scalar(arrays, NUM_DRAFT_TOKENS))
     client_draft = read_client_draft(arrays, token_level)
     stream = read_stream(arrays)
@@ -200,6 +204,8 @@ class SpecdecService:
         self.scheduler: BatchScheduler | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pump: ResponsePump | None = None
+        self._lock = threading.Lock()
+        self._pool_requests = 0  # running or waiting on the pool
         if isinstance(decoder, SpeculativeDecoder) and batchable(decoder.target):
             rounds = observer if isinstance(observer, RoundObserver) else None
             # responses, cancellation queries and metrics off the scheduler thread
@@ -222,8 +228,10 @@ class SpecdecService:
                 if request.client_draft is not None:
                     raise InvalidRequestError("draft_input_ids: this deployment's runtime does not verify client "
                                               "drafts (the torch runtime does)")
+                self._admit()  # the pool's queue is bounded like the scheduler's
                 self._pool.submit(self.run, request, responder)
                 return
+            check_max_tokens(request.sampling.max_tokens, self.scheduler.target.max_context)
             prompt_ids = self.decoder.encode(self._prompt(request))
             handle = self._pump.wrap(responder)
             try:
@@ -234,8 +242,23 @@ class SpecdecService:
         except SpecbuildError as exc:
             _fail(self.observer, sink, exc, exc.code)
 
+    def _admit(self) -> None:
+        bound = self.config.max_concurrency + self.config.max_queue_size
+        with self._lock:
+            if self._pool_requests >= bound:
+                raise OverloadedError(f"{self._pool_requests} requests are running or waiting (at most {bound}); "
+                                      "retry later")
+            self._pool_requests += 1
+
     def run(self, request: ServingRequest, responder: _Responder) -> None:
         """One request's own loop (runtimes that batch on their own)."""
+        try:
+            self._run(request, responder)
+        finally:
+            with self._lock:
+                self._pool_requests -= 1
+
+    def _run(self, request: ServingRequest, responder: _Responder) -> None:
         try:
             with contextlib.closing(self.decoder.stream(self._prompt(request), request.sampling,
                                                         request.speculation)) as chunks:

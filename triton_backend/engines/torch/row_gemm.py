@@ -79,13 +79,47 @@ def _build(target: Path, flags: list[str]) -> None:
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.parent.stat().st_uid == os.getuid():  # a folder others may write is not trusted (verify_library)
+        os.chmod(target.parent, target.parent.stat().st_mode & ~0o022)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         done = subprocess.run([compiler, *flags, str(_SOURCE_FILE), "-o", str(out)], capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+        os.chmod(out, 0o755)
+        digest = Path(tmp) / "digest"
+        digest.write_text(_file_sha256(out) + "\n")
+        os.chmod(digest, 0o644)
+        os.replace(digest, _digest_path(target))  # the hash first: a library never lacks its record
         os.replace(out, target)  # atomic: a concurrent loader sees the whole library or none
+
+
+def _digest_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def verify_library(library: Path) -> str | None:
+    """Why the cached ``library`` must not be loaded (``None``: it may): it and its recorded hash
+    belong to this user (or root) and are writable by no one else, its folder too, and its
+    contents still have the hash recorded when it was built."""
+    record = _digest_path(library)
+    for path in (library.parent, library, record):
+        try:
+            st = path.stat()
+        except OSError:
+            return f"{path.name} is missing"
+        if st.st_uid not in (os.getuid(), 0):
+            return f"{path} belongs to uid {st.st_uid}, not to this user"
+        if st.st_mode & 0o022:
+            return f"{path} is writable by others (mode {st.st_mode & 0o777:o})"
+    if record.read_text().strip() != _file_sha256(library):
+        return f"{library.name} does not match the hash recorded when it was built"
+    return None
 
 
 def kernel_digest(isa: str) -> str:
@@ -97,9 +131,15 @@ def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
     flags = _FLAGS + _ISA_FLAGS[isa]
     target = _kernel_dir() / f"row_gemm-{isa}-{kernel_digest(isa)}.so"
     try:
-        if not target.is_file():
+        problem = verify_library(target) if target.is_file() else "not built yet"
+        if problem is not None:
+            if target.is_file():
+                logger.warning("rebuilding the row kernel: %s", problem)
             _build(target, flags)
             logger.info("built the row-invariant CPU matmul kernel: %s", target)
+            problem = verify_library(target)
+            if problem is not None:
+                raise RuntimeError(f"the row kernel cannot be loaded safely: {problem}")
         lib = ctypes.CDLL(str(target))
         fn, pack, attention = lib.specbuild_panel_gemm, lib.specbuild_pack_panels, lib.specbuild_row_attention
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:

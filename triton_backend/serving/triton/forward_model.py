@@ -12,25 +12,91 @@ TensorRT-LLM would assume (:func:`~triton_backend.serving.trtllm_inputs.trtllm_r
 greedy without top-k / top-p, the model's ``exclude_input_in_output`` parameter). The serving model's
 ``config.pbtxt`` parameter ``target_model`` names the model to forward to.
 ``model_repo/<model>/1/model.py`` re-exports :class:`ForwardModel`.
+
+Bounded, and cancellable: a decoupled front model forwards at most ``max_in_flight``
+(parameter) requests at once and refuses more at once with ``overloaded`` (UNAVAILABLE);
+a non-decoupled one waits in Triton's bounded queue (its config's ``dynamic_batching``
+queue policy) and forwards the requests of one ``execute`` call concurrently. A client that
+cancels or goes away has its forwarded request cancelled in the serving model
+(:class:`CancelWatch`), which frees its batch slot at the next round. Errors keep their type
+across the hop (:func:`~triton_backend.serving.triton.io.forwarded_error`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
-from triton_backend.core.errors import InvalidRequestError
-from triton_backend.serving.triton.io import error_response, model_parameters
+from triton_backend.core.errors import InvalidRequestError, OverloadedError
+from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, error_response, forwarded_error,
+                                              model_parameters)
 from triton_backend.serving.trtllm_inputs import DEFAULTS_READ, trtllm_request_defaults
 
 logger = logging.getLogger("triton_backend.serving.triton.forward_model")
 STREAM_INPUTS = ("stream", "streaming")
 TEXT_OUTPUT = "text_output"
 LAST_RESPONSE_OUTPUT = "finish_reason"  # the serving model's final response always carries it
+DEFAULT_MAX_IN_FLIGHT = 64
+CANCEL_POLL_S = 0.25
+
+
+class CancelWatch:
+    """Asks Triton every ``CANCEL_POLL_S`` whether each forwarded request's client cancelled
+    (one thread for all: a forwarding thread blocks on its child's next response) and, once
+    one did, tells the serving model to cancel the child (Triton 2.51's BLS cannot cancel it):
+    :class:`~triton_backend.serving.triton.io.CancelChannel`."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._channel = CancelChannel(target)
+        self._live: dict[str, Any] = {}
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
+        self._thread.start()
+
+    def add(self, request: Any) -> str:
+        forward_id = uuid.uuid4().hex
+        with self._lock:
+            self._live[forward_id] = request
+        return forward_id
+
+    def remove(self, forward_id: str) -> bool:
+        """Forget a request; whether it was cancelled."""
+        with self._lock:
+            self._live.pop(forward_id, None)
+            cancelled = forward_id in self._cancelled
+            self._cancelled.discard(forward_id)
+        return cancelled
+
+    def _run(self) -> None:
+        while not self._stop.wait(CANCEL_POLL_S):
+            with self._lock:
+                live = [(i, r) for i, r in self._live.items() if i not in self._cancelled]
+            for forward_id, request in live:
+                try:
+                    if request.is_cancelled():
+                        with self._lock:
+                            self._cancelled.add(forward_id)
+                        logger.info("client cancelled: cancelling forwarded request %s", forward_id)
+                        self._cancel_child(forward_id)
+                except Exception:  # keep watching the others
+                    logger.exception("could not cancel a forwarded request")
+
+    def _cancel_child(self, forward_id: str) -> None:
+        if not self._channel.send(forward_id):
+            logger.warning("no instance of %s listens for cancellations: %s runs to its end", self.target, forward_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def _flat_text(tensor: Any) -> Any:
@@ -43,6 +109,8 @@ def _flat_text(tensor: Any) -> Any:
 
 class ForwardModel:
     def initialize(self, args: dict[str, Any]) -> None:
+        if not logging.getLogger().handlers:  # the stub's stderr goes into Triton's log
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         config = json.loads(args["model_config"])
         self.target = model_parameters(config).get("target_model", "")
         if not self.target:
@@ -51,12 +119,26 @@ class ForwardModel:
         exclude = model_parameters(config).get("exclude_input_in_output")
         self.exclude_input = None if exclude is None else exclude == "true"
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="forward") if self.decoupled else None
+        self.max_in_flight = int(model_parameters(config).get("max_in_flight", DEFAULT_MAX_IN_FLIGHT))
+        self._pool = ThreadPoolExecutor(max_workers=self.max_in_flight, thread_name_prefix="forward")
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._watch = CancelWatch(self.target)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if not self.decoupled:
-            return [self._unary(request) for request in requests]
+            if len(requests) == 1:
+                return [self._unary(requests[0])]
+            return list(self._pool.map(self._unary, requests))  # one batch's requests side by side
         for request in requests:
+            with self._lock:
+                admitted = self._in_flight < self.max_in_flight
+                self._in_flight += admitted
+            if not admitted:  # at once, never a hidden queue
+                request.get_response_sender().send(error_response(OverloadedError(
+                    f"{self.max_in_flight} requests are in flight on this model; retry later")),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             self._pool.submit(self._stream, request)
         return None
 
@@ -68,15 +150,15 @@ class ForwardModel:
         extra = trtllm_request_defaults(arrays, self.exclude_input)
         return [t for t in inputs if t.name() not in extra] + [pb_utils.Tensor(n, a) for n, a in extra.items()]
 
-    def _exec(self, request: Any, inputs: list[Any]) -> Any:
+    def _exec(self, forward_id: str, inputs: list[Any]) -> Any:
         names = set(self.outputs) | {LAST_RESPONSE_OUTPUT}
-        forwarded = pb_utils.InferenceRequest(model_name=self.target, inputs=inputs, requested_output_names=sorted(names))
+        forwarded = pb_utils.InferenceRequest(model_name=self.target, inputs=inputs, requested_output_names=sorted(names),
+                                              parameters={FORWARD_ID_PARAM: forward_id})
         return forwarded.exec(decoupled=True)
 
     def _response(self, response: Any) -> Any:
         if response.has_error():
-            error = response.error()
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code()))
+            return pb_utils.InferenceResponse(error=forwarded_error(response.error().message()))
         by_name = {t.name(): t for t in response.output_tensors()}
         kept = [_flat_text(by_name[name]) for name in self.outputs if name in by_name]
         return pb_utils.InferenceResponse(output_tensors=kept)
@@ -91,34 +173,50 @@ class ForwardModel:
             return error_response(InvalidRequestError(
                 f"{streamed[0]} = true needs a decoupled model (this one answers once); send it false"))
         result = None
-        for response in self._exec(request, inputs):
-            if response.has_error():
-                return self._response(response)
-            if response.output_tensors():
-                result = self._response(response)
+        forward_id = self._watch.add(request)
+        try:
+            for response in self._exec(forward_id, inputs):
+                if response.has_error():
+                    return self._response(response)
+                if response.output_tensors():
+                    result = self._response(response)
+        finally:
+            self._watch.remove(forward_id)
         return result if result is not None else error_response("the model sent no response")
 
     def _stream(self, request: Any) -> None:
         sender = request.get_response_sender()
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        forward_id = self._watch.add(request)
         try:
             try:
                 inputs = self._inputs(request)
             except InvalidRequestError as exc:
-                sender.send(error_response(exc), flags=final)
+                self._finish(sender, forward_id, error_response(exc))
                 return
-            for response in self._exec(request, inputs):
+            for response in self._exec(forward_id, inputs):
                 names = {t.name() for t in response.output_tensors()}
                 if response.has_error() or LAST_RESPONSE_OUTPUT in names:
-                    sender.send(self._response(response), flags=final)
+                    self._finish(sender, forward_id, self._response(response))
                     return
                 if names:
                     sender.send(self._response(response))
-            sender.send(flags=final)
+            self._finish(sender, forward_id, None)
         except Exception:  # the client gets a short message; the traceback goes to the server log
             logger.exception("forwarding to %s failed", self.target)
-            sender.send(error_response("internal error while forwarding; see the server log"), flags=final)
+            self._finish(sender, forward_id, error_response("internal error while forwarding; see the server log"))
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _finish(self, sender: Any, forward_id: str, response: Any) -> None:
+        """The final flag, with ``response`` unless the client cancelled (then nothing else)."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        cancelled = self._watch.remove(forward_id)
+        if response is None or cancelled:
+            sender.send(flags=final)
+        else:
+            sender.send(response, flags=final)
 
     def finalize(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self._watch.close()
+        self._pool.shutdown(wait=True)

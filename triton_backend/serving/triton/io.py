@@ -6,7 +6,10 @@ decoupled response sink. Works only inside Triton's Python backend stub, where
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+import os
+import socket
+import threading
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,15 +49,116 @@ def inference_response(outputs: Mapping[str, np.ndarray]) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, arr) for name, arr in outputs.items()])
 
 
-def error_response(exc: BaseException | str) -> Any:
-    """A response carrying a short, client-safe message (never a traceback)."""
+# Forwarding (BLS) between the front models and the serving model. Triton 2.51 does not pass
+# an error's code across a BLS call (the caller sees INTERNAL) nor a caller's cancellation to
+# its child request, so the forwarder names its child in a request parameter, the serving
+# model prefixes that child's error messages with their typed code ("overloaded|..."), and a
+# cancelled caller's child is cancelled through a datagram to the serving model's instances
+# (CancelChannel; a second BLS request could wait behind the forwarded ones for minutes).
+FORWARD_ID_PARAM = "specbuild_forward_id"
+_CODE_SEPARATOR = "|"
+_UNAVAILABLE_CODES = ("model_load", "overloaded")
+
+
+def error_code(exc: BaseException | str) -> str:
+    """The typed code of an error (``internal`` for anything not ours)."""
+    return exc.code if isinstance(exc, SpecbuildError) else "internal"
+
+
+def triton_error(message: str, code: str) -> Any:
     pb_utils = _pb()
-    code = pb_utils.TritonError.INTERNAL
-    if isinstance(exc, InvalidRequestError):
-        code = pb_utils.TritonError.INVALID_ARG
-    elif isinstance(exc, SpecbuildError):
-        code = pb_utils.TritonError.UNAVAILABLE if exc.code in ("model_load", "overloaded") else pb_utils.TritonError.INTERNAL
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
+    if code in _UNAVAILABLE_CODES:
+        kind = pb_utils.TritonError.UNAVAILABLE
+    elif code in ("invalid_request", "context_length"):
+        kind = pb_utils.TritonError.INVALID_ARG
+    else:
+        kind = pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(message, kind)
+
+
+def error_response(exc: BaseException | str, forwarded: bool = False) -> Any:
+    """A response carrying a short, client-safe message (never a traceback). ``forwarded``: to
+    a front model, with the typed code in front of the message (see FORWARD_ID_PARAM)."""
+    code = "invalid_request" if isinstance(exc, InvalidRequestError) else error_code(exc)
+    message = f"{code}{_CODE_SEPARATOR}{exc}" if forwarded else str(exc)
+    return _pb().InferenceResponse(error=triton_error(message, code))
+
+
+def forwarded_error(message: str) -> Any:
+    """The TritonError a front model returns for its child's error ``message``: the typed code
+    taken back off the message (an error without one, e.g. Triton's own, stays INTERNAL)."""
+    code, separator, rest = message.partition(_CODE_SEPARATOR)
+    if separator and code.replace("_", "").isalpha() and code.islower():
+        return triton_error(rest, code)
+    return triton_error(message, "internal")
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    """A Triton request's parameters (``{}`` when it has none or they do not parse)."""
+    import json
+
+    try:
+        parameters = json.loads(request.parameters() or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return parameters if isinstance(parameters, dict) else {}
+
+
+class CancelChannel:
+    """Cancellations of forwarded requests, from a front model to the serving model's instances,
+    as Unix datagrams (one socket per serving instance, in a folder only this user can enter,
+    named by the Triton server's pid and the serving model). ``listen`` runs ``on_cancel(id)``
+    on a thread of its own for each forward id received; ``send`` reaches every instance."""
+
+    def __init__(self, model: str) -> None:
+        import tempfile
+        from pathlib import Path
+
+        self.folder = Path(tempfile.gettempdir()) / f"specbuild-cancel-{os.getppid()}-{model}"
+        self._socket: socket.socket | None = None
+
+    def listen(self, on_cancel: Callable[[str], None]) -> None:
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+        st = self.folder.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            logger.error("%s is not this user's own folder: cancellations of forwarded requests are not received",
+                         self.folder)
+            return
+        path = self.folder / f"{os.getpid()}.sock"
+        path.unlink(missing_ok=True)
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(str(path))
+        threading.Thread(target=self._receive, args=(self._socket, on_cancel), name="cancel-channel",
+                         daemon=True).start()
+
+    @staticmethod
+    def _receive(sock: socket.socket, on_cancel: Callable[[str], None]) -> None:
+        while True:
+            try:
+                data = sock.recv(256)
+            except OSError:  # closed
+                return
+            try:
+                on_cancel(data.decode("ascii", "replace"))
+            except Exception:  # keep listening
+                logger.exception("cancelling a forwarded request failed")
+
+    def send(self, forward_id: str) -> int:
+        """Sends to every serving instance; how many it reached."""
+        reached = 0
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            for path in self.folder.glob("*.sock"):
+                try:
+                    sock.sendto(forward_id.encode("ascii"), str(path))
+                    reached += 1
+                except OSError:  # an instance that is gone
+                    pass
+        return reached
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            (self.folder / f"{os.getpid()}.sock").unlink(missing_ok=True)
 
 
 class TritonResponseSink:
@@ -68,9 +172,10 @@ class TritonResponseSink:
     loop). The fence reads the answer remembered from that question (a cancellation, once
     seen, stays); only an error response asks again here, as errors are rare."""
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: Any, forwarded: bool = False) -> None:
         self._request = request
         self._cancelled = False
+        self._forwarded = forwarded
         sender = request.get_response_sender()
         final_flag = _pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         self._out = FencedSender(lambda response, final: sender.send(response, flags=final_flag if final else 0),
@@ -84,7 +189,7 @@ class TritonResponseSink:
             self.cancelled()
         except Exception:  # answer as if not cancelled: the error still ends the request
             logger.exception("could not ask whether a request is cancelled")
-        self._out.fail(error_response(exc))
+        self._out.fail(error_response(exc, self._forwarded))
 
     def cancelled(self) -> bool:
         """Asks Triton (unless a cancellation was seen already) and remembers the answer."""
@@ -92,9 +197,15 @@ class TritonResponseSink:
             self._cancelled = bool(self._request.is_cancelled())
         return self._cancelled
 
+    def cancel(self) -> None:
+        """Cancelled from elsewhere (the front model whose client went away): seen at the next
+        question, as a cancellation through Triton would be."""
+        self._cancelled = True
+
     def close(self) -> None:
         """End the request with no further response (after cancellation)."""
         self._out.close()
 
 
-__all__ = ["TritonResponseSink", "error_response", "inference_response", "model_parameters", "request_arrays"]
+__all__ = ["CancelChannel", "FORWARD_ID_PARAM", "TritonResponseSink", "error_code", "error_response", "forwarded_error",
+           "request_parameters", "triton_error", "inference_response", "model_parameters", "request_arrays"]

@@ -11,18 +11,23 @@ auto-completion does not pay for it. Importable only inside Triton's Python back
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.serving.interface import TRTLLM_METRICS_MODEL, ServingConfig
-from triton_backend.serving.triton.io import TritonResponseSink, model_parameters, request_arrays
+from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, TritonResponseSink, model_parameters,
+                                              request_arrays, request_parameters)
 from triton_backend.serving.trtllm_interface import SERVED_INPUTS
 
 logger = logging.getLogger("triton_backend.serving.triton.specdec_model")
+EARLY_CANCELS_KEPT = 4096  # cancellations of forwarded requests that had not arrived yet
 
 
 def configure_logging() -> None:
@@ -55,12 +60,40 @@ class SpecdecModel:
                                  TrtllmMetrics(pb_utils, params.get(TRTLLM_METRICS_MODEL, args["model_name"]),
                                                config.max_batch_size))
         self.service = SpecdecService(decoder, config, deployment.speculation, self.metrics)
+        # forwarded requests by their front model's id, while they live (see io.FORWARD_ID_PARAM)
+        self._forwarded: weakref.WeakValueDictionary[str, TritonResponseSink] = weakref.WeakValueDictionary()
+        self._early_cancels: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._cancel_lock = threading.Lock()
+        self._cancels = CancelChannel(args["model_name"])  # a front model's client went away
+        self._cancels.listen(self._cancel_forwarded)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            self.service.submit(request_arrays(request, SERVED_INPUTS), TritonResponseSink(request))
+            forward_id = request_parameters(request).get(FORWARD_ID_PARAM)
+            sink = TritonResponseSink(request, forwarded=forward_id is not None)
+            if forward_id is not None:
+                with self._cancel_lock:
+                    self._forwarded[str(forward_id)] = sink
+                    if str(forward_id) in self._early_cancels:  # cancelled before it arrived
+                        del self._early_cancels[str(forward_id)]
+                        sink.cancel()
+            self.service.submit(request_arrays(request, SERVED_INPUTS), sink)
         return None
 
+    def _cancel_forwarded(self, forward_id: str) -> None:
+        """A front model's client went away. Its forwarded request may not have reached
+        ``execute`` yet (it waits in Triton's queue while the instance is busy): remembered then."""
+        with self._cancel_lock:
+            sink = self._forwarded.get(forward_id)
+            if sink is None:
+                self._early_cancels[forward_id] = None
+                while len(self._early_cancels) > EARLY_CANCELS_KEPT:
+                    self._early_cancels.popitem(last=False)
+        logger.info("cancelling forwarded request %s (%s)", forward_id, "live" if sink is not None else "not arrived")
+        if sink is not None:
+            sink.cancel()
+
     def finalize(self) -> None:
+        self._cancels.close()
         self.service.shutdown()
         self.metrics.close()
