@@ -83,6 +83,10 @@ VALUES: dict[str, st.SearchStrategy[Any]] = {
     "speculation": _mostly(st.sampled_from([b"auto", b"ngram", b"off"]),
                            st.one_of(st.sampled_from([b"draft", b"medusa", b" OFF ", b"Ngram"]),
                                      st.text(max_size=12).map(str.encode), st.binary(max_size=8))),
+    "guided_decoding_guide_type": _mostly(st.sampled_from([b"json", b"json_schema", b"regex", b"ebnf_grammar"]),
+                                          st.one_of(st.sampled_from([b"", b"JSON", b"xml"]), st.binary(max_size=8))),
+    "guided_decoding_guide": _mostly(st.sampled_from([b"", b'{"type": "object"}', b"[a-z]+", b'root ::= "yes" | "no"']),
+                                     st.one_of(st.sampled_from([b"{", b"(", b"\xff"]), st.binary(max_size=24))),
 }
 assert set(VALUES) == {spec.name for spec in INPUTS}, "a new input needs a fuzzing strategy"
 
