@@ -120,6 +120,9 @@ def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPa
     from builder.cli.args import data_arguments
 
     _register_data(sub)
+    from builder.cli.eagle3 import register_eagle3_commands
+
+    register_eagle3_commands(sub)
 
     t = sub.add_parser("train-eagle", help="train an EAGLE drafter on the frozen target; report held-out acceptance")
     data_arguments(t)
