@@ -8,7 +8,14 @@ from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
 
 def _layers(text: str) -> tuple[int, ...] | None:
-    return tuple(int(x) for x in text.split(",")) if text else None
+    from triton_backend.core.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"--capture-layers takes comma-separated layer indices, got {text!r}") from exc
 
 
 def _cmd_features(a: argparse.Namespace) -> int:

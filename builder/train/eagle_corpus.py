@@ -65,8 +65,13 @@ class CorpusConfig:
         for name in ("max_new_tokens", "rows", "shard_size", "workers", "max_prompt_tokens"):
             if int(getattr(self, name)) < 1:
                 raise BuildSpecError(f"{name} must be >= 1")
-        if not 0 <= self.sampled_share <= 1 or self.temperature <= 0:
-            raise BuildSpecError("sampled_share must lie in [0, 1] and temperature be > 0")
+        if not 0 <= self.sampled_share <= 1 or not 0 < self.temperature < float("inf"):
+            raise BuildSpecError("sampled_share must lie in [0, 1] and temperature be finite and > 0")
+        if self.workers > 64 or self.rows > 4096:
+            raise BuildSpecError("workers must be <= 64 and rows <= 4096")
+        if (self.max_shards is not None and self.max_shards < 1) or (self.time_limit_s is not None
+                                                                     and not self.time_limit_s > 0):
+            raise BuildSpecError("max_shards must be >= 1 and time_limit_s > 0 when given")
 
     def identity(self) -> dict[str, Any]:
         """Settings that make two runs' shards parts of one corpus (meta.json)."""
@@ -82,6 +87,7 @@ class CorpusStats:
     shards_done: int
     positions: int  # response tokens generated in this run (each a training position)
     seconds: float
+    cpu_seconds: float = 0.0  # this process's CPU time (one worker): the rate on an unshared core
 
     @property
     def positions_per_s(self) -> float:
@@ -198,6 +204,7 @@ def _work(config: CorpusConfig, prompts: list[dict[str, str]], todo: list[int], 
           deadline: float | None) -> CorpusStats:
     out = Path(config.out_dir)
     start = last_log = time.monotonic()
+    cpu_start = time.process_time()
     decoder = _Decoder(engine, config)
     shards: dict[int, _Shard] = {}
     queue = _prompt_queue(config, prompts, todo, tokenizer, shards, deadline)
@@ -223,7 +230,8 @@ def _work(config: CorpusConfig, prompts: list[dict[str, str]], todo: list[int], 
             last_log = now
     elapsed = time.monotonic() - start
     _log_progress(decoder.positions, elapsed, done, len(todo))
-    return CorpusStats(shards_total=len(todo), shards_done=done, positions=decoder.positions, seconds=elapsed)
+    return CorpusStats(shards_total=len(todo), shards_done=done, positions=decoder.positions, seconds=elapsed,
+                       cpu_seconds=time.process_time() - cpu_start)
 
 
 def _log_progress(positions: int, seconds: float, done: int, total: int) -> None:
@@ -293,6 +301,9 @@ def _worker_main(config: CorpusConfig, worker: int) -> None:
 
 def generate_corpus(config: CorpusConfig) -> CorpusStats:
     """Prepare the folder, then run ``config.workers`` processes (one: in this process)."""
+    from triton_backend.engines.torch.model_loading import resolve_model_path
+
+    resolve_model_path(config.target)  # a missing target fails here, before the prompt set is built
     prompts = prepare_corpus_dir(config)
     todo = todo_shards(config, len(prompts))
     logger.info("%d prompts, %d shards to generate in %s", len(prompts), len(todo), config.out_dir)

@@ -51,7 +51,8 @@ class PromptSetConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.size < 1 or not 0 <= self.chat_share <= 1 or not 0 <= self.docs_share <= 1 - self.chat_share:
+        shares_ok = 0 <= self.chat_share <= 1 and 0 <= self.docs_share <= 1 - self.chat_share
+        if not (1 <= self.size <= 10_000_000 and 0 < self.max_doc_chars <= 100_000 and shares_ok):
             raise BuildSpecError("prompt set: size >= 1 and chat_share + docs_share within [0, 1]")
 
 
