@@ -245,6 +245,32 @@ def _save_state(path: Path, cfg: Eagle3TrainConfig, net: Eagle3Net, opt: torch.o
     tmp.replace(path)
 
 
+def _resume(ckpt: Path, cfg: Eagle3TrainConfig, net: Eagle3Net,
+            opt: torch.optim.Optimizer) -> tuple[dict, list[CurvePoint]]:
+    """The saved progress (net and optimizer restored in place), or a fresh start."""
+    if not ckpt.is_file():
+        return {"steps": 0, "positions": 0, "seconds": 0.0}, []
+    saved = torch.load(ckpt, weights_only=False)
+    if saved["identity"] != cfg.identity():
+        raise BuildSpecError(f"{ckpt} was made with other settings; use another --out or delete it")
+    net.load_state_dict(saved["net"])
+    opt.load_state_dict(saved["opt"])
+    logger.info("resuming at step %d", saved["state"]["steps"])
+    return saved["state"], [CurvePoint(**p) for p in saved["curve"]]
+
+
+def _step(cfg: Eagle3TrainConfig, net: Eagle3Net, embed: torch.Tensor, opt: torch.optim.Optimizer,
+          chunk: list[_Seq]) -> tuple[float, int]:
+    """One optimizer step on ``chunk``: ``(loss, trained positions)``."""
+    feats, nxt, labels = _batch(chunk, net)
+    loss = ttt_loss(net, embed, feats, nxt, labels, cfg.ttt_steps, cfg.step_decay)
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach()), int((labels >= 0).sum())
+
+
 def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Report:
     """Train (or resume) and write the drafter folder with its report; see the module docstring."""
     from tqdm.auto import tqdm
@@ -257,17 +283,8 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
     net, embed, coverage = _new_net(cfg, train, layers)
     untrained = chain_acceptance(net, embed, held, cfg.ttt_steps)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0)
-    state = {"steps": 0, "positions": 0, "seconds": 0.0}
-    curve: list[CurvePoint] = []
     ckpt = out / STATE
-    if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=False)
-        if saved["identity"] != cfg.identity():
-            raise BuildSpecError(f"{ckpt} was made with other settings; use another --out or delete it")
-        net.load_state_dict(saved["net"])
-        opt.load_state_dict(saved["opt"])
-        state, curve = saved["state"], [CurvePoint(**p) for p in saved["curve"]]
-        logger.info("resuming at step %d", state["steps"])
+    state, curve = _resume(ckpt, cfg, net, opt)
     per_epoch = -(-len(train) // cfg.batch_size)
     sched = TimedCosine(opt, cfg.epochs * per_epoch, cfg.time_limit_s)
     sched.steps, sched.start = state["steps"] - 1, sched.start - state["seconds"]
@@ -282,17 +299,12 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
             if epoch * per_epoch + index < state["steps"] or sched.done:
                 continue
             chunk = [train[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]]
-            feats, nxt, labels = _batch(chunk, net)
-            loss = ttt_loss(net, embed, feats, nxt, labels, cfg.ttt_steps, cfg.step_decay)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
+            loss, positions = _step(cfg, net, embed, opt, chunk)
             sched.step()
             state["steps"] += 1
-            state["positions"] += int((labels >= 0).sum())
+            state["positions"] += positions
             bar.update(1)
-            losses.append(float(loss.detach()))
+            losses.append(loss)
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
             now = time.monotonic()
             if now - last_eval >= cfg.eval_every_s:
