@@ -104,7 +104,7 @@ def generate_features(config: FeatureConfig) -> Path:
         return out
     model = load_model(config.target).eval()
     layers = capture_layers_for(model, config.capture_layers)
-    start, done_tokens = time.monotonic(), 0
+    start, cpu_start, done_tokens = time.monotonic(), time.process_time(), 0
     for n, file in enumerate(todo):
         seqs = _sequences(file)
         results: list[Any] = [None] * len(seqs)
@@ -120,7 +120,8 @@ def generate_features(config: FeatureConfig) -> Path:
         torch.save(record, tmp)
         tmp.replace(target)
         rate = done_tokens / max(time.monotonic() - start, 1e-9)
-        logger.info("features: %d/%d shards, %.0f tokens/s", n + 1, len(todo), rate)
+        cpu_rate = done_tokens / max(time.process_time() - cpu_start, 1e-9)
+        logger.info("features: %d/%d shards, %.0f tokens/s (%.0f per CPU second)", n + 1, len(todo), rate, cpu_rate)
     return out
 
 
