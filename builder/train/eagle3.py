@@ -48,6 +48,7 @@ class Eagle3TrainConfig:
     features_dir: str
     heldout_dir: str
     out: str  # output folder (config.json, model.safetensors, training_report.json)
+    # features_dir / heldout_dir: one folder, or several comma-separated
     draft_vocab: int = 8192
     ttt_steps: int = 3
     step_decay: float = 0.8
@@ -110,9 +111,17 @@ class _Seq:
     first: int  # first position whose prediction is trained / measured (the response's)
 
 
-def load_sequences(folder: str | Path, max_len: int, limit: int | None = None) -> list[_Seq]:
+def _files(folders: str | Path) -> list[Path]:
+    """Feature files of one folder or of several, comma-separated."""
+    files = [f for folder in str(folders).split(",") if folder.strip() for f in iter_feature_files(folder)]
+    if not files:
+        raise BuildSpecError(f"no feature folder given ({str(folders)!r})")
+    return files
+
+
+def load_sequences(folders: str | Path, max_len: int, limit: int | None = None) -> list[_Seq]:
     out: list[_Seq] = []
-    for file in iter_feature_files(folder):
+    for file in _files(folders):
         rec = torch.load(file, weights_only=True)
         for feats, toks, top1, plen in zip(rec["features"], rec["tokens"], rec["top1"], rec["prompt_lengths"].tolist()):
             n = min(len(toks), max_len)
@@ -279,7 +288,7 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
     out.mkdir(parents=True, exist_ok=True)
     train = load_sequences(cfg.features_dir, cfg.max_len)
     held = load_sequences(cfg.heldout_dir, cfg.max_len, cfg.max_eval_sequences)
-    layers = tuple(torch.load(iter_feature_files(cfg.features_dir)[0], weights_only=True)["layers"])
+    layers = tuple(torch.load(_files(cfg.features_dir)[0], weights_only=True)["layers"])
     net, embed, coverage = _new_net(cfg, train, layers)
     untrained = chain_acceptance(net, embed, held, cfg.ttt_steps)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0)
