@@ -172,6 +172,7 @@ class _Decoder:
         self.free = [engine.allocate() for _ in range(config.rows)]
         self.active: list[_Seq] = []
         self.positions = 0
+        self.finished = 0  # sequences completed
 
     def add(self, seq: _Seq) -> None:
         seq.slot = self.free.pop()
@@ -197,6 +198,7 @@ class _Decoder:
             else:
                 keep.append(seq)
         self.active = keep
+        self.finished += len(finished)
         return finished
 
 
@@ -226,19 +228,21 @@ def _work(config: CorpusConfig, prompts: list[dict[str, str]], todo: list[int], 
                 done += 1
         now = time.monotonic()
         if now - last_log >= config.log_every_s:
-            _log_progress(decoder.positions, now - start, done, len(todo))
+            _log_progress(decoder, now - start, done, len(todo), config.shard_size)
             last_log = now
     elapsed = time.monotonic() - start
-    _log_progress(decoder.positions, elapsed, done, len(todo))
+    _log_progress(decoder, elapsed, done, len(todo), config.shard_size)
     return CorpusStats(shards_total=len(todo), shards_done=done, positions=decoder.positions, seconds=elapsed,
                        cpu_seconds=time.process_time() - cpu_start)
 
 
-def _log_progress(positions: int, seconds: float, done: int, total: int) -> None:
-    rate = positions / max(seconds, 1e-9)
-    eta = (total - done) * (seconds / done) if done else float("nan")
-    logger.info("corpus: %d/%d shards, %d positions, %.1f positions/s, ETA %s", done, total, positions, rate,
-                "?" if eta != eta else f"{eta / 60:.0f} min")
+def _log_progress(decoder: _Decoder, seconds: float, done: int, total: int, shard_size: int) -> None:
+    """Shards, positions, positions/s and an ETA from the sequences finished so far."""
+    rate = decoder.positions / max(seconds, 1e-9)
+    left = max(0, total * shard_size - decoder.finished)  # sequences still to finish (upper bound)
+    eta = left * seconds / decoder.finished if decoder.finished else float("nan")
+    logger.info("corpus: %d/%d shards, %d sequences, %d positions, %.1f positions/s, ETA %s", done, total,
+                decoder.finished, decoder.positions, rate, "?" if eta != eta else f"{eta / 60:.0f} min")
 
 
 def _prompt_queue(config: CorpusConfig, prompts: list[dict[str, str]], todo: list[int], tokenizer: Any,
