@@ -85,3 +85,12 @@ def test_prompt_set_is_varied_deterministic_and_free_of_held_out_prompts():
         if p["kind"] == "chat":  # the seed topics the held-out prompts are about are not used
             assert not any(f" {_norm(t)} " in f" {key} " for t in topics), p
     assert len({_norm(p["prompt"]) for p in prompts}) == len(prompts)
+
+
+def test_over_long_prompts_keep_their_head_and_the_assistant_opener():
+    from builder.train.eagle_corpus import _clip
+
+    ids = list(range(100))
+    assert _clip(ids, 200) == ids
+    clipped = _clip(ids, 20)
+    assert len(clipped) == 20 and clipped[:12] == ids[:12] and clipped[-8:] == ids[-8:]
