@@ -44,7 +44,9 @@ def poisons(port: int) -> dict[str, list[str]]:
             "bench": ["--target", f"{missing}/model", "--out", f"{missing}/out"], "distill": ["--target", f"{missing}/model"],
             "train-medusa": ["--target", f"{missing}/model"], "deploy": ["--spec", f"{missing}/spec.yaml"],
             "train-eagle": ["--target", f"{missing}/model"], "eval-eagle": ["--eagle", f"{missing}/eagle"],
-            "export-eagle": ["--checkpoint", f"{missing}/checkpoint"],
+            "export-eagle": ["--checkpoint", f"{missing}/checkpoint"], "eagle-data": ["--target", f"{missing}/model"],
+            "eagle-features": ["--corpus", f"{missing}/corpus"], "train-eagle3": ["--features", f"{missing}/features"],
+            "export-eagle3": ["--eagle", f"{missing}/eagle3"],
             "generate": ["--url", f"127.0.0.1:{port}"]}
 
 

@@ -71,8 +71,63 @@ def _cmd_export_eagle(a: argparse.Namespace) -> int:
     return subprocess.run(build.argv, cwd=out, check=False).returncode
 
 
+def _cmd_eagle_data(a: argparse.Namespace) -> int:
+    from builder.train.eagle_corpus import CorpusConfig, corpus_summary, generate_corpus
+    from builder.train.prompt_set import PromptSetConfig
+    from triton_backend.core.errors import ConfigError
+
+    if a.headline and a.workers != 1:
+        raise ConfigError("--headline measures one process: use --workers 1")
+    config = CorpusConfig(target=a.target, out_dir=a.out, prompts_file=a.prompts,
+                          prompt_set=PromptSetConfig(size=a.prompt_count, seed=a.seed), max_new_tokens=a.max_new_tokens,
+                          rows=a.rows, shard_size=a.shard_size, sampled_share=a.sampled_share, temperature=a.temperature,
+                          max_prompt_tokens=a.max_prompt_tokens, seed=a.seed, workers=a.workers, max_shards=a.max_shards,
+                          time_limit_s=a.time_limit, log_every_s=a.log_every)
+    stats = generate_corpus(config)
+    summary = corpus_summary(a.out)
+    print(f"{stats.positions} positions generated in {stats.seconds:.0f}s ({stats.positions_per_s:.1f} positions/s, "
+          f"{a.workers} worker(s)" + (f", {stats.positions / stats.cpu_seconds:.1f} per CPU second" if stats.cpu_seconds else "")
+          + f"); the corpus holds {summary['shards']} shards, {summary['generated_positions']} positions")
+    if a.headline and stats.positions:
+        from builder.headline import update_headline
+
+        figures = {"eagle_data_positions_per_s": stats.positions_per_s}
+        if stats.cpu_seconds > 0:  # the same run per CPU second: what one unshared core would give
+            figures["eagle_data_positions_per_cpu_s"] = stats.positions / stats.cpu_seconds
+        update_headline(figures)
+    return 0
+
+
+def _register_data(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    d = sub.add_parser("eagle-data", help="a drafter token corpus from the target on the batched slot engine "
+                                          "(sharded, resumable; rerun the same command to resume)")
+    d.add_argument("--target", default=DEFAULT_REFERENCE, help="reference model name or HF directory")
+    d.add_argument("--out", required=True, help="corpus folder (meta.json, prompts.jsonl.gz, shard-*.npz)")
+    d.add_argument("--prompts", default="", help="your prompts, one per line (default: the built prompt set)")
+    d.add_argument("--prompt-count", type=int, default=12000, help="size of the built prompt set")
+    d.add_argument("--max-new-tokens", type=int, default=192, help="response length limit")
+    d.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts are cut to their last N tokens")
+    d.add_argument("--rows", type=int, default=16, help="sequences decoded together in one batched pass")
+    d.add_argument("--shard-size", type=int, default=64, help="prompts per shard (the unit of resuming)")
+    d.add_argument("--sampled-share", type=float, default=0.5, help="share of prompts answered by sampling, not greedy")
+    d.add_argument("--temperature", type=float, default=0.8, help="temperature of the sampled responses")
+    d.add_argument("--workers", type=int, default=1, help="processes (one thread each)")
+    d.add_argument("--max-shards", type=int, default=None, help="generate only the first N shards")
+    d.add_argument("--time-limit", type=float, default=None, help="stop starting new prompts after N seconds")
+    d.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--headline", action="store_true",
+                   help="write eagle_data_positions_per_s (this run, one worker) to the headline file")
+    d.set_defaults(func=_cmd_eagle_data)
+
+
 def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from builder.cli.args import data_arguments
+
+    _register_data(sub)
+    from builder.cli.eagle3 import register_eagle3_commands
+
+    register_eagle3_commands(sub)
 
     t = sub.add_parser("train-eagle", help="train an EAGLE drafter on the frozen target; report held-out acceptance")
     data_arguments(t)

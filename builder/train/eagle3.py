@@ -1,0 +1,345 @@
+"""``specbuild train-eagle3``: an EAGLE-3 drafter trained with training-time test.
+
+Data: feature files (:mod:`builder.train.eagle_features`): per position the fused low/mid/high
+target features and the target's greedy next token. The drafter is trained to predict the
+target's choice ``top1[j + 1]`` from ``(features_j, token_{j+1})``, over a reduced draft
+vocabulary (the ``draft_vocab`` tokens the target writes most in the training data, mapped to
+the target's ids by ``d2t``), initialised from the target's own LM-head rows and final norm.
+
+Training-time test (``ttt_steps`` = S): step 0 reads the target's features; step ``s`` reads
+the drafter's own output of step ``s - 1`` one position back, as chain drafting does, and
+attends to the target-feature entries up to where its chain started plus its own chain's
+entries (one mask over the keys of all steps). Step ``s``'s loss is weighted ``step_decay^s``.
+
+Measured on held-out feature files: chain acceptance at draft depth ``d`` = the share of
+starting positions where the drafter's first ``d`` greedy drafts all equal the target's
+greedy tokens (what greedy verification of a ``d``-token chain accepts), from greedy responses.
+
+Resumable: ``<out>/train_state.pt`` (net, optimizer, step, curve) every ``save_every_s``; a rerun
+with the same settings continues. The report (``training_report.json``) holds the learning curve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from builder.errors import BuildSpecError
+from builder.train.eagle_features import iter_feature_files
+from builder.train.schedule import TimedCosine
+from triton_backend.speculation.drafters.eagle3_model import Eagle3Info, Eagle3Net, save_eagle3
+
+logger = logging.getLogger(__name__)
+
+STATE = "train_state.pt"
+REPORT = "training_report.json"
+
+
+@dataclass(frozen=True)
+class Eagle3TrainConfig:
+    target: str
+    features_dir: str
+    heldout_dir: str
+    out: str  # output folder (config.json, model.safetensors, training_report.json)
+    # features_dir / heldout_dir: one folder, or several comma-separated
+    draft_vocab: int = 8192
+    ttt_steps: int = 3
+    step_decay: float = 0.8
+    epochs: int = 4
+    batch_size: int = 8
+    max_len: int = 512
+    lr: float = 5e-4
+    time_limit_s: float = 1800.0
+    eval_every_s: float = 300.0
+    save_every_s: float = 120.0
+    max_eval_sequences: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ttt_steps < 1 or self.epochs < 1 or self.batch_size < 1 or self.draft_vocab < 1 or self.max_len < 4:
+            raise BuildSpecError("ttt_steps, epochs, batch_size, draft_vocab >= 1 and max_len >= 4")
+        if self.lr <= 0 or self.time_limit_s <= 0 or not 0 < self.step_decay <= 1:
+            raise BuildSpecError("lr and time_limit_s must be > 0, step_decay in (0, 1]")
+
+    def identity(self) -> dict[str, object]:
+        keep = ("target", "features_dir", "draft_vocab", "ttt_steps", "step_decay", "epochs", "batch_size", "max_len",
+                "lr", "seed")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+
+@dataclass
+class CurvePoint:
+    steps: int
+    positions: int
+    seconds: float
+    acceptance: list[float]  # held-out chain acceptance at draft depth 1..S
+
+
+@dataclass
+class Eagle3Report:
+    out: str
+    train_positions: int
+    heldout_positions: int
+    steps: int
+    seconds: float
+    acceptance: list[float]
+    untrained_acceptance: list[float]
+    draft_vocab: int
+    draft_vocab_coverage: float  # share of training targets inside the draft vocabulary
+    curve: list[CurvePoint] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # this run's first and last few step losses
+
+    def summary(self) -> str:
+        acc = ", ".join(f"{a:.3f}" for a in self.acceptance)
+        return (f"EAGLE-3 drafter -> {self.out}: {self.train_positions} training positions, {self.steps} steps in "
+                f"{self.seconds:.0f}s; held-out chain acceptance by draft depth: {acc} "
+                f"(untrained {self.untrained_acceptance[0]:.3f} at depth 1)")
+
+
+@dataclass
+class _Seq:
+    features: torch.Tensor  # [n, 3H] float16
+    tokens: torch.Tensor  # [n] int64
+    top1: torch.Tensor  # [n] int64: the target's greedy token after position j
+    first: int  # first position whose prediction is trained / measured (the response's)
+
+
+def _files(folders: str | Path) -> list[Path]:
+    """Feature files of one folder or of several, comma-separated."""
+    files = [f for folder in str(folders).split(",") if folder.strip() for f in iter_feature_files(folder)]
+    if not files:
+        raise BuildSpecError(f"no feature folder given ({str(folders)!r})")
+    return files
+
+
+def load_sequences(folders: str | Path, max_len: int, limit: int | None = None) -> list[_Seq]:
+    out: list[_Seq] = []
+    for file in _files(folders):
+        rec = torch.load(file, weights_only=True)
+        for feats, toks, top1, plen in zip(rec["features"], rec["tokens"], rec["top1"], rec["prompt_lengths"].tolist()):
+            n = min(len(toks), max_len)
+            out.append(_Seq(feats[:n], toks[:n].long(), top1[:n].long(), max(0, int(plen) - 2)))
+            if limit and len(out) >= limit:
+                return out
+    return out
+
+
+def draft_vocabulary(seqs: list[_Seq], size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` target ids the target writes most (ascending) and the share they cover."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in seqs:
+        counts += torch.bincount(s.top1[s.first:], minlength=vocab_size)
+    size = min(size, vocab_size)
+    ids = counts.topk(size).indices.sort().values
+    return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
+
+
+def _batch(seqs: list[_Seq], net: Eagle3Net) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """features ``[B, T, 3H]``, next tokens ``[B, T]`` (token_{j+1}) and draft labels ``[B, T]``
+    (the target's top1 at ``j + 1`` in draft ids, ``-1``: not trained)."""
+    t = max(len(s.tokens) for s in seqs)
+    feats = torch.zeros(len(seqs), t, seqs[0].features.shape[-1])
+    nxt = torch.zeros(len(seqs), t, dtype=torch.long)
+    labels = torch.full((len(seqs), t), -1, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        n = len(s.tokens)
+        feats[b, :n] = s.features.float()
+        nxt[b, :n - 1] = s.tokens[1:]
+        lab = net.target_to_draft(s.top1[1:])
+        lab[:s.first] = -1
+        labels[b, :n - 1] = lab
+    return feats, nxt, labels
+
+
+def ttt_mask(t: int, step: int) -> torch.Tensor:
+    """Bool ``[T, (step + 1) T]``: query (``step``, j) sees step-0 keys at ``i <= j - step`` and the
+    key of step ``s`` (1..step) at ``i = j - step + s`` (its own chain)."""
+    j = torch.arange(t)[:, None]
+    i = torch.arange(t)[None, :]
+    blocks = [i <= j - step] + [i == j - step + s for s in range(1, step + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def ttt_forward(net: Eagle3Net, embed: torch.Tensor, feats: torch.Tensor, nxt: torch.Tensor,
+                steps: int) -> list[torch.Tensor]:
+    """Logits ``[B, T, draft_vocab]`` of each training-time-test step."""
+    attn = net.midlayer.self_attn
+    b, t, _ = feats.shape
+    positions = torch.arange(t)[None].expand(b, t)
+    emb = F.embedding(nxt, embed)
+    hidden = net.fc(feats)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    out = []
+    for s in range(steps):
+        q, k, v = attn.qkv(net.layer_input(hidden, emb), positions)
+        keys.append(k)
+        values.append(v)
+        a = attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), ttt_mask(t, s)[None])
+        g = net.block_out(hidden, a)
+        out.append(net.logits(g))
+        hidden = torch.cat((torch.zeros_like(g[:, :1]), g[:, :-1]), dim=1)  # position j reads g at j - 1
+    return out
+
+
+def ttt_loss(net: Eagle3Net, embed: torch.Tensor, feats: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor,
+             steps: int, decay: float) -> torch.Tensor:
+    total = feats.new_zeros(())
+    for s, logits in enumerate(ttt_forward(net, embed, feats, nxt, steps)):
+        lab = labels.clone()
+        lab[:, :s] = -1  # step s starts its chains s positions in
+        if bool((lab >= 0).any()):
+            total = total + decay ** s * F.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-1)
+    return total
+
+
+@torch.no_grad()
+def chain_acceptance(net: Eagle3Net, embed: torch.Tensor, seqs: list[_Seq], steps: int, batch_size: int = 8) -> list[float]:
+    """Share of chain starts whose first ``d`` drafts all match the target's greedy tokens, d = 1..steps."""
+    hits = [0] * steps
+    starts = 0
+    for lo in range(0, len(seqs), batch_size):
+        chunk = seqs[lo:lo + batch_size]
+        feats, nxt, labels = _batch(chunk, net)
+        preds = [lg.argmax(-1) for lg in ttt_forward(net, embed, feats, nxt, steps)]
+        for b, s in enumerate(chunk):
+            n = len(s.tokens) - 1
+            target = net.target_to_draft(s.top1[1:])
+            for p in range(s.first, n):
+                starts += 1
+                for d in range(steps):
+                    j = p + d
+                    if j >= n or labels[b, j] < 0 or int(preds[d][b, j]) != int(target[j]):
+                        break
+                    hits[d] += 1
+    return [h / max(1, starts) for h in hits]
+
+
+def _target_parts(target: str) -> tuple[object, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target's config, embedding, LM head and final-norm weights (frozen copies)."""
+    from triton_backend.engines.torch.model_loading import load_model
+
+    model = load_model(target).eval()
+    embed = model.get_input_embeddings().weight.detach().float().clone()
+    head = model.get_output_embeddings().weight.detach().float().clone()
+    norm = model.model.norm.weight.detach().float().clone()
+    return model.config, embed, head, norm
+
+
+def _new_net(cfg: Eagle3TrainConfig, train: list[_Seq], layers: tuple[int, ...]) -> tuple[Eagle3Net, torch.Tensor, float]:
+    config, embed, head, norm = _target_parts(cfg.target)
+    ids, coverage = draft_vocabulary(train, cfg.draft_vocab, int(config.vocab_size))
+    info = Eagle3Info.from_target_config(config, len(ids), layers, target=Path(cfg.target).name)
+    torch.manual_seed(cfg.seed)
+    net = Eagle3Net(info)
+    net.set_vocab(ids)
+    with torch.no_grad():  # start from the target's own LM head rows and final norm
+        net.lm_head.weight.copy_(head[ids])
+        net.norm.weight.copy_(norm)
+    return net, embed, coverage
+
+
+def _save_state(path: Path, cfg: Eagle3TrainConfig, net: Eagle3Net, opt: torch.optim.Optimizer, state: dict,
+                curve: list[CurvePoint], seconds: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"identity": cfg.identity(), "net": net.state_dict(), "opt": opt.state_dict(),
+                "state": {**state, "seconds": seconds}, "curve": [asdict(p) for p in curve]}, tmp)
+    tmp.replace(path)
+
+
+def _resume(ckpt: Path, cfg: Eagle3TrainConfig, net: Eagle3Net,
+            opt: torch.optim.Optimizer) -> tuple[dict, list[CurvePoint]]:
+    """The saved progress (net and optimizer restored in place), or a fresh start."""
+    if not ckpt.is_file():
+        return {"steps": 0, "positions": 0, "seconds": 0.0}, []
+    saved = torch.load(ckpt, weights_only=False)
+    if saved["identity"] != cfg.identity():
+        raise BuildSpecError(f"{ckpt} was made with other settings; use another --out or delete it")
+    net.load_state_dict(saved["net"])
+    opt.load_state_dict(saved["opt"])
+    logger.info("resuming at step %d", saved["state"]["steps"])
+    return saved["state"], [CurvePoint(**p) for p in saved["curve"]]
+
+
+def _step(cfg: Eagle3TrainConfig, net: Eagle3Net, embed: torch.Tensor, opt: torch.optim.Optimizer,
+          chunk: list[_Seq]) -> tuple[float, int]:
+    """One optimizer step on ``chunk``: ``(loss, trained positions)``."""
+    feats, nxt, labels = _batch(chunk, net)
+    loss = ttt_loss(net, embed, feats, nxt, labels, cfg.ttt_steps, cfg.step_decay)
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach()), int((labels >= 0).sum())
+
+
+def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Report:
+    """Train (or resume) and write the drafter folder with its report; see the module docstring."""
+    from tqdm.auto import tqdm
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train = load_sequences(cfg.features_dir, cfg.max_len)
+    held = load_sequences(cfg.heldout_dir, cfg.max_len, cfg.max_eval_sequences)
+    layers = tuple(torch.load(_files(cfg.features_dir)[0], weights_only=True)["layers"])
+    net, embed, coverage = _new_net(cfg, train, layers)
+    untrained = chain_acceptance(net, embed, held, cfg.ttt_steps)
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0)
+    ckpt = out / STATE
+    state, curve = _resume(ckpt, cfg, net, opt)
+    per_epoch = -(-len(train) // cfg.batch_size)
+    sched = TimedCosine(opt, cfg.epochs * per_epoch, cfg.time_limit_s)
+    sched.steps, sched.start = state["steps"] - 1, sched.start - state["seconds"]
+    sched.step()
+    last_eval = last_save = time.monotonic()
+    losses: list[float] = []
+    bar = tqdm(total=cfg.epochs * per_epoch, initial=state["steps"], desc="eagle3 steps", disable=not progress)
+    for epoch in range(cfg.epochs):
+        order = list(range(len(train)))
+        random.Random(cfg.seed * 1000 + epoch).shuffle(order)
+        for index in range(per_epoch):
+            if epoch * per_epoch + index < state["steps"] or sched.done:
+                continue
+            chunk = [train[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]]
+            loss, positions = _step(cfg, net, embed, opt, chunk)
+            sched.step()
+            state["steps"] += 1
+            state["positions"] += positions
+            bar.update(1)
+            losses.append(loss)
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+            now = time.monotonic()
+            if now - last_eval >= cfg.eval_every_s:
+                curve.append(CurvePoint(state["steps"], state["positions"], now - sched.start,
+                                        chain_acceptance(net, embed, held, cfg.ttt_steps)))
+                logger.info("step %d: held-out chain acceptance %s", state["steps"], curve[-1].acceptance)
+                last_eval = time.monotonic()
+            if now - last_save >= cfg.save_every_s:
+                _save_state(ckpt, cfg, net, opt, state, curve, now - sched.start)
+                last_save = now
+    bar.close()
+    seconds = time.monotonic() - sched.start
+    final = chain_acceptance(net, embed, held, cfg.ttt_steps)
+    curve.append(CurvePoint(state["steps"], state["positions"], seconds, final))
+    _save_state(ckpt, cfg, net, opt, state, curve, seconds)
+    net.info.extra.update({"heldout_chain_acceptance": [round(a, 4) for a in final]})
+    save_eagle3(out, net)
+    report = Eagle3Report(out=str(out), train_positions=sum(len(s.tokens) - 1 - s.first for s in train),
+                          heldout_positions=sum(len(s.tokens) - 1 - s.first for s in held), steps=state["steps"],
+                          seconds=seconds, acceptance=final, untrained_acceptance=untrained,
+                          draft_vocab=net.info.draft_vocab_size, draft_vocab_coverage=coverage, curve=curve,
+                          losses=losses[:5] + losses[-5:] if len(losses) > 10 else losses)
+    (out / REPORT).write_text(json.dumps({"settings": asdict(cfg), "training": asdict(report),
+                                          "summary": report.summary()}, indent=2) + "\n")
+    return report
+
+
+__all__ = ["Eagle3Report", "Eagle3TrainConfig", "chain_acceptance", "draft_vocabulary", "load_sequences",
+           "train_eagle3", "ttt_forward", "ttt_loss", "ttt_mask"]

@@ -1,0 +1,62 @@
+"""Offline chain acceptance of an EAGLE-1 drafter (a ``specbuild train-eagle`` file) on a token
+corpus (``specbuild eagle-data``, greedy responses): per position of each response, whether the
+drafter's first d greedy drafts (the serving code's ``draft_chain``, fed the target's features
+up to that position) all equal the target's greedy tokens. The same measure ``train-eagle3``
+reports for EAGLE-3 drafters, so the two compare on the same held-out sequences.
+
+    python scripts/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle --corpus HELD
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+
+@torch.inference_mode()
+def chain_acceptance(eagle: str, target: str, corpus: str, k: int) -> dict:
+    from builder.train.eagle_corpus import iter_corpus
+    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.core.sampling import LogitsProcessor
+    from triton_backend.engines.torch.model_loading import load_engine
+    from triton_backend.speculation.drafters.eagle import EagleDrafter
+
+    engine, _ = load_engine(target, RuntimeConfig(max_batch_size=1, max_seq_len=64))
+    drafter = EagleDrafter.from_file(eagle, engine)
+    model = engine.model
+    greedy = LogitsProcessor()
+    hits, starts = [0] * k, 0
+    for tokens, plen, _temp in iter_corpus(corpus):
+        ids = torch.from_numpy(tokens)[None]
+        hidden = model.model(input_ids=ids).last_hidden_state[0]  # [n, H] after the final norm
+        top1 = model.get_output_embeddings()(hidden).argmax(-1)
+        n, first = len(tokens), max(0, plen - 2)
+        kv = drafter.new_cache(1, n + k + 1)
+        for p in range(first, n - 1):
+            lo = 0 if p == first else p  # the first call feeds the whole context, then one pair a step
+            drafted, _ = drafter.draft_chain(kv, torch.tensor([lo]), hidden[None, lo:p + 1], ids[:, lo + 1:p + 2],
+                                             torch.tensor([p + 1 - lo]), k, [greedy], [None])
+            starts += 1
+            for d in range(k):
+                if p + 1 + d >= n or int(drafted[0, d]) != int(top1[p + 1 + d]):
+                    break
+                hits[d] += 1
+    return {"eagle": eagle, "corpus": corpus, "positions": starts, "chain_acceptance": [h / max(1, starts) for h in hits]}
+
+
+def main() -> None:
+    from triton_backend.core.reference_model import DEFAULT_REFERENCE
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--eagle", required=True)
+    p.add_argument("--target", default=DEFAULT_REFERENCE)
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--k", type=int, default=3)
+    a = p.parse_args()
+    print(json.dumps(chain_acceptance(a.eagle, a.target, a.corpus, a.k), indent=2))
+
+
+if __name__ == "__main__":
+    main()

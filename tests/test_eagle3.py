@@ -1,0 +1,160 @@
+"""EAGLE-3 on tiny random Llamas: features are the named layers' outputs, the training-time-test
+forward equals chain drafting with a KV cache step for step, training learns and resumes, and
+drafter folders round-trip (ours and the published layout's names)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from triton_backend.core.errors import ModelLoadError
+from triton_backend.speculation.drafters.eagle3_model import (Eagle3Info, Eagle3Net, default_capture_layers,
+                                                              load_eagle3, save_eagle3)
+from triton_backend.speculation.drafters.eagle_model import EagleKV
+from builder.train.eagle3 import ttt_forward, ttt_mask
+
+
+def _info(vocab: int = 40, draft: int = 24) -> Eagle3Info:
+    return Eagle3Info(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
+                      vocab_size=vocab, draft_vocab_size=draft, capture_layers=(1, 2, 4))
+
+
+def _net(seed: int = 0) -> Eagle3Net:
+    torch.manual_seed(seed)
+    net = Eagle3Net(_info())
+    net.set_vocab(torch.randperm(40)[:24].sort().values)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return net.eval()
+
+
+def test_ttt_mask_rules():
+    m = ttt_mask(4, 2)  # query (step 2, j) sees step-0 keys i <= j - 2, step 1 at j - 1, step 2 at j
+    assert m.shape == (4, 12)
+    assert m[3, :4].tolist() == [True, True, False, False]
+    assert m[3, 4:8].tolist() == [False, False, True, False] and m[3, 8:].tolist() == [False, False, False, True]
+    assert ttt_mask(3, 0).equal(torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+
+
+def test_training_time_test_equals_chain_drafting_with_a_cache():
+    """Step s of the TTT forward at position p + s is what the drafter computes drafting s
+    tokens after the target's feature at p: the mask is the inference-time context."""
+    net = _net()
+    embed = torch.randn(40, 32)
+    t, p, steps = 7, 3, 3
+    feats, nxt = torch.randn(1, t, net.info.feature_size), torch.randint(0, 40, (1, t))
+    ttt = ttt_forward(net, embed, feats, nxt, steps)
+    with torch.no_grad():
+        kv = EagleKV.empty(net.info, 1, 4, torch.float32)  # type: ignore[arg-type]
+        g = net(net.fc(feats[:, :p + 1]), embed[nxt[:, :p + 1]], torch.tensor([0]), kv)  # the context, p + 1 positions
+        assert torch.allclose(net.logits(g), ttt[0][:, :p + 1], atol=1e-5)
+        own = g[:, -1:]
+        for s in range(1, steps):  # each draft step reads the previous step's own output
+            own = net(own, embed[nxt[:, p + s:p + s + 1]], torch.tensor([p + s]), kv)
+            assert torch.allclose(net.logits(own)[0, 0], ttt[s][0, p + s], atol=1e-5), s
+
+
+def test_vocab_map_and_round_trip(tmp_path):
+    net = _net()
+    ids = torch.arange(24) + net.d2t
+    assert net.t2d[ids].all() and int(net.t2d.sum()) == 24
+    assert net.target_to_draft(ids).equal(torch.arange(24))
+    missing = int((~net.t2d).nonzero()[0])
+    assert int(net.target_to_draft(torch.tensor([missing]))) == -1
+    save_eagle3(tmp_path / "ours", net, dtype=torch.float32)
+    back = load_eagle3(tmp_path / "ours")
+    assert back.info.capture_layers == (1, 2, 4) and back.d2t.equal(net.d2t) and back.t2d.equal(net.t2d)
+    for k, v in net.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 24
+
+
+def test_published_layout_loads(tmp_path):
+    """A published checkpoint: pytorch_model.bin, ``layers.0.`` names, an embedding, no t2d,
+    a config without capture layers (the target's layer count gives the default set)."""
+    net = _net(1)
+    folder = tmp_path / "published"
+    folder.mkdir()
+    state = {k.replace("midlayer.", "layers.0."): v for k, v in net.state_dict().items() if k != "t2d"}
+    state["embed_tokens.weight"] = torch.randn(40, 32)
+    torch.save(state, folder / "pytorch_model.bin")
+    cfg = net.info.config_json()
+    cfg.pop("eagle_config")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="capture layers"):
+        load_eagle3(folder)
+    loaded = load_eagle3(folder, num_target_layers=12)
+    assert loaded.info.capture_layers == default_capture_layers(12) == (1, 5, 8)
+    assert loaded.t2d.equal(net.t2d) and torch.equal(loaded.fc.weight, net.fc.weight)
+    bad = dict(state)
+    bad["d2t"] = bad["d2t"] + 100  # maps outside the vocabulary
+    torch.save(bad, folder / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="vocabulary map"):
+        load_eagle3(folder, num_target_layers=12)
+    (folder / "pytorch_model.bin").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelLoadError, match="unreadable"):
+        load_eagle3(folder, num_target_layers=12)
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_eagle3(tmp_path / "nowhere")
+
+
+def test_features_are_the_capture_layers_outputs(tmp_path):
+    from build_fixtures import make_tiny_llama
+    from builder.train.eagle_features import prefill_features
+    from triton_backend.core.reference_model import ensure_reference_model
+    from transformers import AutoModelForCausalLM
+    import numpy as np
+
+    folder = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=32, layers=6, heads=4, kv_heads=2,
+                             intermediate=64)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    layers = default_capture_layers(6)
+    seqs = [np.array([5, 9, 2, 7, 11]), np.array([3, 4, 8])]
+    got = prefill_features(model, seqs, layers)
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [model.model.layers[i].register_forward_hook(
+        lambda _m, _i, out, i=i: seen.__setitem__(i, out[0] if isinstance(out, tuple) else out)) for i in layers]
+    for seq, (feats, top1) in zip(seqs, got):
+        with torch.no_grad():
+            logits = model(torch.from_numpy(seq)[None]).logits[0]
+        want = torch.cat([seen[i][0] for i in layers], -1)
+        assert feats.shape == (len(seq), 3 * 32)
+        assert torch.allclose(feats.float(), want, atol=2e-2, rtol=1e-2)  # float16 storage
+        assert top1.tolist() == logits.argmax(-1).tolist()
+    for h in hooks:
+        h.remove()
+
+
+def test_training_learns_resumes_and_writes_a_loadable_drafter(tmp_path):
+    from build_fixtures import make_tiny_llama
+    from builder.train.eagle3 import Eagle3TrainConfig, train_eagle3
+    from builder.train.eagle_corpus import CorpusConfig, generate_corpus
+    from builder.train.eagle_features import FeatureConfig, generate_features
+    from triton_backend.core.reference_model import ensure_reference_model
+
+    tiny = str(make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=48, layers=6, heads=4, kv_heads=2,
+                               intermediate=96))
+    for name, prompts, share in (("train", ["Say hi.", "Count to three.", "Name a colour.", "Spell cat.", "Say bye.",
+                                            "Name a fruit."], 0.5), ("held", ["What is two plus two?", "Give me a number."], 0.0)):
+        (tmp_path / f"{name}.txt").write_text("\n".join(prompts) + "\n")
+        generate_corpus(CorpusConfig(target=tiny, out_dir=str(tmp_path / name), prompts_file=str(tmp_path / f"{name}.txt"),
+                                     max_new_tokens=12, rows=4, shard_size=4, sampled_share=share))
+        generate_features(FeatureConfig(target=tiny, corpus_dir=str(tmp_path / name), out_dir=str(tmp_path / f"{name}-f")))
+    cfg = Eagle3TrainConfig(target=tiny, features_dir=str(tmp_path / "train-f"), heldout_dir=str(tmp_path / "held-f"),
+                            out=str(tmp_path / "drafter"), draft_vocab=64, ttt_steps=2, epochs=8, batch_size=2, lr=3e-3,
+                            time_limit_s=120, eval_every_s=0.0)
+    report = train_eagle3(cfg, progress=False)
+    assert report.steps == 24 and len(report.curve) >= 2 and len(report.acceptance) == 2
+    assert 0 < report.draft_vocab_coverage <= 1 and report.draft_vocab == 64
+    assert sum(report.losses[-3:]) < sum(report.losses[:3])  # it learns
+    assert all(0 <= a <= 1 for a in report.acceptance) and report.acceptance[1] <= report.acceptance[0]
+    again = train_eagle3(cfg, progress=False)  # finished: resumes to its end
+    assert again.steps == 24 and again.acceptance == report.acceptance
+    net = load_eagle3(tmp_path / "drafter")
+    assert net.info.capture_layers == default_capture_layers(6) and net.info.draft_vocab_size == 64
+    saved = json.loads((tmp_path / "drafter" / "training_report.json").read_text())
+    assert saved["training"]["curve"] and saved["settings"]["ttt_steps"] == 2

@@ -1,0 +1,96 @@
+"""The drafter token corpus (builder/train/eagle_corpus.py) and its prompt set
+(builder/train/prompt_set.py) on a tiny random Llama: continuous batching over shards gives
+each prompt the target's own response (greedy rows equal Hugging Face greedy decoding), a
+killed run resumes to the same bytes, other settings are refused, and the built prompt set
+keeps the held-out prompts and topics out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from builder.errors import BuildSpecError
+from builder.train.eagle_corpus import (CorpusConfig, corpus_positions, generate_corpus, iter_corpus, shard_path)
+from builder.train.prompt_set import PromptSetConfig, build_prompt_set, heldout_texts, heldout_topics, _norm
+
+PROMPTS = ["Say hi.", "Count to three.", "Name a colour.", "What is two plus two?", "Spell cat.", "Name a fruit.",
+           "Give me a number.", "Say bye."]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from build_fixtures import make_tiny_llama
+    from triton_backend.core.reference_model import ensure_reference_model
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"), ensure_reference_model(), hidden=64, layers=2,
+                           intermediate=128)
+
+
+def _config(tiny, out, **kw) -> CorpusConfig:
+    prompts = out.parent / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    base = dict(target=str(tiny), out_dir=str(out), prompts_file=str(prompts), max_new_tokens=6, rows=3, shard_size=3,
+                sampled_share=0.5, max_prompt_tokens=64, log_every_s=0.0)
+    return CorpusConfig(**{**base, **kw})
+
+
+def test_corpus_rows_are_the_targets_own_responses_and_resume_to_the_same_bytes(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = _config(tiny, tmp_path / "corpus")
+    stats = generate_corpus(config)
+    files = sorted((tmp_path / "corpus").glob("shard-*.npz"))
+    assert len(files) == 3 and stats.shards_done == 3  # 8 prompts, shards of 3: 3 + 3 + 2
+    seqs = list(iter_corpus(tmp_path / "corpus"))
+    assert len(seqs) == len(PROMPTS)
+    assert stats.positions == corpus_positions(tmp_path / "corpus") == sum(len(t) - p for t, p, _ in seqs)
+    temps = {round(t, 4) for _, _, t in seqs}
+    assert temps == {0.0, config.temperature}  # both greedy and sampled responses
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    greedy = [(t, p) for t, p, temp in seqs if temp == 0.0]
+    for tokens, plen in greedy:  # each batched row decodes exactly what the target alone does
+        out = model.generate(torch.from_numpy(tokens[None, :plen]), max_new_tokens=config.max_new_tokens, do_sample=False,
+                             eos_token_id=[2], pad_token_id=2)
+        assert out[0].tolist() == tokens.tolist()
+    before = {f.name: np.load(f)["tokens"].copy() for f in files}
+    shard_path(tmp_path / "corpus", 1).unlink()  # a run killed before shard 1 was written
+    again = generate_corpus(config)
+    assert again.shards_total == 1 and again.shards_done == 1
+    after = {f.name: np.load(f)["tokens"] for f in sorted((tmp_path / "corpus").glob("shard-*.npz"))}
+    assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+    assert generate_corpus(config).shards_total == 0  # complete: nothing to do
+    with pytest.raises(BuildSpecError, match="other settings"):
+        generate_corpus(_config(tiny, tmp_path / "corpus", max_new_tokens=7))
+
+
+def test_two_workers_and_shard_limits(tiny, tmp_path):
+    stats = generate_corpus(_config(tiny, tmp_path / "c2", workers=2, max_shards=2, sampled_share=0.0))
+    assert stats.shards_done == 2 and len(list((tmp_path / "c2").glob("shard-*.npz"))) == 2
+    assert stats.positions == corpus_positions(tmp_path / "c2") > 0
+    with pytest.raises(BuildSpecError):
+        CorpusConfig(target="x", out_dir="y", rows=0)
+
+
+def test_prompt_set_is_varied_deterministic_and_free_of_held_out_prompts():
+    config = PromptSetConfig(size=300, seed=3)
+    prompts = build_prompt_set(config)
+    assert len(prompts) >= 280 and {p["kind"] for p in prompts} == {"chat", "docs", "code"}
+    assert prompts == build_prompt_set(config)
+    banned, topics = heldout_texts(), heldout_topics()
+    assert banned and topics  # the held-out sets were read
+    for p in prompts:
+        key = _norm(p["prompt"])
+        assert key not in banned
+        if p["kind"] == "chat":  # the seed topics the held-out prompts are about are not used
+            assert not any(f" {_norm(t)} " in f" {key} " for t in topics), p
+    assert len({_norm(p["prompt"]) for p in prompts}) == len(prompts)
+
+
+def test_over_long_prompts_keep_their_head_and_the_assistant_opener():
+    from builder.train.eagle_corpus import _clip
+
+    ids = list(range(100))
+    assert _clip(ids, 200) == ids
+    clipped = _clip(ids, 20)
+    assert len(clipped) == 20 and clipped[:12] == ids[:12] and clipped[-8:] == ids[-8:]
