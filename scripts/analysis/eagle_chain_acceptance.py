@@ -4,7 +4,7 @@ drafter's first d greedy drafts (the serving code's ``draft_chain``, fed the tar
 up to that position) all equal the target's greedy tokens. The same measure ``train-eagle3``
 reports for EAGLE-3 drafters, so the two compare on the same held-out sequences.
 
-    python scripts/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle --corpus HELD
+    python scripts/analysis/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle --corpus HELD
 """
 
 from __future__ import annotations
