@@ -25,7 +25,9 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 
 DEPLOYMENT = DeploymentConfig()
-SERVING = ServingConfig(max_concurrency=4, unary_instance_count=2, default_max_tokens=4, max_queue_size=8)
+# decoupled front models (decoupled_mode true): their clients stream and cancel mid-stream
+SERVING = ServingConfig(max_concurrency=4, unary_instance_count=2, default_max_tokens=4, max_queue_size=8,
+                        decoupled_mode=True)
 MODEL = SERVING.model_name
 _SHARED: dict[str, Any] = {}
 

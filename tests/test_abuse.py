@@ -120,7 +120,8 @@ def test_admin_apis_answer_only_the_key(guard) -> None:
 
 
 def test_generate_stream_streams_through_the_guard(guard) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{guard.port}/v2/models/ensemble/generate_stream",
+    # specdec: decoupled whatever decoupled_mode says
+    request = urllib.request.Request(f"http://127.0.0.1:{guard.port}/v2/models/specdec/generate_stream",
                                      data=json.dumps({"text_input": "What is ML?", "max_tokens": 6,
                                                       "stream": True}).encode())
     with urllib.request.urlopen(request, timeout=120) as reply:
