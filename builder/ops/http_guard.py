@@ -178,8 +178,10 @@ class HttpGuard:
 
     async def _start(self) -> int:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
+        # no idle keep-alive connections to Triton: on SIGTERM Triton waits for every open HTTP
+        # connection before it exits, and an idle one would hold it to its exit timeout
         self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
-                                              connector=aiohttp.TCPConnector(limit=0))
+                                              connector=aiohttp.TCPConnector(limit=0, force_close=True))
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
