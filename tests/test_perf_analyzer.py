@@ -1,6 +1,6 @@
 """NVIDIA's perf_analyzer (tritonclient 2.51.0's binary) drives the served models for real:
-gRPC streaming against the decoupled ``ensemble`` and plain gRPC infer against
-``tensorrt_llm_bls``. Skipped with a reason where perf_analyzer is not installed
+gRPC streaming against the decoupled ``ensemble`` (the test server runs decoupled_mode true) and
+plain gRPC infer against ``specdec_unary``. Skipped with a reason where perf_analyzer is not installed
 (``scripts/get_perf_analyzer.sh``)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow,
 PROMPTS = ("The capital of France is", "Write a haiku about the sea.")
 
 
-@pytest.mark.parametrize("model,streaming", [("ensemble", True), ("tensorrt_llm_bls", False)])
+@pytest.mark.parametrize("model,streaming", [("ensemble", True), ("specdec_unary", False)])
 def test_perf_analyzer_drives_the_served_model(triton, model: str, streaming: bool) -> None:
     before = triton.metrics().get(f'nv_inference_request_success{{model="specdec",version="1"}}', 0.0)
     rows = run_perf_analyzer(PerfAnalyzerRun(triton.endpoints.grpc_url, model, PROMPTS, max_tokens=4,
