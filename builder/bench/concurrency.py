@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS
 from triton_backend.core.errors import ConfigError
@@ -141,32 +141,54 @@ def _prompts(config: ConcurrencyConfig) -> list[str]:
     return [p for w in config.workloads for p in list(data[w])[: config.prompts_per_workload]]
 
 
-def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurrency: int,
-              config: ConcurrencyConfig) -> LevelResult:
-    """``concurrency`` streams, each sending its requests (:meth:`ConcurrencyConfig.stream_requests`) back to back."""
+@dataclass
+class Reply:
+    """One request's answer as a load generator sees it."""
+    text: str
+    tokens: int
+    latency_s: float
+    ttft_s: float
+
+
+def grpc_sender(url: str, config: ConcurrencyConfig, speculation: str,
+                temperature: float | None = None) -> Callable[[str], Reply]:
+    """One streamed chat request to Triton's ``specdec`` over gRPC per call (ignore_eos: fixed lengths)."""
     from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 
     client = ClientConfig(url, ClientProtocol.GRPC)
+
+    def send(prompt: str) -> Reply:
+        remote = generate(client, GenerateRequest(prompt=prompt, max_tokens=config.max_tokens, temperature=temperature,
+                                                  speculation=speculation, num_draft_tokens=config.num_draft_tokens,
+                                                  chat=True, stream=True, ignore_eos=True))
+        return Reply(remote.text, int(remote.stats.get("num_output_tokens", 0)), remote.latency_s,
+                     remote.time_to_first_chunk_s)
+
+    return send
+
+
+def drive_level(send: Callable[[str], Reply], prompts: list[str], mode: str, concurrency: int,
+                config: ConcurrencyConfig) -> LevelResult:
+    """``concurrency`` threads, each sending its requests (:meth:`ConcurrencyConfig.stream_requests`)
+    back to back through ``send``; failures are counted and the run goes on."""
     result = LevelResult(mode, concurrency, 0, 0, 0.0)
     lock = threading.Lock()
 
     def stream(s: int) -> None:
         for number in config.stream_requests(s, concurrency):
             index = number % len(prompts)
-            request = GenerateRequest(prompt=prompts[index], max_tokens=config.max_tokens, speculation=speculation,
-                                      num_draft_tokens=config.num_draft_tokens, chat=True, stream=True, ignore_eos=True)
             try:
-                remote = generate(client, request)
+                reply = send(prompts[index])
             except Exception as exc:  # counted and reported; the run goes on
                 with lock:
                     result.errors.append(str(exc))
                 continue
             with lock:
                 result.requests += 1
-                result.tokens += int(remote.stats.get("num_output_tokens", 0))
-                result.latencies_s.append(remote.latency_s)
-                result.ttft_s.append(remote.time_to_first_chunk_s)
-                result.texts.setdefault(index, remote.text)
+                result.tokens += reply.tokens
+                result.latencies_s.append(reply.latency_s)
+                result.ttft_s.append(reply.ttft_s)
+                result.texts.setdefault(index, reply.text)
 
     threads = [threading.Thread(target=stream, args=(s,)) for s in range(concurrency)]
     started = time.perf_counter()
@@ -176,6 +198,12 @@ def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurr
         thread.join()
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def run_level(url: str, prompts: list[str], speculation: str, mode: str, concurrency: int,
+              config: ConcurrencyConfig) -> LevelResult:
+    """``concurrency`` gRPC streams to the server at ``url`` (:func:`drive_level`)."""
+    return drive_level(grpc_sender(url, config, speculation), prompts, mode, concurrency, config)
 
 
 def merge_levels(runs: list[LevelResult]) -> LevelResult:

@@ -18,41 +18,17 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.bench.concurrency import ConcurrencyConfig, LevelResult, _percentile, _prompts, _serving, merge_levels
+from builder.bench.concurrency import (ConcurrencyConfig, LevelResult, Reply, _percentile, _prompts, _serving,
+                                      drive_level, grpc_sender, merge_levels)
 
 logger = logging.getLogger(__name__)
 
 APIS = ("grpc", "openai")
-
-
-@dataclass
-class Reply:
-    text: str
-    tokens: int
-    latency_s: float
-    ttft_s: float
-
-
-def grpc_sender(url: str, config: ConcurrencyConfig, speculation: str) -> Callable[[str], Reply]:
-    from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-
-    client = ClientConfig(url, ClientProtocol.GRPC)
-
-    def send(prompt: str) -> Reply:
-        remote = generate(client, GenerateRequest(prompt=prompt, max_tokens=config.max_tokens, temperature=0.0,
-                                                  speculation=speculation, num_draft_tokens=config.num_draft_tokens,
-                                                  chat=True, stream=True, ignore_eos=True))
-        return Reply(remote.text, int(remote.stats.get("num_output_tokens", 0)), remote.latency_s,
-                     remote.time_to_first_chunk_s)
-
-    return send
 
 
 def openai_sender(url: str, model: str, config: ConcurrencyConfig, speculation: str) -> Callable[[str], Reply]:
@@ -86,38 +62,6 @@ def openai_sender(url: str, model: str, config: ConcurrencyConfig, speculation: 
     return send
 
 
-def run_level(send: Callable[[str], Reply], prompts: list[str], api: str, concurrency: int,
-              config: ConcurrencyConfig) -> LevelResult:
-    """``concurrency`` threads, each sending its requests back to back through ``send``."""
-    result = LevelResult(api, concurrency, 0, 0, 0.0)
-    lock = threading.Lock()
-
-    def stream(s: int) -> None:
-        for number in config.stream_requests(s, concurrency):
-            index = number % len(prompts)
-            try:
-                reply = send(prompts[index])
-            except Exception as exc:  # counted and reported; the run goes on
-                with lock:
-                    result.errors.append(str(exc))
-                continue
-            with lock:
-                result.requests += 1
-                result.tokens += reply.tokens
-                result.latencies_s.append(reply.latency_s)
-                result.ttft_s.append(reply.ttft_s)
-                result.texts.setdefault(index, reply.text)
-
-    threads = [threading.Thread(target=stream, args=(s,)) for s in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    result.wall_s = time.perf_counter() - started
-    return result
-
-
 def run_api_bench(config: ConcurrencyConfig) -> dict[str, Any]:
     from builder.ops.openai.app import OpenAIConfig
     from builder.ops.serve import start_openai_front
@@ -133,7 +77,7 @@ def run_api_bench(config: ConcurrencyConfig) -> dict[str, Any]:
             front = start_openai_front(OpenAIConfig(), server.endpoints, repository)
             try:
                 model = OpenAIConfig().model_id(front.backend)
-                senders = {"grpc": grpc_sender(server.endpoints.grpc_url, config, speculation),
+                senders = {"grpc": grpc_sender(server.endpoints.grpc_url, config, speculation, temperature=0.0),
                            "openai": openai_sender(front.url, model, config, speculation)}
                 for api in APIS:  # warm-up
                     senders[api](prompts[0])
@@ -143,7 +87,7 @@ def run_api_bench(config: ConcurrencyConfig) -> dict[str, Any]:
                         order = list(APIS) if turn % 2 == 0 else list(reversed(APIS))
                         turn += 1
                         for api in order:
-                            level = run_level(senders[api], prompts, api, c, config)
+                            level = drive_level(senders[api], prompts, api, c, config)
                             logger.info("repeat %d, %s x%d: p50 %.3fs", repeat + 1, api, c,
                                         _percentile(level.latencies_s, 50))
                             runs[(api, c)].append(level)
