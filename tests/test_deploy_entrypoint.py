@@ -157,6 +157,33 @@ def test_entrypoint_serves_the_build_answers_and_stops_cleanly_on_sigterm(built,
 
 
 @pytest.mark.slow
+def test_sigterm_as_soon_as_ready_with_the_openai_front_starting_exits_cleanly(built) -> None:
+    """The image serves the OpenAI API too: a stop that comes while its front starts (a few seconds
+    after Triton is ready, when a container first turns healthy) is a requested, clean stop: status 0."""
+    spec, cache, _ = built
+    http, grpc, metrics, openai_port = free_port(), free_port(), free_port(), free_port()
+    env = entrypoint_env(cache, SPECBUILD_SPEC=str(spec), SPECBUILD_HTTP_PORT=str(http), SPECBUILD_GRPC_PORT=str(grpc),
+                         SPECBUILD_METRICS_PORT=str(metrics), SPECBUILD_OPENAI_PORT=str(openai_port))
+    proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not healthy(http) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # past the supervisor's readiness poll (0.25 s): the front is starting now
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    for port in (http, grpc, metrics, openai_port):  # Triton, the guard and the front are gone
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.slow
 def test_default_deployment_without_a_spec(tmp_path: Path) -> None:
     proc = run_entrypoint(entrypoint_env(tmp_path / "engines"), "--prepare-only")
     assert proc.returncode == 0, proc.stderr[-3000:]

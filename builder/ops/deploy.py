@@ -403,7 +403,9 @@ def prepare(config: DeployConfig) -> Prepared:
 
 
 def _terminate(signum: int, frame: types.FrameType | None) -> None:
-    raise SystemExit(128 + signum)
+    """SIGTERM before serving runs (building, starting, the OpenAI front starting) is a requested,
+    clean stop: status 0, as once serving (SIGINT: 130)."""
+    raise SystemExit(0 if signum == signal.SIGTERM else 128 + signum)
 
 
 def deploy(config: DeployConfig, on_ready: Callable[[Endpoints, Path], None] | None = None) -> int:
