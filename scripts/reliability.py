@@ -33,25 +33,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from reliability_fixtures import infer_input, stream_request  # noqa: E402
+from reliability_fixtures import BIG, infer_input, stream_request  # noqa: E402
+from reliability_fixtures import post as _post  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 BEGIN, END = "<!-- reliability.py: begin -->", "<!-- reliability.py: end -->"
-BIG = json.dumps({"text_input": "x" * 6_000_000, "max_tokens": 4}).encode()
 
 
 def post(url: str, body: bytes | None, headers: dict[str, str] | None = None,
          timeout_s: float = 600) -> tuple[int, bytes, float]:
-    request = urllib.request.Request(url, data=body, headers=headers or {})
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return reply.status, reply.read(), time.monotonic() - started
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), time.monotonic() - started
-    except OSError as exc:
-        return 0, str(exc).encode(), time.monotonic() - started
+    """The tests' POST (status 0 when nothing answered), with the long form's longer timeout."""
+    return _post(url, body, headers, timeout_s)
 
 
 class Serve:

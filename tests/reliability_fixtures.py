@@ -9,8 +9,11 @@ request that leaves ``max_tokens`` out costs a few tokens only.
 
 from __future__ import annotations
 
+import json
 import queue
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -197,3 +200,21 @@ def delta(after: Mapping[str, float], before: Mapping[str, float], name: str) ->
 
 __all__ = ["DEPLOYMENT", "MODEL", "SERVING", "StreamOutcome", "assert_client_safe", "delta", "http_infer",
            "infer_input", "reliable_decoder", "reliable_triton", "stream_request", "wait_idle"]
+
+
+BIG = json.dumps({"text_input": "x" * 6_000_000, "max_tokens": 4}).encode()  # over the HTTP guard's bound
+
+
+def post(url: str, body: bytes | None, headers: dict[str, str] | None = None,
+         timeout_s: float = 120) -> tuple[int, bytes, float]:
+    """(status, body, seconds); a form-encoded POST unless headers say otherwise (urllib's default);
+    status 0 when nothing answered (the body then holds the error)."""
+    request = urllib.request.Request(url, data=body, headers=headers or {})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return reply.status, reply.read(), time.monotonic() - started
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), time.monotonic() - started
+    except OSError as exc:
+        return 0, str(exc).encode(), time.monotonic() - started

@@ -23,7 +23,7 @@ import urllib.request
 import numpy as np
 import pytest
 from reliability_fixtures import (  # noqa: F401 (fixtures)
-    MODEL, delta, infer_input, reliable_triton, stream_request, wait_idle,
+    BIG, MODEL, delta, infer_input, post, reliable_triton, stream_request, wait_idle,
 )
 
 from builder.ops.http_guard import GuardConfig, HttpGuard, api_group
@@ -33,19 +33,6 @@ pytestmark = pytest.mark.slow
 
 KEY = RestrictedApi("k" * 24)
 CANCELLED = f'specdec_requests_total{{model="{MODEL}",outcome="cancelled"}}'
-BIG = json.dumps({"text_input": "x" * 6_000_000, "max_tokens": 4}).encode()
-
-
-def post(url: str, body: bytes | None, headers: dict[str, str] | None = None,
-         timeout_s: float = 120) -> tuple[int, bytes, float]:
-    """(status, body, seconds); a form-encoded POST unless headers say otherwise (urllib's default)."""
-    request = urllib.request.Request(url, data=body, headers=headers or {})
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return reply.status, reply.read(), time.monotonic() - started
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), time.monotonic() - started
 
 
 def typed(body: bytes) -> str:
