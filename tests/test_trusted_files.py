@@ -81,3 +81,21 @@ def test_what_eagle_training_saves_loads_with_weights_only(tmp_path: Path) -> No
     state = torch.load(tmp_path / "resume.pt", weights_only=True)
     assert state["progress"] == progress
     opt.load_state_dict(state["opt"])
+
+
+def test_an_eagle3_checkpoint_with_objects_is_refused_and_its_own_saves_load(tmp_path: Path) -> None:
+    from builder.train.eagle3 import CurvePoint, Eagle3TrainConfig, _resume, _save_state
+
+    cfg = Eagle3TrainConfig(target="t", features_dir="f", heldout_dir="h", out=str(tmp_path))
+    path = tmp_path / "train_state.pt"
+    torch.save({"identity": cfg.identity(), "payload": _Payload()}, path)
+    net = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    with pytest.raises(BuildSpecError, match="not a training checkpoint this version can load safely"):
+        _resume(path, cfg, net, opt)  # type: ignore[arg-type]
+    net(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    curve = [CurvePoint(steps=3, positions=96, seconds=1.5, acceptance=[0.5, 0.25])]
+    _save_state(path, cfg, net, opt, {"steps": 3, "positions": 96}, curve, 1.5)  # type: ignore[arg-type]
+    state, again = _resume(path, cfg, torch.nn.Linear(4, 4), torch.optim.AdamW(net.parameters()))  # type: ignore[arg-type]
+    assert state == {"steps": 3, "positions": 96, "seconds": 1.5} and again == curve

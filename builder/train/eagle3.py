@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -259,7 +260,11 @@ def _resume(ckpt: Path, cfg: Eagle3TrainConfig, net: Eagle3Net,
     """The saved progress (net and optimizer restored in place), or a fresh start."""
     if not ckpt.is_file():
         return {"steps": 0, "positions": 0, "seconds": 0.0}, []
-    saved = torch.load(ckpt, weights_only=False)
+    try:  # tensors and plain containers only: a checkpoint file never runs code when it loads
+        saved = torch.load(ckpt, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise BuildSpecError(f"{ckpt} is not a training checkpoint this version can load safely ({exc}); "
+                             "use another --out or delete it") from None
     if saved["identity"] != cfg.identity():
         raise BuildSpecError(f"{ckpt} was made with other settings; use another --out or delete it")
     net.load_state_dict(saved["net"])
