@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import math
 import time
 from typing import Any, Iterator
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from builder.ops.openai.app import OpenAIConfig, OpenAIServer
 from builder.ops.openai.errors import OpenAIError
+from builder.ops.openai.logprobs import LogprobsRequest, completion_logprobs, new_tracker
 from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request, response_format_guide
 from builder.ops.serve import start_openai_front
 from builder.ops.triton_client import ClientConfig, GenerateRequest, generate
@@ -122,6 +124,52 @@ def test_bench_summary_takes_the_worse_p50_ratio_and_only_when_the_texts_match()
     assert summarize(levels, config)["headline"] == {}  # a text that differs: no headline figure
 
 
+def test_parse_logprobs_where_the_model_returns_them() -> None:
+    caps = Capabilities(CAPS.inputs | {"return_log_probs"})
+    chat = {"model": "m", "messages": [{"role": "user", "content": "a"}]}
+    for extra in ({"logprobs": True}, {"logprobs": True, "top_logprobs": 0}):
+        parsed = parse_request({**chat, **extra}, Endpoint.CHAT, caps)
+        assert parsed.logprobs == LogprobsRequest(0) and parsed.inputs["return_log_probs"] is True
+    assert parse_request({**chat, "logprobs": False}, Endpoint.CHAT, caps).logprobs is None
+    assert "return_log_probs" not in parse_request(chat, Endpoint.CHAT, caps).inputs
+    completion = {"model": "m", "prompt": "p"}
+    assert parse_request({**completion, "logprobs": 0}, Endpoint.COMPLETIONS, caps).logprobs == LogprobsRequest(0)
+    for body, endpoint, param, code in (
+            ({**chat, "logprobs": True, "top_logprobs": 3}, Endpoint.CHAT, "top_logprobs", "unsupported_parameter"),
+            ({**chat, "logprobs": True, "top_logprobs": 21}, Endpoint.CHAT, "top_logprobs", None),
+            ({**chat, "top_logprobs": 0}, Endpoint.CHAT, "top_logprobs", None),
+            ({**chat, "logprobs": 1}, Endpoint.CHAT, "logprobs", None),
+            ({**completion, "logprobs": 2}, Endpoint.COMPLETIONS, "logprobs", "unsupported_parameter"),
+            ({**completion, "logprobs": True}, Endpoint.COMPLETIONS, "logprobs", None),
+            ({**completion, "logprobs": 6}, Endpoint.COMPLETIONS, "logprobs", None)):
+        with pytest.raises(OpenAIError) as info:
+            parse_request(body, endpoint, caps)
+        assert (info.value.status, info.value.param, info.value.error_code) == (400, param, code), body
+    with pytest.raises(OpenAIError, match="does not return log probabilities"):  # a model without the input
+        parse_request({**completion, "logprobs": 0}, Endpoint.COMPLETIONS, CAPS)
+
+
+def test_logprob_tracker_lists_tokens_as_the_text_covers_them() -> None:
+    from triton_backend.engines.torch.model_loading import load_tokenizer
+
+    tokenizer = load_tokenizer(MODEL)
+    text = "h\u00e9llo \u65e5\u672c \U0001f642, world"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    tracker = new_tracker(tokenizer, LogprobsRequest(0))
+    assert tracker.take("", ids[:3], [-0.5] * 3, False) == []  # no text yet: nothing listed
+    early = tracker.take(text[:3], ids[3:], [-0.25] * (len(ids) - 3), False)
+    late = tracker.take(text[3:], [tokenizer.eos_token_id], [-0.1], True)  # the end token is not listed
+    listed = early + late
+    assert early and all(t.end <= 3 for t in early)  # listed once the text covers them
+    assert len(listed) == len(ids) and b"".join(t.bytes for t in listed).decode() == text
+    assert any(t.token.startswith("bytes:\\x") for t in listed)  # a token that is part of a character
+    body = completion_logprobs(listed)
+    assert body["text_offset"][0] == 0 and body["text_offset"] == sorted(body["text_offset"])
+    assert body["top_logprobs"][0] == {listed[0].token: -0.5}
+    cut = new_tracker(tokenizer, LogprobsRequest(0)).take(text[:5], ids, [-1.0] * len(ids), True)  # a stop string
+    assert b"".join(t.bytes for t in cut).decode("utf-8", "replace").startswith(text[:5]) and len(cut) < len(ids)
+
+
 # -- against the real server ----------------------------------------------------------------
 @pytest.mark.slow
 def test_greedy_completion_equals_triton_and_counts_tokens(triton, front, client) -> None:  # noqa: F811
@@ -169,6 +217,102 @@ def test_sampling_stop_and_penalties_reach_the_model(triton, front, client) -> N
     penalised = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0,
                                           frequency_penalty=2.0, presence_penalty=1.0)
     assert penalised.choices[0].text != expected  # the penalties are applied by the model, not dropped
+
+
+def _specdec_log_probs(triton, prompt: str, max_tokens: int, chat: bool = False  # noqa: F811
+                       ) -> tuple[str, list[int], list[float]]:
+    """The same request straight to ``specdec`` over gRPC streaming, with ``return_log_probs``."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    values = {"text_input": ("BYTES", np.array([[prompt.encode()]], dtype=np.object_)),
+              "max_tokens": ("INT32", np.array([[max_tokens]], dtype=np.int32)),
+              "temperature": ("FP32", np.array([[0.0]], dtype=np.float32)),
+              "stream": ("BOOL", np.array([[True]])), "return_log_probs": ("BOOL", np.array([[True]])),
+              "apply_chat_template": ("BOOL", np.array([[chat]]))}
+    inputs = []
+    for name, (dtype, array) in values.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    replies: "queue.Queue[tuple[Any, Any]]" = queue.Queue()
+    client = grpcclient.InferenceServerClient(triton.endpoints.grpc_url)
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        client.async_stream_infer("specdec", inputs, enable_empty_final_response=True)
+        text, ids, log_probs = [], [], []
+        while True:
+            result, error = replies.get(timeout=120)
+            assert error is None, error
+            for name, into in (("output_ids", ids), ("output_log_probs", log_probs)):
+                array = result.as_numpy(name)
+                into.extend(array.reshape(-1).tolist() if array is not None else [])
+            out = result.as_numpy("text_output")
+            text.extend(v.decode() for v in (out.reshape(-1) if out is not None else []))
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return "".join(text), ids, log_probs
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.slow
+def test_logprobs_are_the_models_and_leave_greedy_output_unchanged(triton, front, client) -> None:  # noqa: F811
+    messages = [{"role": "user", "content": PROMPT}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                           logprobs=True, top_logprobs=0)
+    content = reply.choices[0].message.content
+    assert content == plain.choices[0].message.content  # greedy output token for token the same
+    listed = reply.choices[0].logprobs.content
+    values = [t.logprob for t in listed]
+    assert listed and all(math.isfinite(v) and v <= 0 for v in values)
+    assert bytes(b for t in listed for b in t.bytes).decode() == content and all(t.top_logprobs == [] for t in listed)
+    text, ids, want = _specdec_log_probs(triton, PROMPT, 24, chat=True)  # specdec renders the same template
+    assert text == content and len(ids) == len(want) >= len(listed)
+    assert values == pytest.approx(want[:len(listed)], abs=1e-5)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                                 logprobs=True, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == content
+    assert [(t.token, t.bytes) for t in streamed] == [(t.token, t.bytes) for t in listed]
+    assert [t.logprob for t in streamed] == pytest.approx(values, abs=1e-5)
+
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=0)
+    text, ids, want = _specdec_log_probs(triton, PROMPT, 24)
+    got = completion.choices[0].logprobs
+    assert completion.choices[0].text == text and got.token_logprobs == pytest.approx(want[:len(got.tokens)], abs=1e-5)
+    assert "".join(got.tokens) == text and got.text_offset[0] == 0
+    assert all(len(d) == 1 and list(d.values())[0] == v for d, v in zip(got.top_logprobs, got.token_logprobs))
+    parts = [c.choices[0] for c in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0,
+                                                              logprobs=0, stream=True) if c.choices]
+    tokens = [t for p in parts if p.logprobs for t in p.logprobs.tokens]
+    offsets = [o for p in parts if p.logprobs for o in p.logprobs.text_offset]
+    assert tokens == got.tokens and offsets == got.text_offset
+
+
+@pytest.mark.slow
+def test_logprobs_with_a_stop_string_sampling_and_refusals(triton, front, client) -> None:  # noqa: F811
+    expected, _ = _triton_text(triton, PROMPT, 24)
+    cut = expected.split()[3]
+    reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[cut], logprobs=0)
+    got = reply.choices[0]
+    assert got.text == expected[:expected.index(cut)] and "".join(got.logprobs.tokens).startswith(got.text)
+    assert max(got.logprobs.text_offset) < len(got.text)  # a token inside the stop string only: not listed
+    sampled = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                             max_tokens=16, temperature=0.8, seed=5, logprobs=True)
+    values = [t.logprob for t in sampled.choices[0].logprobs.content]
+    assert values and all(math.isfinite(v) and v <= 0 for v in values)
+    for kwargs, param in (({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], **kwargs)
+        assert info.value.body["param"] == param and "top_logprobs must be 0" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="hi", logprobs=3)
+    assert info.value.body["code"] == "unsupported_parameter" and info.value.body["param"] == "logprobs"
 
 
 @pytest.mark.slow
@@ -274,6 +418,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st
                      max_leaves=6)
 _KEYS = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                          "top_k", "seed", "stop", "n", "stream", "stream_options", "presence_penalty", "logprobs",
+                         "top_logprobs",
                          "response_format", "tools", "tool_choice", "ignore_eos", "min_tokens", "speculation",
                          "num_draft_tokens", "echo", "user", "bogus"])
 
@@ -290,7 +435,8 @@ def _bodies(max_tokens: st.SearchStrategy[Any]) -> st.SearchStrategy[dict]:
 @settings(max_examples=200, deadline=None)
 @given(body=_bodies(_JSON), endpoint=st.sampled_from(list(Endpoint)))
 def test_fuzz_parse_gives_a_typed_request_or_an_openai_error(body: dict, endpoint: Endpoint) -> None:
-    full = Capabilities(frozenset({"presence_penalty", "frequency_penalty", "min_tokens", "repetition_penalty"}))
+    full = Capabilities(frozenset({"presence_penalty", "frequency_penalty", "min_tokens", "repetition_penalty",
+                                   "return_log_probs"}))
     try:
         parsed = parse_request(body, endpoint, full)
     except OpenAIError as exc:
@@ -299,7 +445,7 @@ def test_fuzz_parse_gives_a_typed_request_or_an_openai_error(body: dict, endpoin
         return
     allowed = {"max_tokens", "temperature", "top_p", "top_k", "random_seed", "stop_words", "ignore_eos",
                "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "speculation",
-               "num_draft_tokens"}
+               "num_draft_tokens", "return_log_probs"}
     assert set(parsed.inputs) <= allowed and (parsed.prompt or parsed.messages)
     assert all(isinstance(v, (int, float, str, list)) for v in parsed.inputs.values())
 

@@ -71,6 +71,7 @@ class ResponseBuilder:
         self.ids: list[int] = list(request.prompt) if request.include_prompt and request.token_level else []
         self.first_token_ns: int | None = None
         self.log_probs: list[float] = []  # not sent yet (return_log_probs)
+        self.log_prob_ids: list[int] = []  # their tokens (sent as output_ids by a text-level request)
         self.cum_log_prob = 0.0
 
     def partial(self, chunk: GenerationChunk) -> Outputs | None:
@@ -111,14 +112,19 @@ class ResponseBuilder:
             self.first_token_ns = time.time_ns()
         if chunk.log_probs:
             self.log_probs.extend(chunk.log_probs)
+            self.log_prob_ids.extend(chunk.token_ids[:len(chunk.log_probs)])
             self.cum_log_prob += float(sum(chunk.log_probs))
 
     def _log_probs(self) -> Outputs:
-        """The log probabilities not sent yet, when the request asked for them."""
+        """The log probabilities not sent yet, when the request asked for them; a text-level
+        request gets their tokens too (``output_ids``, one per log probability: what the OpenAI
+        front needs to name each token)."""
         if not self.request.sampling.return_log_probs:
             return {}
         out = log_prob_outputs(self.log_probs, self.cum_log_prob)
-        self.log_probs = []
+        if not self.request.token_level:
+            out[OUTPUT_IDS.name] = token_outputs(self.log_prob_ids)[OUTPUT_IDS.name]
+        self.log_probs, self.log_prob_ids = [], []
         return out
 
     def _perf_so_far(self, chunk: GenerationChunk) -> Outputs:

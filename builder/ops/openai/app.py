@@ -23,6 +23,7 @@ from aiohttp import web
 
 from builder.ops.openai.backend import BackendConfig, TritonBackend
 from builder.ops.openai.errors import OpenAIError, invalid, not_found, unauthorized
+from builder.ops.openai.logprobs import attach, new_tracker
 from builder.ops.openai.protocol import Endpoint, GenerationRequest, parse_request
 from builder.ops.openai.responses import (
     DONE_EVENT, Generation, ResponseIds, chunk, full_response, models_list, sse, usage_chunk,
@@ -140,12 +141,15 @@ def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Stream
         ids = ResponseIds.new(endpoint, model_id)
         if parsed.stream:
             return await _stream(request, backend, parsed, prompt, generation, ids)
-        pieces = []
+        pieces, tracker, listed = [], new_tracker(backend.tokenizer, parsed.logprobs), []
         async for piece in backend.generate(prompt, parsed):
             pieces.append(piece.text)
             generation.stats.update(piece.stats)
+            if tracker is not None:
+                listed += tracker.take(piece.text, piece.token_ids, piece.log_probs, piece.final)
         generation.text = "".join(pieces)
-        return web.json_response(full_response(ids, generation))
+        response = full_response(ids, generation)
+        return web.json_response(attach(response, listed, endpoint is Endpoint.CHAT) if tracker else response)
 
     return handle
 
@@ -159,17 +163,22 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
         piece = await pieces.__anext__()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        first = True
+        first, tracker, listed = True, new_tracker(backend.tokenizer, parsed.logprobs), []
+        chat = parsed.endpoint is Endpoint.CHAT
         try:
             while True:
                 generation.stats.update(piece.stats)
+                if tracker is not None:
+                    listed += tracker.take(piece.text, piece.token_ids, piece.log_probs, piece.final)
                 if piece.text or first:
-                    await response.write(sse(chunk(ids, piece.text, first=first, include_usage=parsed.include_usage)))
-                    first = False
+                    event = chunk(ids, piece.text, first=first, include_usage=parsed.include_usage)
+                    await response.write(sse(attach(event, listed, chat) if tracker else event))
+                    first, listed = False, []
                 if piece.final:
                     break
                 piece = await pieces.__anext__()
-            await response.write(sse(chunk(ids, "", generation.finish_reason, include_usage=parsed.include_usage)))
+            event = chunk(ids, "", generation.finish_reason, include_usage=parsed.include_usage)
+            await response.write(sse(attach(event, listed, chat) if listed else event))
             if parsed.include_usage:
                 await response.write(sse(usage_chunk(ids, generation)))
         except OpenAIError as exc:

@@ -41,11 +41,14 @@ class BackendConfig:
 
 @dataclass
 class Piece:
-    """One response of the served model: a text block and, on the final one, the statistics."""
+    """One response of the served model: a text block and, on the final one, the statistics;
+    with ``return_log_probs``, the tokens whose log probabilities it carries and those."""
 
     text: str
     stats: dict[str, Any]
     final: bool
+    token_ids: tuple[int, ...] = ()
+    log_probs: tuple[float, ...] = ()
 
 
 def tokenizer_source(repository: Path, model_name: str = "specdec") -> str:
@@ -221,7 +224,10 @@ def _piece(result: Any) -> Piece:
             stats[name] = _scalar(value)
     final_param = result.get_response().parameters.get("triton_final_response")
     final = bool(final_param.bool_param) if final_param is not None else "finish_reason" in stats
-    return Piece(_text(text) if text is not None else "", stats, final)
+    ids, log_probs = result.as_numpy("output_ids"), result.as_numpy("output_log_probs")
+    return Piece(_text(text) if text is not None else "", stats, final,
+                 tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (),
+                 tuple(float(v) for v in log_probs.reshape(-1)) if log_probs is not None else ())
 
 
 __all__ = ["BackendConfig", "Piece", "TritonBackend", "offered", "stream_error", "tokenizer_source"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from builder.ops.openai.errors import OpenAIError, invalid, unsupported
+from builder.ops.openai.logprobs import RETURN_LOG_PROBS_INPUT, LogprobsRequest, parse_logprobs
 
 MAX_STOP_WORDS = 16
 UINT64_MAX = 2 ** 64 - 1
@@ -61,6 +62,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    logprobs: LogprobsRequest | None = None  # None: not asked for
 
 
 # keys each endpoint accepts (values checked below); anything else is refused by name
@@ -218,11 +220,6 @@ def _refuse_unsupported(body: Mapping[str, Any], endpoint: Endpoint) -> None:
         raise unsupported("echo", "the prompt is not echoed")
     if body.get("suffix"):
         raise unsupported("suffix", "no insertion (suffix)")
-    wants_logprobs = body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0)
-    if wants_logprobs:
-        key = "logprobs" if body.get("logprobs") not in (None, False) else "top_logprobs"
-        raise unsupported(key, "log probabilities are not returned through the OpenAI API (Triton's "
-                               "token-level model returns them: return_log_probs)")
 
 
 def _optional_inputs(body: Mapping[str, Any], caps: Capabilities) -> dict[str, Any]:
@@ -303,10 +300,13 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
     inputs.update(_optional_inputs(body, caps))
     inputs.update(_guide_inputs(body, caps))
     inputs.update(_speculation_inputs(body))
+    logprobs = parse_logprobs(body, endpoint is Endpoint.CHAT, caps.has(RETURN_LOG_PROBS_INPUT))
+    if logprobs is not None:
+        inputs[RETURN_LOG_PROBS_INPUT] = True
     inputs = {name: value for name, value in inputs.items() if value is not None}
     prompt, messages = ("", _messages(body)) if endpoint is Endpoint.CHAT else (_prompt(body), ())
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, messages=messages, stream=stream,
-                             include_usage=_stream_options(body, stream), inputs=inputs)
+                             include_usage=_stream_options(body, stream), inputs=inputs, logprobs=logprobs)
 
 
 __all__ = ["Capabilities", "Endpoint", "GenerationRequest", "Message", "OpenAIError", "parse_request",
