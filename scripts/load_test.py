@@ -5,6 +5,7 @@ reference, server memory and Prometheus counters checked, then SIGTERM mid-load.
 
     SPECBUILD_CACHE_DIR=... python scripts/load_test.py --streams 32 --duration 120 \\
         --out benchmarks/results/load_32x120.json
+    python scripts/load_test.py --streams 8 --duration 30 --openai-streams 8 --no-sigterm  # + the OpenAI API
 
 Exit status 0 when everything passed, 1 otherwise.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from builder.loadtest.openai_streams import OpenAILoadConfig  # noqa: E402
 from builder.loadtest.streams import LoadConfig  # noqa: E402
 from builder.loadtest.session import SessionConfig, markdown, run_session, write  # noqa: E402
 from triton_backend.serving.interface import ServingConfig  # noqa: E402
@@ -34,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-concurrency", type=int, default=8, help="requests the model generates at once")
     p.add_argument("--exit-timeout", type=int, default=120, help="Triton's exit timeout for the SIGTERM phase")
     p.add_argument("--no-sigterm", action="store_true", help="skip the SIGTERM-mid-load phase")
+    p.add_argument("--openai-streams", type=int, default=0,
+                   help="then this many concurrent streams through the OpenAI front's /v1/chat/completions")
+    p.add_argument("--openai-rounds", type=int, default=4, help="requests per OpenAI stream")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load.json"))
     a = p.parse_args(argv)
@@ -42,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         load=LoadConfig(streams=a.streams, duration_s=a.duration, warmup_s=a.warmup, templates=a.templates,
                         min_tokens=a.min_tokens, max_tokens=a.max_tokens, seed=a.seed),
         serving=ServingConfig(max_concurrency=a.max_concurrency, default_max_tokens=16),
-        sigterm=not a.no_sigterm, exit_timeout_s=a.exit_timeout)
+        sigterm=not a.no_sigterm, exit_timeout_s=a.exit_timeout,
+        openai=OpenAILoadConfig(streams=a.openai_streams, rounds=a.openai_rounds, max_tokens=a.max_tokens)
+        if a.openai_streams > 0 else None)
     results = run_session(config)
     write(results, a.out)
     print(markdown(results))

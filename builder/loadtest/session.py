@@ -1,6 +1,7 @@
 """A whole load-test session: start Triton on loopback, compute the in-process references,
 run the load (:func:`builder.loadtest.streams.run_load`), then optionally SIGTERM the server while
-every stream has a request in flight and see it finish them and exit.
+every stream has a request in flight and see it finish them and exit. With ``openai``, concurrent
+streams through the OpenAI front (:mod:`builder.loadtest.openai_streams`) run between the two.
 
 ``scripts/load_test.py`` is its command line; the results go to a JSON file and a short
 markdown summary.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.loadtest.openai_streams import OpenAILoadConfig, run_openai_load
 from builder.loadtest.streams import Answer, LoadConfig, LoadReport, Template, make_templates, metrics, run_load, send
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_server import ServerConfig, TritonServer
@@ -35,6 +37,7 @@ class SessionConfig:
     serving: ServingConfig = field(default_factory=lambda: ServingConfig(max_concurrency=8, default_max_tokens=16))
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     sigterm: bool = True  # end with SIGTERM while every stream has a request in flight
+    openai: OpenAILoadConfig | None = None  # then streams through /v1/chat/completions (None: none)
     exit_timeout_s: int = 120
 
 
@@ -106,14 +109,31 @@ def run_session(config: SessionConfig) -> dict[str, Any]:
             assert server.endpoints is not None and server.pid is not None
             logger.info("load: %d streams for %.0fs", config.load.streams, config.load.duration_s)
             load = run_load(server.endpoints, server.pid, templates, config.load, config.serving.model_name)
+            openai = _openai_load(server, repository, config) if config.openai is not None else None
             sigterm = (sigterm_under_load(server, templates, config.load.streams, config.serving.model_name)
                        if config.sigterm else None)
     results: dict[str, Any] = {"load": load.summary(), "serving": {"max_concurrency": config.serving.max_concurrency},
                                "templates": len(templates)}
+    if openai is not None:
+        results["openai"] = openai.summary()
     if sigterm is not None:
         results["sigterm"] = {**sigterm.__dict__, "clean": sigterm.clean, "exit_timeout_s": config.exit_timeout_s}
-    results["passed"] = load.passed and (sigterm is None or sigterm.clean)
+    results["passed"] = load.passed and (sigterm is None or sigterm.clean) and (openai is None or openai.passed)
     return results
+
+
+def _openai_load(server: TritonServer, repository: Path, config: SessionConfig) -> Any:
+    from builder.ops.openai.app import OpenAIConfig
+    from builder.ops.serve import start_openai_front
+
+    assert server.endpoints is not None and config.openai is not None
+    front = start_openai_front(OpenAIConfig(api_key=config.openai.api_key), server.endpoints, repository,
+                               config.serving.model_name)
+    try:
+        logger.info("OpenAI load: %d streams x %d requests", config.openai.streams, config.openai.rounds)
+        return run_openai_load(front.url, front.config.model_id(front.backend), config.openai)
+    finally:
+        front.stop()
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -133,6 +153,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_short(name)}{'' if a == b else ' MISMATCH'} {a:g}={b:g}"
             for name, (a, b) in load["metric_checks"].items()),
     ]
+    if "openai" in results:
+        o = results["openai"]
+        lines.append(f"- OpenAI /v1/chat/completions streams: {o['requests']} requests, {o['succeeded']} answered, "
+                     f"{len(o['mismatches'])} differing from the request alone, {len(o['errors'])} errors "
+                     f"({o['tokens_per_s']} tokens/s)")
     if "sigterm" in results:
         s = results["sigterm"]
         lines.append(f"- SIGTERM with {s['in_flight_at_signal']:g} requests in flight: exit code {s['exit_code']} "
