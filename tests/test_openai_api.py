@@ -125,8 +125,12 @@ def test_bench_summary_takes_the_worse_p50_ratio_and_only_when_the_texts_match()
 
 
 def test_parse_logprobs_where_the_model_returns_them() -> None:
-    caps = Capabilities(CAPS.inputs | {"return_log_probs"})
+    caps = Capabilities(CAPS.inputs | {"return_log_probs", "top_log_probs"})
     chat = {"model": "m", "messages": [{"role": "user", "content": "a"}]}
+    top = parse_request({**chat, "logprobs": True, "top_logprobs": 20}, Endpoint.CHAT, caps)
+    assert top.logprobs == LogprobsRequest(20) and top.inputs["top_log_probs"] == 20
+    assert parse_request({"model": "m", "prompt": "p", "logprobs": 5}, Endpoint.COMPLETIONS, caps).inputs[
+        "top_log_probs"] == 5
     for extra in ({"logprobs": True}, {"logprobs": True, "top_logprobs": 0}):
         parsed = parse_request({**chat, **extra}, Endpoint.CHAT, caps)
         assert parsed.logprobs == LogprobsRequest(0) and parsed.inputs["return_log_probs"] is True
@@ -135,11 +139,9 @@ def test_parse_logprobs_where_the_model_returns_them() -> None:
     completion = {"model": "m", "prompt": "p"}
     assert parse_request({**completion, "logprobs": 0}, Endpoint.COMPLETIONS, caps).logprobs == LogprobsRequest(0)
     for body, endpoint, param, code in (
-            ({**chat, "logprobs": True, "top_logprobs": 3}, Endpoint.CHAT, "top_logprobs", "unsupported_parameter"),
             ({**chat, "logprobs": True, "top_logprobs": 21}, Endpoint.CHAT, "top_logprobs", None),
             ({**chat, "top_logprobs": 0}, Endpoint.CHAT, "top_logprobs", None),
             ({**chat, "logprobs": 1}, Endpoint.CHAT, "logprobs", None),
-            ({**completion, "logprobs": 2}, Endpoint.COMPLETIONS, "logprobs", "unsupported_parameter"),
             ({**completion, "logprobs": True}, Endpoint.COMPLETIONS, "logprobs", None),
             ({**completion, "logprobs": 6}, Endpoint.COMPLETIONS, "logprobs", None)):
         with pytest.raises(OpenAIError) as info:
@@ -147,6 +149,12 @@ def test_parse_logprobs_where_the_model_returns_them() -> None:
         assert (info.value.status, info.value.param, info.value.error_code) == (400, param, code), body
     with pytest.raises(OpenAIError, match="does not return log probabilities"):  # a model without the input
         parse_request({**completion, "logprobs": 0}, Endpoint.COMPLETIONS, CAPS)
+    chosen_only = Capabilities(CAPS.inputs | {"return_log_probs"})  # a model without alternatives
+    for body, endpoint, param in (({**chat, "logprobs": True, "top_logprobs": 3}, Endpoint.CHAT, "top_logprobs"),
+                                  ({**completion, "logprobs": 2}, Endpoint.COMPLETIONS, "logprobs")):
+        with pytest.raises(OpenAIError, match="must be 0") as info:
+            parse_request(body, endpoint, chosen_only)
+        assert (info.value.param, info.value.error_code) == (param, "unsupported_parameter")
 
 
 def test_logprob_tracker_lists_tokens_as_the_text_covers_them() -> None:
@@ -156,9 +164,9 @@ def test_logprob_tracker_lists_tokens_as_the_text_covers_them() -> None:
     text = "h\u00e9llo \u65e5\u672c \U0001f642, world"
     ids = tokenizer.encode(text, add_special_tokens=False)
     tracker = new_tracker(tokenizer, LogprobsRequest(0))
-    assert tracker.take("", ids[:3], [-0.5] * 3, False) == []  # no text yet: nothing listed
-    early = tracker.take(text[:3], ids[3:], [-0.25] * (len(ids) - 3), False)
-    late = tracker.take(text[3:], [tokenizer.eos_token_id], [-0.1], True)  # the end token is not listed
+    assert tracker.add("", ids[:3], [-0.5] * 3, False) == []  # no text yet: nothing listed
+    early = tracker.add(text[:3], ids[3:], [-0.25] * (len(ids) - 3), False)
+    late = tracker.add(text[3:], [tokenizer.eos_token_id], [-0.1], True)  # the end token is not listed
     listed = early + late
     assert early and all(t.end <= 3 for t in early)  # listed once the text covers them
     assert len(listed) == len(ids) and b"".join(t.bytes for t in listed).decode() == text
@@ -166,7 +174,7 @@ def test_logprob_tracker_lists_tokens_as_the_text_covers_them() -> None:
     body = completion_logprobs(listed)
     assert body["text_offset"][0] == 0 and body["text_offset"] == sorted(body["text_offset"])
     assert body["top_logprobs"][0] == {listed[0].token: -0.5}
-    cut = new_tracker(tokenizer, LogprobsRequest(0)).take(text[:5], ids, [-1.0] * len(ids), True)  # a stop string
+    cut = new_tracker(tokenizer, LogprobsRequest(0)).add(text[:5], ids, [-1.0] * len(ids), True)  # a stop string
     assert b"".join(t.bytes for t in cut).decode("utf-8", "replace").startswith(text[:5]) and len(cut) < len(ids)
 
 
@@ -219,9 +227,10 @@ def test_sampling_stop_and_penalties_reach_the_model(triton, front, client) -> N
     assert penalised.choices[0].text != expected  # the penalties are applied by the model, not dropped
 
 
-def _specdec_log_probs(triton, prompt: str, max_tokens: int, chat: bool = False  # noqa: F811
-                       ) -> tuple[str, list[int], list[float]]:
-    """The same request straight to ``specdec`` over gRPC streaming, with ``return_log_probs``."""
+def _specdec_log_probs(triton, prompt: str, max_tokens: int, chat: bool = False, top: int = 0  # noqa: F811
+                       ) -> tuple[str, list[int], list[float], list[list[float]]]:
+    """The same request straight to ``specdec`` over gRPC streaming, with ``return_log_probs``
+    (and ``top_log_probs``): its text, tokens, their log probabilities and the alternatives'."""
     import queue
 
     import numpy as np
@@ -232,6 +241,8 @@ def _specdec_log_probs(triton, prompt: str, max_tokens: int, chat: bool = False 
               "temperature": ("FP32", np.array([[0.0]], dtype=np.float32)),
               "stream": ("BOOL", np.array([[True]])), "return_log_probs": ("BOOL", np.array([[True]])),
               "apply_chat_template": ("BOOL", np.array([[chat]]))}
+    if top:
+        values["top_log_probs"] = ("INT32", np.array([[top]], dtype=np.int32))
     inputs = []
     for name, (dtype, array) in values.items():
         tensor = grpcclient.InferInput(name, list(array.shape), dtype)
@@ -242,18 +253,20 @@ def _specdec_log_probs(triton, prompt: str, max_tokens: int, chat: bool = False 
     client.start_stream(callback=lambda result, error: replies.put((result, error)))
     try:
         client.async_stream_infer("specdec", inputs, enable_empty_final_response=True)
-        text, ids, log_probs = [], [], []
+        text, ids, log_probs, alternatives = [], [], [], []
         while True:
             result, error = replies.get(timeout=120)
             assert error is None, error
             for name, into in (("output_ids", ids), ("output_log_probs", log_probs)):
                 array = result.as_numpy(name)
                 into.extend(array.reshape(-1).tolist() if array is not None else [])
+            array = result.as_numpy("output_top_log_probs")
+            alternatives.extend(array.reshape(-1, top).tolist() if array is not None and top else [])
             out = result.as_numpy("text_output")
             text.extend(v.decode() for v in (out.reshape(-1) if out is not None else []))
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
-                return "".join(text), ids, log_probs
+                return "".join(text), ids, log_probs, alternatives
     finally:
         client.stop_stream()
         client.close()
@@ -264,25 +277,35 @@ def test_logprobs_are_the_models_and_leave_greedy_output_unchanged(triton, front
     messages = [{"role": "user", "content": PROMPT}]
     plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
-                                           logprobs=True, top_logprobs=0)
+                                           logprobs=True, top_logprobs=3)
     content = reply.choices[0].message.content
     assert content == plain.choices[0].message.content  # greedy output token for token the same
     listed = reply.choices[0].logprobs.content
     values = [t.logprob for t in listed]
     assert listed and all(math.isfinite(v) and v <= 0 for v in values)
-    assert bytes(b for t in listed for b in t.bytes).decode() == content and all(t.top_logprobs == [] for t in listed)
-    text, ids, want = _specdec_log_probs(triton, PROMPT, 24, chat=True)  # specdec renders the same template
-    assert text == content and len(ids) == len(want) >= len(listed)
+    assert bytes(b for t in listed for b in t.bytes).decode() == content
+    for t in listed:  # greedy: the chosen token is the most likely one; the rest follow, most likely first
+        top = [a.logprob for a in t.top_logprobs]
+        assert len(top) == 3 and top == sorted(top, reverse=True) and all(math.isfinite(v) and v <= 0 for v in top)
+        assert (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob)
+    text, ids, want, alternatives = _specdec_log_probs(triton, PROMPT, 24, chat=True, top=3)  # the same template
+    assert text == content and len(ids) == len(want) == len(alternatives) >= len(listed)
     assert values == pytest.approx(want[:len(listed)], abs=1e-5)
+    assert [[a.logprob for a in t.top_logprobs] for t in listed] == [pytest.approx(a, abs=1e-5)
+                                                                       for a in alternatives[:len(listed)]]
     chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
-                                                 logprobs=True, stream=True))
+                                                 logprobs=True, top_logprobs=3, stream=True))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == content
     assert [(t.token, t.bytes) for t in streamed] == [(t.token, t.bytes) for t in listed]
     assert [t.logprob for t in streamed] == pytest.approx(values, abs=1e-5)
+    assert [[a.token for a in t.top_logprobs] for t in streamed] == [[a.token for a in t.top_logprobs] for t in listed]
+    zero = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0, logprobs=True)
+    assert [t.logprob for t in zero.choices[0].logprobs.content] == pytest.approx(values, abs=1e-5)
+    assert all(t.top_logprobs == [] for t in zero.choices[0].logprobs.content)
 
     completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=0)
-    text, ids, want = _specdec_log_probs(triton, PROMPT, 24)
+    text, ids, want, _ = _specdec_log_probs(triton, PROMPT, 24)
     got = completion.choices[0].logprobs
     assert completion.choices[0].text == text and got.token_logprobs == pytest.approx(want[:len(got.tokens)], abs=1e-5)
     assert "".join(got.tokens) == text and got.text_offset[0] == 0
@@ -292,6 +315,11 @@ def test_logprobs_are_the_models_and_leave_greedy_output_unchanged(triton, front
     tokens = [t for p in parts if p.logprobs for t in p.logprobs.tokens]
     offsets = [o for p in parts if p.logprobs for o in p.logprobs.text_offset]
     assert tokens == got.tokens and offsets == got.text_offset
+    five = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=5)
+    assert five.choices[0].text == text and five.choices[0].logprobs.tokens == got.tokens
+    for token, value, top in zip(got.tokens, got.token_logprobs, five.choices[0].logprobs.top_logprobs):
+        assert 1 <= len(top) <= 6 and top[token] == pytest.approx(value, abs=1e-5)  # the chosen token, always
+        assert max(top.values()) == pytest.approx(value, abs=1e-5)  # greedy: it is the most likely
 
 
 @pytest.mark.slow
@@ -303,16 +331,17 @@ def test_logprobs_with_a_stop_string_sampling_and_refusals(triton, front, client
     assert got.text == expected[:expected.index(cut)] and "".join(got.logprobs.tokens).startswith(got.text)
     assert max(got.logprobs.text_offset) < len(got.text)  # a token inside the stop string only: not listed
     sampled = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
-                                             max_tokens=16, temperature=0.8, seed=5, logprobs=True)
-    values = [t.logprob for t in sampled.choices[0].logprobs.content]
-    assert values and all(math.isfinite(v) and v <= 0 for v in values)
-    for kwargs, param in (({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),):
-        with pytest.raises(openai.BadRequestError) as info:
-            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], **kwargs)
-        assert info.value.body["param"] == param and "top_logprobs must be 0" in info.value.body["message"]
+                                             max_tokens=16, temperature=0.8, seed=5, logprobs=True, top_logprobs=2)
+    listed = sampled.choices[0].logprobs.content
+    assert listed and all(math.isfinite(t.logprob) and t.logprob <= 0 for t in listed)
+    assert all(t.top_logprobs[0].logprob >= t.logprob - 1e-5 for t in listed)  # of the distribution sampled from
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=MODEL, prompt="hi", logprobs=3)
-    assert info.value.body["code"] == "unsupported_parameter" and info.value.body["param"] == "logprobs"
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], logprobs=True,
+                                       top_logprobs=21)
+    assert info.value.body["param"] == "top_logprobs" and "[0, 20]" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="hi", logprobs=6)
+    assert info.value.body["param"] == "logprobs" and "[0, 5]" in info.value.body["message"]
 
 
 @pytest.mark.slow
@@ -436,7 +465,7 @@ def _bodies(max_tokens: st.SearchStrategy[Any]) -> st.SearchStrategy[dict]:
 @given(body=_bodies(_JSON), endpoint=st.sampled_from(list(Endpoint)))
 def test_fuzz_parse_gives_a_typed_request_or_an_openai_error(body: dict, endpoint: Endpoint) -> None:
     full = Capabilities(frozenset({"presence_penalty", "frequency_penalty", "min_tokens", "repetition_penalty",
-                                   "return_log_probs"}))
+                                   "return_log_probs", "top_log_probs"}))
     try:
         parsed = parse_request(body, endpoint, full)
     except OpenAIError as exc:
@@ -445,7 +474,7 @@ def test_fuzz_parse_gives_a_typed_request_or_an_openai_error(body: dict, endpoin
         return
     allowed = {"max_tokens", "temperature", "top_p", "top_k", "random_seed", "stop_words", "ignore_eos",
                "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "speculation",
-               "num_draft_tokens", "return_log_probs"}
+               "num_draft_tokens", "return_log_probs", "top_log_probs"}
     assert set(parsed.inputs) <= allowed and (parsed.prompt or parsed.messages)
     assert all(isinstance(v, (int, float, str, list)) for v in parsed.inputs.values())
 

@@ -213,6 +213,40 @@ def test_log_probs_streamed_per_token_match_the_reference(decoder):
         assert math.isclose(lp, float(want), abs_tol=1e-4)
 
 
+def test_top_log_probs_are_the_most_likely_of_the_same_distribution():
+    proc, tokens = _processor([0], temperature=2.0, repetition_penalty=2.0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, 1.5], [0.0, 3.0, 1.0, 2.0]])
+    chosen, top = proc.log_probs_and_top(logits, proc.rows(tokens, [[], []]), [2, 1], 2)
+    assert chosen == proc.log_probs(logits, proc.rows(tokens, [[], []]), [2, 1])
+    want = torch.log_softmax(torch.tensor([1.0, 1.0, 0.0, 1.5]) / 2.0, -1)  # token 0 seen: 2.0 / 2
+    assert top[0][0] == (3, 0) or top[0][0] == (3, 1)  # 1.5 first, then a tie of 1.0
+    assert top[0][1] == pytest.approx([float(want[3]), float(want[0])], rel=1e-6)
+    assert top[1][0] == (1, 3) and top[1][1][0] >= top[1][1][1]
+    assert proc.log_probs_and_top(logits, proc.rows(tokens, [[], []]), [2, 1], 0)[1] == []
+    with pytest.raises(InvalidRequestError, match="top_log_probs needs return_log_probs"):
+        SamplingParams(top_log_probs=2)
+    with pytest.raises(InvalidRequestError, match="top_log_probs"):
+        SamplingParams(return_log_probs=True, top_log_probs=21)
+
+
+def test_top_log_probs_streamed_match_the_reference_and_leave_greedy_output_unchanged(decoder):
+    spec = SpeculationConfig(method="ngram", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                             fallback=FallbackConfig(enabled=False))
+    params = SamplingParams(max_tokens=8, ignore_eos=True, return_log_probs=True, top_log_probs=4)
+    chunks = list(decoder.stream(PROMPT, params, spec))
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == decoder.generate(PROMPT, SamplingParams(max_tokens=8, ignore_eos=True), spec).token_ids
+    log_probs = [x for c in chunks for x in (c.log_probs or [])]
+    top = [x for c in chunks for x in (c.top_log_probs or [])]
+    assert len(top) == len(log_probs) == len(tokens) == 8
+    for i, (token, lp, (ids, values)) in enumerate(zip(tokens, log_probs, top)):
+        with torch.inference_mode():
+            logits = decoder.target.model(torch.tensor([PROMPT + tokens[:i]])).logits[0, -1]
+        want = torch.topk(torch.log_softmax(logits, -1), 4)
+        assert ids[0] == token and math.isclose(values[0], lp, abs_tol=1e-6)  # greedy: the chosen token is first
+        assert list(ids) == want.indices.tolist() and values == pytest.approx(want.values.tolist(), abs=1e-4)
+
+
 # -- statistics: sampling through speculation follows the penalised target ------------------
 def _exact_joint(target, prompt, horizon, temperature, p):
     dist = {(): 1.0}

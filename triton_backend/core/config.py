@@ -64,6 +64,10 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # a stop string or stop token sequence was generated
 
 
+MAX_TOP_LOG_PROBS = 20  # alternatives per output token a request may ask for (OpenAI's top_logprobs limit)
+TopLogProbs = tuple[tuple[int, ...], tuple[float, ...]]  # one position's most likely tokens and their log probs
+
+
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise InvalidRequestError(message)
@@ -104,6 +108,7 @@ class SamplingParams:
     bad_words: tuple[str, ...] = ()  # strings, tokenized with the model's tokenizer
     bad_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never generated
     return_log_probs: bool = False  # per output token: see GenerationChunk.log_probs
+    top_log_probs: int = 0  # with return_log_probs: the most likely tokens per position (GenerationChunk.top_log_probs)
     guide: Guide | None = None  # structured output: the output follows this JSON schema / regex / grammar
 
     def __post_init__(self) -> None:
@@ -146,6 +151,9 @@ class SamplingParams:
             "bad word token sequences must be non-empty sequences of token ids >= 0",
         )
         _require(isinstance(self.return_log_probs, bool), "return_log_probs must be true or false")
+        _require(_is_int(self.top_log_probs) and 0 <= self.top_log_probs <= MAX_TOP_LOG_PROBS,
+                 f"top_log_probs must be an integer in [0, {MAX_TOP_LOG_PROBS}], got {self.top_log_probs!r}")
+        _require(self.top_log_probs == 0 or self.return_log_probs, "top_log_probs needs return_log_probs")
         _require(self.guide is None or isinstance(self.guide, Guide), "guide must be a Guide")
         object.__setattr__(self, "bad_words", tuple(self.bad_words))
         object.__setattr__(self, "bad_token_ids", tuple(tuple(seq) for seq in self.bad_token_ids))
@@ -386,4 +394,5 @@ class RuntimeConfig:
 
 
 __all__ = ["DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
-           "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "migrate_flat_speculation"]
+           "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "migrate_flat_speculation",
+           "MAX_TOP_LOG_PROBS", "TopLogProbs"]

@@ -23,7 +23,8 @@ constrained identically and greedy decoding takes the argmax of the allowed toke
 
 Log probabilities (``return_log_probs``) are those of the processed target distribution
 *before* top-k / top-p truncation: ``log_softmax(penalised_logits / T)``, ``T`` the
-temperature (1 for greedy decoding)."""
+temperature (1 for greedy decoding); ``top_log_probs`` alternatives are the most likely tokens
+of that same distribution (:meth:`LogitsProcessor.log_probs_and_top`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from triton_backend.core.config import SamplingParams
+from triton_backend.core.config import SamplingParams, TopLogProbs
 from triton_backend.core.grammar import GuideMatcher
 
 
@@ -181,10 +182,20 @@ class LogitsProcessor:
     def log_probs(self, logits: torch.Tensor, histories: Sequence[RowHistory] | None,
                   tokens: Sequence[int]) -> list[float]:
         """Log probability of ``tokens[i]`` at row ``i`` (see the module doc for which distribution)."""
-        scores = self.scores(logits, histories)
+        return self.log_probs_and_top(logits, histories, tokens, 0)[0]
+
+    def log_probs_and_top(self, logits: torch.Tensor, histories: Sequence[RowHistory] | None,
+                          tokens: Sequence[int], top: int) -> tuple[list[float], list[TopLogProbs]]:
+        """:meth:`log_probs`, and per row the ``top`` most likely tokens of the same distribution
+        with their log probabilities, most likely first (``[]`` when ``top`` is 0)."""
+        scores = self.scores(logits, histories)  # [n, vocab]
         temperature = 1.0 if self.greedy else max(self.temperature, 1e-6)
         logp = torch.log_softmax(scores / temperature, dim=-1)
-        return [float(logp[i, t]) for i, t in enumerate(tokens)]
+        chosen = [float(logp[i, t]) for i, t in enumerate(tokens)]
+        if top <= 0:
+            return chosen, []
+        values, ids = torch.topk(logp[: len(tokens)], min(top, logp.shape[-1]), dim=-1)
+        return chosen, [(tuple(i), tuple(v)) for i, v in zip(ids.tolist(), values.tolist())]
 
     def argmax(self, logits: torch.Tensor, histories: Sequence[RowHistory] | None = None) -> torch.Tensor:
         """Greedy choice per row: the argmax of the penalised logits ``[n]``."""

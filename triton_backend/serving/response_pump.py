@@ -30,11 +30,13 @@ def merge_chunks(first: GenerationChunk, second: GenerationChunk) -> GenerationC
     """One partial chunk saying what two consecutive partial chunks say."""
     if first.finished or second.finished:
         raise ValueError("only partial chunks merge")
-    log_probs = None
+    log_probs = top = None
     if first.log_probs is not None or second.log_probs is not None:
         log_probs = list(first.log_probs or []) + list(second.log_probs or [])
+    if first.top_log_probs is not None or second.top_log_probs is not None:
+        top = list(first.top_log_probs or []) + list(second.top_log_probs or [])
     return GenerationChunk(list(first.token_ids) + list(second.token_ids), first.text + second.text,
-                           stats=second.stats or first.stats, log_probs=log_probs)
+                           stats=second.stats or first.stats, log_probs=log_probs, top_log_probs=top)
 
 
 @dataclass

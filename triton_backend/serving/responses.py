@@ -20,7 +20,7 @@ from triton_backend.serving.interface import (
 )
 from triton_backend.serving.request import ServingRequest
 from triton_backend.serving.trtllm_interface import (
-    ARRIVAL_NS, BATCH_INDEX, CUM_LOG_PROBS, OUTPUT_LOG_PROBS, FIRST_SCHEDULED_NS, FIRST_TOKEN_NS, KV_NEW_BLOCKS, KV_REUSED_BLOCKS, KV_TOTAL_BLOCKS,
+    ARRIVAL_NS, BATCH_INDEX, CUM_LOG_PROBS, OUTPUT_LOG_PROBS, OUTPUT_TOP_IDS, OUTPUT_TOP_LOG_PROBS, FIRST_SCHEDULED_NS, FIRST_TOKEN_NS, KV_NEW_BLOCKS, KV_REUSED_BLOCKS, KV_TOTAL_BLOCKS,
     LAST_TOKEN_NS, OUTPUT_IDS, SEQUENCE_INDEX, SEQUENCE_LENGTH,
 )
 
@@ -38,6 +38,14 @@ def log_prob_outputs(log_probs: list[float], cumulative: float) -> Outputs:
     [1, 1] (the sum over every output token so far)."""
     return {OUTPUT_LOG_PROBS.name: np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs)),
             CUM_LOG_PROBS.name: np.asarray([[cumulative]], dtype=np.float32)}
+
+
+def top_log_prob_outputs(top: list[tuple[tuple[int, ...], tuple[float, ...]]], k: int) -> Outputs:
+    """``output_top_ids`` / ``output_top_log_probs`` [1, beam=1, n, k]: per output token of this
+    response, the ``k`` most likely tokens and their log probabilities."""
+    ids = np.asarray([list(i) for i, _ in top], dtype=np.int32).reshape(1, 1, len(top), k)
+    values = np.asarray([list(v) for _, v in top], dtype=np.float32).reshape(1, 1, len(top), k)
+    return {OUTPUT_TOP_IDS.name: ids, OUTPUT_TOP_LOG_PROBS.name: values}
 
 
 def index_outputs() -> Outputs:
@@ -72,6 +80,7 @@ class ResponseBuilder:
         self.first_token_ns: int | None = None
         self.log_probs: list[float] = []  # not sent yet (return_log_probs)
         self.log_prob_ids: list[int] = []  # their tokens (sent as output_ids by a text-level request)
+        self.top_log_probs: list[tuple[tuple[int, ...], tuple[float, ...]]] = []  # their alternatives (top_log_probs)
         self.cum_log_prob = 0.0
 
     def partial(self, chunk: GenerationChunk) -> Outputs | None:
@@ -113,6 +122,7 @@ class ResponseBuilder:
         if chunk.log_probs:
             self.log_probs.extend(chunk.log_probs)
             self.log_prob_ids.extend(chunk.token_ids[:len(chunk.log_probs)])
+            self.top_log_probs.extend(chunk.top_log_probs or [])
             self.cum_log_prob += float(sum(chunk.log_probs))
 
     def _log_probs(self) -> Outputs:
@@ -124,7 +134,9 @@ class ResponseBuilder:
         out = log_prob_outputs(self.log_probs, self.cum_log_prob)
         if not self.request.token_level:
             out[OUTPUT_IDS.name] = token_outputs(self.log_prob_ids)[OUTPUT_IDS.name]
-        self.log_probs, self.log_prob_ids = [], []
+        if self.request.sampling.top_log_probs:
+            out.update(top_log_prob_outputs(self.top_log_probs, self.request.sampling.top_log_probs))
+        self.log_probs, self.log_prob_ids, self.top_log_probs = [], [], []
         return out
 
     def _perf_so_far(self, chunk: GenerationChunk) -> Outputs:
@@ -148,4 +160,4 @@ class ResponseBuilder:
         return {spec.name: scalar_tensor(value, spec.dtype) for spec, value in values.items()}
 
 
-__all__ = ["ResponseBuilder", "index_outputs", "log_prob_outputs", "token_outputs"]
+__all__ = ["ResponseBuilder", "index_outputs", "log_prob_outputs", "token_outputs", "top_log_prob_outputs"]

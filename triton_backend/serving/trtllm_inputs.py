@@ -182,11 +182,13 @@ __all__ = ["check_single_sequence", "one_of", "read_guide", "read_max_tokens", "
 
 def read_penalties(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Penalties, ``min_tokens``, bad words (text ``bad_words`` or token ``bad_words_list``) and
-    ``return_log_probs`` as :class:`~triton_backend.core.config.SamplingParams` fields (absent: left out)."""
+    ``return_log_probs`` / ``top_log_probs`` as :class:`~triton_backend.core.config.SamplingParams` fields
+    (absent: left out)."""
     from triton_backend.serving.interface import BAD_WORDS
     from triton_backend.serving.tensors import read_strings
     from triton_backend.serving.trtllm_interface import (
         BAD_WORDS_LIST, FREQUENCY_PENALTY, MIN_TOKENS, PRESENCE_PENALTY, REPETITION_PENALTY, RETURN_LOG_PROBS,
+        TOP_LOG_PROBS,
     )
 
     fields = {"repetition_penalty": REPETITION_PENALTY, "presence_penalty": PRESENCE_PENALTY,
@@ -204,6 +206,9 @@ def read_penalties(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
         out["bad_token_ids"] = ids
     if read_scalar(arrays, RETURN_LOG_PROBS):
         out["return_log_probs"] = True
+    top = read_scalar(arrays, TOP_LOG_PROBS)
+    if top:  # checked by SamplingParams (0..20, with return_log_probs)
+        out["top_log_probs"] = top
     return out
 
 

@@ -74,6 +74,12 @@ BLS_INPUTS: tuple[TensorSpec, ...] = ENSEMBLE_INPUTS + (
 # ours, on the text-level models too (all optional)
 TEXT_EXTRAS: tuple[TensorSpec, ...] = (RANDOM_SEED, NUM_DRAFT_TOKENS, SPECULATION, CHAT, IGNORE_EOS)
 
+# ours, on the serving model only: the most likely tokens per output position (the OpenAI front's top_logprobs)
+TOP_LOG_PROBS = _in("top_log_probs", T.INT32, doc="with return_log_probs: this many most likely tokens per output "
+                                                  "position (0..20) -> output_top_ids, output_top_log_probs")
+OUTPUT_TOP_IDS = _out("output_top_ids", T.INT32, (-1, -1, -1), "per beam, output token and rank: token id")
+OUTPUT_TOP_LOG_PROBS = _out("output_top_log_probs", T.FP32, (-1, -1, -1),
+                            "per beam, output token and rank: its log probability (most likely first)")
 CUM_LOG_PROBS = _out("cum_log_probs", T.FP32, (-1,), "per beam: sum of the output tokens' log probabilities")
 OUTPUT_LOG_PROBS = _out("output_log_probs", T.FP32, (-1, -1), "per beam and output token")
 CONTEXT_LOGITS = _out("context_logits", T.FP32, (-1, -1))
@@ -218,8 +224,10 @@ def _all_optional(specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
 
 
 # the serving model (text and token level in one process): every input any front model forwards
-SERVED_INPUTS: tuple[TensorSpec, ...] = _all_optional(union(INPUTS, BLS_INPUTS, TEXT_EXTRAS, TOKEN_INPUTS))
-SERVED_OUTPUTS: tuple[TensorSpec, ...] = union(OUTPUTS, TEXT_OUTPUTS, TOKEN_OUTPUTS)
+SERVED_INPUTS: tuple[TensorSpec, ...] = _all_optional(union(INPUTS, BLS_INPUTS, TEXT_EXTRAS, TOKEN_INPUTS,
+                                                            (TOP_LOG_PROBS,)))
+SERVED_OUTPUTS: tuple[TensorSpec, ...] = union(OUTPUTS, TEXT_OUTPUTS, TOKEN_OUTPUTS,
+                                               (OUTPUT_TOP_IDS, OUTPUT_TOP_LOG_PROBS))
 # the text-level front models: r25.05's tensors plus ours
 ENSEMBLE_SERVED_INPUTS = union(ENSEMBLE_INPUTS, TEXT_EXTRAS, (EXCLUDE_INPUT,))
 BLS_SERVED_INPUTS = union(BLS_INPUTS, TEXT_EXTRAS)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from triton_backend.core.config import FinishReason, SamplingParams
+from triton_backend.core.config import FinishReason, SamplingParams, TopLogProbs
 from triton_backend.core.stats import GenerationStats
 from triton_backend.core.text import IncrementalDetokenizer, StopChecker, held_back
 
@@ -27,6 +27,7 @@ class GenerationChunk:
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
     log_probs: list[float] | None = None  # return_log_probs: one per token of token_ids
+    top_log_probs: list[TopLogProbs] | None = None  # top_log_probs: one per token of token_ids
 
 
 class Commit:
@@ -46,6 +47,7 @@ class Commit:
         self.stopper = StopChecker(params, eos_token_ids, tokenizer)
         self.detok = IncrementalDetokenizer(tokenizer, params.stop)
         self.log_probs: list[float] | None = [] if params.return_log_probs else None  # may run ahead of generated
+        self.top_log_probs: list[TopLogProbs] | None = [] if params.top_log_probs else None  # the same
         self.started = time.perf_counter() if started is None else started
         self.finished = False
         self._emitted_tokens = 0
@@ -55,13 +57,16 @@ class Commit:
         """Tokens that may still be generated."""
         return self.limit - len(self.generated)
 
-    def note_log_probs(self, values: Sequence[float]) -> None:
-        """The log probabilities of the next block to commit (one per token); committing cuts
-        them to what is kept."""
+    def note_log_probs(self, values: Sequence[float], top: Sequence[TopLogProbs] = ()) -> None:
+        """The log probabilities of the next block to commit (one per token; ``top``: its
+        alternatives, when asked for); committing cuts them to what is kept."""
         if self.log_probs is None:
             return
         del self.log_probs[len(self.generated):]  # a stop inside the previous block cut it short
         self.log_probs.extend(values)
+        if self.top_log_probs is not None:
+            del self.top_log_probs[len(self.generated):]
+            self.top_log_probs.extend(top)
 
     def commit(self, block: Sequence[int]) -> GenerationChunk | None:
         """Commit one verified block; the chunk it adds (finished when the request ends; its
@@ -72,13 +77,14 @@ class Commit:
             self.stats.time_to_first_token_s = time.perf_counter() - self.started
         self.finished = reason is not None
         text = self.detok.update(self.generated, final=self.finished, text_cut=self.stopper.text_cut)
-        new, log_probs = self._new_token_ids()
+        new, log_probs, top = self._new_token_ids()
         if self.finished:
             self.stats.generated_tokens = len(self.generated)
             self.stats.total_time_s = time.perf_counter() - self.started
-            return GenerationChunk(new, text, True, reason, self.stats, log_probs)
+            return GenerationChunk(new, text, True, reason, self.stats, log_probs, top)
         # a partial chunk carries the live statistics too (read when its response is made: perf metrics)
-        return GenerationChunk(new, text, stats=self.stats, log_probs=log_probs) if new or text else None
+        return GenerationChunk(new, text, stats=self.stats, log_probs=log_probs, top_log_probs=top) if new or text \
+            else None
 
     def _append(self, block: Sequence[int]) -> FinishReason | None:
         """Append ``block`` token by token until a stop; ``tokens`` follows in place (a stop
@@ -97,9 +103,9 @@ class Commit:
         self.tokens.extend(self.generated[kept:])
         return reason
 
-    def _new_token_ids(self) -> tuple[list[int], list[float] | None]:
-        """Tokens not yet streamed (and their log probabilities when asked for), holding back a
-        possible start of a stop token sequence."""
+    def _new_token_ids(self) -> tuple[list[int], list[float] | None, list[TopLogProbs] | None]:
+        """Tokens not yet streamed (and their log probabilities and alternatives when asked for),
+        holding back a possible start of a stop token sequence."""
         end = len(self.generated)
         if not self.finished:
             end -= held_back(self.generated, self.params.stop_token_ids)
@@ -107,7 +113,8 @@ class Commit:
         new = self.generated[start:end]
         self._emitted_tokens = max(start, end)
         log_probs = self.log_probs[start:max(start, end)] if self.log_probs is not None else None
-        return new, log_probs
+        top = self.top_log_probs[start:max(start, end)] if self.top_log_probs is not None else None
+        return new, log_probs, top
 
 
 __all__ = ["Commit", "GenerationChunk"]

@@ -173,7 +173,8 @@ class RunState:
         """Record the log probabilities of a verified block (``logits`` [len(block), vocab]:
         the target's rows that chose it), when the request asks for them."""
         if self.commit.log_probs is not None:
-            self.commit.note_log_probs(self.processor.log_probs(logits, histories, block))
+            self.commit.note_log_probs(*self.processor.log_probs_and_top(logits, histories, block,
+                                                                          self.commit.params.top_log_probs))
 
     def record(self, outcome: RoundOutcome) -> None:
         record_round(self.commit, self.controller, outcome)

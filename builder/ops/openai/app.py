@@ -146,7 +146,7 @@ def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Stream
             pieces.append(piece.text)
             generation.stats.update(piece.stats)
             if tracker is not None:
-                listed += tracker.take(piece.text, piece.token_ids, piece.log_probs, piece.final)
+                listed += tracker.take(piece)
         generation.text = "".join(pieces)
         response = full_response(ids, generation)
         return web.json_response(attach(response, listed, endpoint is Endpoint.CHAT) if tracker else response)
@@ -169,7 +169,7 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
             while True:
                 generation.stats.update(piece.stats)
                 if tracker is not None:
-                    listed += tracker.take(piece.text, piece.token_ids, piece.log_probs, piece.final)
+                    listed += tracker.take(piece)
                 if piece.text or first:
                     event = chunk(ids, piece.text, first=first, include_usage=parsed.include_usage)
                     await response.write(sse(attach(event, listed, chat) if tracker else event))

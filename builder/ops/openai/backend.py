@@ -49,6 +49,7 @@ class Piece:
     final: bool
     token_ids: tuple[int, ...] = ()
     log_probs: tuple[float, ...] = ()
+    top_log_probs: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...] = ()  # per token: (ids, log probs)
 
 
 def tokenizer_source(repository: Path, model_name: str = "specdec") -> str:
@@ -225,9 +226,15 @@ def _piece(result: Any) -> Piece:
     final_param = result.get_response().parameters.get("triton_final_response")
     final = bool(final_param.bool_param) if final_param is not None else "finish_reason" in stats
     ids, log_probs = result.as_numpy("output_ids"), result.as_numpy("output_log_probs")
+    top_ids, top_values = result.as_numpy("output_top_ids"), result.as_numpy("output_top_log_probs")
+    top = ()
+    if top_ids is not None and top_values is not None and top_ids.ndim >= 2:
+        k = top_ids.shape[-1]
+        top = tuple((tuple(i), tuple(v)) for i, v in zip(top_ids.reshape(-1, k).tolist(),
+                                                          top_values.reshape(-1, k).tolist()))
     return Piece(_text(text) if text is not None else "", stats, final,
                  tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (),
-                 tuple(float(v) for v in log_probs.reshape(-1)) if log_probs is not None else ())
+                 tuple(float(v) for v in log_probs.reshape(-1)) if log_probs is not None else (), top)
 
 
 __all__ = ["BackendConfig", "Piece", "TritonBackend", "offered", "stream_error", "tokenizer_source"]

@@ -3,12 +3,12 @@
 
 The served model returns them when asked (``return_log_probs``): ``output_log_probs``, one
 per output token, and for a text-level request the tokens themselves (``output_ids``), on the
-response that carries them. The values are the runtime's: the log probability of the chosen
-token under the target's processed distribution, ``log_softmax(penalised_logits / T)`` (``T``
-the temperature, 1 when greedy; penalties, ``min_tokens`` and a structured-output grammar
-applied; *before* top-k / top-p truncation), see :mod:`triton_backend.core.sampling`. The runtime
-returns no alternatives, so ``top_logprobs`` (chat) and ``logprobs`` (completions) above 0 are
-refused with a 400.
+response that carries them; with ``top_log_probs`` k, the k most likely tokens at each position
+(``output_top_ids`` / ``output_top_log_probs``). The values are the runtime's: log probabilities
+under the target's processed distribution the token was chosen from, ``log_softmax(penalised_logits
+/ T)`` (``T`` the temperature, 1 when greedy; penalties, ``min_tokens`` and a structured-output
+grammar applied; *before* top-k / top-p truncation), see :mod:`triton_backend.core.sampling`.
+A served model without those inputs gets ``logprobs`` / ``top_logprobs`` refused with a 400.
 
 Which tokens are listed: each output token, once the text sent so far covers it (so the tokens
 of a chunk spell its text); at the end, those that start before the end of the text. Tokens of
@@ -24,13 +24,15 @@ import codecs
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from builder.ops.openai.errors import OpenAIError, invalid, unsupported
 
 RETURN_LOG_PROBS_INPUT = "return_log_probs"
+TOP_LOG_PROBS_INPUT = "top_log_probs"
 LOGPROB_FLOOR = -9999.0
-MAX_TOP_LOGPROBS = 0  # alternatives the runtime returns per token (none: the chosen token only)
+MAX_TOP_LOGPROBS = 20  # chat's limit (OpenAI's, and the runtime's: triton_backend.core.config.MAX_TOP_LOG_PROBS)
+MAX_COMPLETION_LOGPROBS = 5  # completions' limit (OpenAI's)
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,15 @@ class LogprobsRequest:
 
     top: int = 0
 
+    def inputs(self) -> dict[str, Any]:
+        """The served model's inputs that ask for them."""
+        return {RETURN_LOG_PROBS_INPUT: True, **({TOP_LOG_PROBS_INPUT: self.top} if self.top else {})}
 
-def parse_logprobs(body: Mapping[str, Any], chat: bool, has_log_probs: bool) -> LogprobsRequest | None:
+
+def parse_logprobs(body: Mapping[str, Any], chat: bool, offered: frozenset[str]) -> LogprobsRequest | None:
     """Chat: ``logprobs`` (bool) and ``top_logprobs`` (0..20, needs ``logprobs``); completions:
-    ``logprobs`` (an integer 0..5). ``None``: not asked for. Raises :class:`OpenAIError` (400)."""
+    ``logprobs`` (an integer 0..5); ``offered``: the served model's inputs. ``None``: not asked
+    for. Raises :class:`OpenAIError` (400)."""
     if chat:
         asked = body.get("logprobs")
         if asked is not None and not isinstance(asked, bool):
@@ -50,20 +57,20 @@ def parse_logprobs(body: Mapping[str, Any], chat: bool, has_log_probs: bool) -> 
         top, key = body.get("top_logprobs"), "top_logprobs"
         if top is not None and not asked:
             raise invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-        high = 20
+        high = MAX_TOP_LOGPROBS
     else:
-        top, key, high = body.get("logprobs"), "logprobs", 5
+        top, key, high = body.get("logprobs"), "logprobs", MAX_COMPLETION_LOGPROBS
         asked = top is not None
     if not asked:
         return None
     top = 0 if top is None else top
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= high:
         raise invalid(f"'{key}' must be an integer in [0, {high}]", key)
-    if top > MAX_TOP_LOGPROBS:
-        raise unsupported(key, f"the runtime returns the chosen token's log probability only, no alternatives: "
-                               f"{key} must be {MAX_TOP_LOGPROBS}")
-    if not has_log_probs:
+    if RETURN_LOG_PROBS_INPUT not in offered:
         raise unsupported("logprobs", "the served model does not return log probabilities")
+    if top and TOP_LOG_PROBS_INPUT not in offered:
+        raise unsupported(key, f"the served model returns the chosen token's log probability only, no alternatives: "
+                               f"{key} must be 0")
     return LogprobsRequest(top)
 
 
@@ -109,12 +116,30 @@ class TokenText:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    token: str
+    bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     token: str
     bytes: bytes
     logprob: float
     start: int  # in the output text (characters)
     end: int
+    top: tuple[Alternative, ...] = ()  # the most likely tokens at this position, most likely first
+
+
+class ModelResponse(Protocol):
+    """What the tracker reads of one response (:class:`builder.ops.openai.backend.Piece`)."""
+
+    text: str
+    final: bool
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]
+    top_log_probs: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]
 
 
 class LogprobTracker:
@@ -128,18 +153,28 @@ class LogprobTracker:
         self._covered = 0  # the output text received so far, in characters
         self._pending: list[TokenLogprob] = []
 
-    def take(self, text: str, token_ids: Sequence[int], log_probs: Sequence[float], final: bool) -> list[TokenLogprob]:
-        """Add one response of the model (its text, tokens and log probabilities); the tokens to list with it."""
-        if len(token_ids) != len(log_probs):
-            raise OpenAIError(f"the model returned {len(log_probs)} log probabilities for {len(token_ids)} tokens",
-                              status=502, type="server_error", code="bad_log_probs")
-        for token_id, value in zip(token_ids, log_probs):
+    def take(self, piece: ModelResponse) -> list[TokenLogprob]:
+        """Add one response of the model; the tokens to list with it."""
+        return self.add(piece.text, piece.token_ids, piece.log_probs, piece.final, piece.top_log_probs)
+
+    def add(self, text: str, token_ids: Sequence[int], log_probs: Sequence[float], final: bool,
+            top: Sequence[tuple[Sequence[int], Sequence[float]]] = ()) -> list[TokenLogprob]:
+        """Add one response of the model (its text, tokens, log probabilities and, when asked
+        for, each token's alternatives ``top``); the tokens to list with it."""
+        if len(token_ids) != len(log_probs) or (self.request.top and len(top) != len(token_ids)):
+            raise OpenAIError(f"the model returned {len(log_probs)} log probabilities and {len(top)} lists of "
+                              f"alternatives for {len(token_ids)} tokens", status=502, type="server_error",
+                              code="bad_log_probs")
+        for i, (token_id, value) in enumerate(zip(token_ids, log_probs)):
             raw = self._text.bytes_of(int(token_id))
             start = self._chars
             if int(token_id) not in self._text.special:
                 self._chars += len(self._decoder.decode(raw))
+            alternatives = () if not self.request.top else tuple(
+                Alternative(self._text.text(int(a)), self._text.bytes_of(int(a)), _finite(float(v)))
+                for a, v in zip(*top[i]))[: self.request.top]
             self._pending.append(TokenLogprob(self._text.text(int(token_id)), raw, _finite(float(value)), start,
-                                              self._chars))
+                                              self._chars, alternatives))
         self._covered += len(text)
         if final:
             out = [t for t in self._pending if t.start < self._covered]
@@ -160,15 +195,17 @@ def _finite(value: float) -> float:
 
 def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
     """``choices[].logprobs`` of a chat completion (or of one chunk)."""
-    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes), "top_logprobs": []}
-                        for t in tokens], "refusal": None}
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
+                         "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)}
+                                          for a in t.top]} for t in tokens], "refusal": None}
 
 
 def completion_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
     """``choices[].logprobs`` of a completion (or of one chunk): the chosen token is always in
     ``top_logprobs``, as OpenAI returns it ("up to logprobs + 1 elements")."""
     return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{t.token: t.logprob} for t in tokens], "text_offset": [t.start for t in tokens]}
+            "top_logprobs": [{**{a.token: a.logprob for a in t.top}, t.token: t.logprob} for t in tokens],
+            "text_offset": [t.start for t in tokens]}
 
 
 def attach(event: dict[str, Any], tokens: Sequence[TokenLogprob], chat: bool) -> dict[str, Any]:
@@ -192,5 +229,6 @@ def new_tracker(tokenizer: Any, request: LogprobsRequest | None) -> LogprobTrack
     return LogprobTracker(text, request)
 
 
-__all__ = ["LogprobTracker", "LogprobsRequest", "MAX_TOP_LOGPROBS", "RETURN_LOG_PROBS_INPUT", "TokenLogprob",
+__all__ = ["Alternative", "LogprobTracker", "LogprobsRequest", "MAX_TOP_LOGPROBS", "RETURN_LOG_PROBS_INPUT",
+           "TOP_LOG_PROBS_INPUT", "TokenLogprob",
            "TokenText", "attach", "chat_logprobs", "completion_logprobs", "new_tracker", "parse_logprobs"]

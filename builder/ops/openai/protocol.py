@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from builder.ops.openai.errors import OpenAIError, invalid, unsupported
-from builder.ops.openai.logprobs import RETURN_LOG_PROBS_INPUT, LogprobsRequest, parse_logprobs
+from builder.ops.openai.logprobs import LogprobsRequest, parse_logprobs
 
 MAX_STOP_WORDS = 16
 UINT64_MAX = 2 ** 64 - 1
@@ -300,9 +300,9 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
     inputs.update(_optional_inputs(body, caps))
     inputs.update(_guide_inputs(body, caps))
     inputs.update(_speculation_inputs(body))
-    logprobs = parse_logprobs(body, endpoint is Endpoint.CHAT, caps.has(RETURN_LOG_PROBS_INPUT))
+    logprobs = parse_logprobs(body, endpoint is Endpoint.CHAT, caps.inputs)
     if logprobs is not None:
-        inputs[RETURN_LOG_PROBS_INPUT] = True
+        inputs.update(logprobs.inputs())
     inputs = {name: value for name, value in inputs.items() if value is not None}
     prompt, messages = ("", _messages(body)) if endpoint is Endpoint.CHAT else (_prompt(body), ())
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, messages=messages, stream=stream,
