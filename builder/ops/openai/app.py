@@ -25,8 +25,9 @@ from builder.ops.openai.backend import BackendConfig, TritonBackend
 from builder.ops.openai.errors import OpenAIError, invalid, not_found, unauthorized
 from builder.ops.openai.protocol import Endpoint, GenerationRequest, parse_request
 from builder.ops.openai.responses import (
-    DONE_EVENT, Generation, ResponseIds, chunk, full_response, models_list, sse, usage_chunk,
+    DONE_EVENT, Generation, ResponseIds, chunk, delta_chunk, full_response, models_list, sse, usage_chunk,
 )
+from builder.ops.openai.tool_calls import ToolCallDeltas, tool_call_message
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,9 @@ def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Stream
             pieces.append(piece.text)
             generation.stats.update(piece.stats)
         generation.text = "".join(pieces)
+        if parsed.tool_call is not None:
+            message, finish = tool_call_message(parsed.tool_call, generation.text, generation.finish_reason)
+            return web.json_response(full_response(ids, generation, message=message, finish=finish))
         return web.json_response(full_response(ids, generation))
 
     return handle
@@ -155,6 +159,8 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
     """Server-sent events. The first response is awaited before the headers go out, so a request
     the model refuses gets its error status; a later failure is an ``error`` event."""
     pieces = backend.generate(prompt, parsed)
+    calls = ToolCallDeltas(parsed.tool_call) if parsed.tool_call is not None else None
+    usage = parsed.include_usage
     try:
         piece = await pieces.__anext__()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -163,13 +169,22 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
         try:
             while True:
                 generation.stats.update(piece.stats)
-                if piece.text or first:
-                    await response.write(sse(chunk(ids, piece.text, first=first, include_usage=parsed.include_usage)))
+                if calls is not None:
+                    for delta in calls.feed(piece.text, first):
+                        await response.write(sse(delta_chunk(ids, delta, include_usage=usage)))
+                    first = False
+                elif piece.text or first:
+                    await response.write(sse(chunk(ids, piece.text, first=first, include_usage=usage)))
                     first = False
                 if piece.final:
                     break
                 piece = await pieces.__anext__()
-            await response.write(sse(chunk(ids, "", generation.finish_reason, include_usage=parsed.include_usage)))
+            finish = generation.finish_reason
+            if calls is not None:
+                deltas, finish = calls.close(finish)
+                for delta in deltas:
+                    await response.write(sse(delta_chunk(ids, delta, include_usage=usage)))
+            await response.write(sse(chunk(ids, "", finish, include_usage=usage)))
             if parsed.include_usage:
                 await response.write(sse(usage_chunk(ids, generation)))
         except OpenAIError as exc:
