@@ -13,7 +13,11 @@ from triton_backend.core.errors import ModelLoadError
 from triton_backend.speculation.drafters.eagle3_model import (Eagle3Info, Eagle3Net, default_capture_layers,
                                                               load_eagle3, save_eagle3)
 from triton_backend.speculation.drafters.eagle_model import EagleKV
-from builder.train.eagle3 import ttt_forward, ttt_mask
+from torch.nn import functional as F
+
+import random
+
+from builder.train.eagle3 import length_batches, ttt_forward, ttt_loss, ttt_mask
 
 
 def _info(vocab: int = 40, draft: int = 24) -> Eagle3Info:
@@ -55,6 +59,42 @@ def test_training_time_test_equals_chain_drafting_with_a_cache():
         for s in range(1, steps):  # each draft step reads the previous step's own output
             own = net(own, embed[nxt[:, p + s:p + s + 1]], torch.tensor([p + s]), kv)
             assert torch.allclose(net.logits(own)[0, 0], ttt[s][0, p + s], atol=1e-5), s
+
+
+def test_loss_on_trained_positions_equals_the_full_logits_loss():
+    """The loss runs the LM head only where a label is trained; it equals the cross-entropy of
+    the full logits with untrained positions ignored, and its gradients match."""
+    net = _net().train()
+    embed = torch.randn(40, 32)
+    feats, nxt = torch.randn(2, 9, net.info.feature_size), torch.randint(0, 40, (2, 9))
+    labels = torch.randint(0, 24, (2, 9))
+    labels[0, :4] = -1  # a prompt
+    labels[1, 6:] = -1  # padding
+    fast = ttt_loss(net, embed, feats, nxt, labels, 3, 0.8)
+    fast.backward()
+    grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    net.zero_grad()
+    ref = feats.new_zeros(())
+    for s, logits in enumerate(ttt_forward(net, embed, feats, nxt, 3)):
+        lab = labels.clone()
+        lab[:, :s] = -1
+        ref = ref + 0.8 ** s * F.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-1)
+    ref.backward()
+    assert torch.allclose(fast, ref, atol=1e-6)
+    for g, p in zip(grads, [p for p in net.parameters() if p.grad is not None]):
+        assert torch.allclose(g, p.grad, atol=1e-6)
+
+
+def test_length_batches_cover_every_sequence_once_with_little_padding():
+    rng = random.Random(0)
+    lengths = [rng.randint(20, 500) for _ in range(301)]
+    batches = length_batches(lengths, 8, random.Random(1))
+    assert len(batches) == -(-301 // 8)
+    assert sorted(i for b in batches for i in b) == list(range(301))
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    plain = sum(len(b) * max(lengths[i] for i in b) for b in (list(range(j, min(j + 8, 301))) for j in range(0, 301, 8)))
+    assert padded < 0.8 * plain
+    assert batches == length_batches(lengths, 8, random.Random(1))  # the same order on a resume
 
 
 def test_vocab_map_and_round_trip(tmp_path):

@@ -10,41 +10,26 @@ import collections
 import json
 import math
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder.ops.openai.app import OpenAIConfig, OpenAIServer
+from builder.ops.openai.app import OpenAIConfig
 from builder.ops.openai.errors import OpenAIError
 from builder.ops.openai.logprobs import LogprobsRequest, completion_logprobs, new_tracker
 from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request, response_format_guide
-from builder.ops.serve import start_openai_front
 from builder.ops.triton_client import ClientConfig, GenerateRequest, generate
 from triton_backend.core.errors import ConfigError
+from openai_fixtures import KEY, MODEL, client, front  # noqa: F401 - one front over the session's Triton
 from triton_fixtures import triton  # noqa: F401 - the session's real Triton server
 
 openai = pytest.importorskip("openai")
 
-KEY = "test-key-123"
-MODEL = "smollm2-135m-instruct"
 PROMPT = "Rewrite in the past tense: The cat sits on the mat and looks at the birds."
 CAPS = Capabilities(frozenset({"text_input", "max_tokens", "temperature"}))
-
-
-@pytest.fixture(scope="module")
-def front(triton) -> Iterator[OpenAIServer]:  # noqa: F811
-    server = start_openai_front(OpenAIConfig(api_key=KEY, max_body_bytes=64 * 1024), triton.endpoints,
-                                triton.repository)  # what `specbuild serve --openai-port` runs
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(front: OpenAIServer) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=front.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 def _triton_text(triton, prompt: str, max_tokens: int, chat: bool = False) -> tuple[str, dict]:  # noqa: F811
@@ -71,8 +56,9 @@ def test_parse_maps_parameters_and_refuses_the_rest() -> None:
     chat = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}],
             "max_completion_tokens": 4}
     assert parse_request(chat, Endpoint.CHAT, CAPS).inputs["max_tokens"] == 4
-    with pytest.raises(OpenAIError, match="tool calls"):
+    with pytest.raises(OpenAIError) as info:  # tools: tests/test_openai_tools.py
         parse_request({**chat, "tools": [{"type": "function"}]}, Endpoint.CHAT, CAPS)
+    assert info.value.param == "tools[0]"
 
 
 def test_response_format_maps_to_guided_decoding_inputs() -> None:
@@ -149,6 +135,11 @@ def test_parse_logprobs_where_the_model_returns_them() -> None:
         assert (info.value.status, info.value.param, info.value.error_code) == (400, param, code), body
     with pytest.raises(OpenAIError, match="does not return log probabilities"):  # a model without the input
         parse_request({**completion, "logprobs": 0}, Endpoint.COMPLETIONS, CAPS)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    guided = Capabilities(caps.inputs | {"guided_decoding_guide_type", "guided_decoding_guide"})
+    with pytest.raises(OpenAIError, match="forced tool call") as info:  # the answer is a call, not content
+        parse_request({**chat, "logprobs": True, "tools": [tool], "tool_choice": "required"}, Endpoint.CHAT, guided)
+    assert info.value.param == "logprobs"
     chosen_only = Capabilities(CAPS.inputs | {"return_log_probs"})  # a model without alternatives
     for body, endpoint, param in (({**chat, "logprobs": True, "top_logprobs": 3}, Endpoint.CHAT, "top_logprobs"),
                                   ({**completion, "logprobs": 2}, Endpoint.COMPLETIONS, "logprobs")):

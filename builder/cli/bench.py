@@ -79,6 +79,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replay-ngram-max", type=int, default=None, help="--ngram-replay: longest n-gram matched")
     p.add_argument("--replay-trace", default=None,
                    help="--ngram-replay: print this workload's rounds, drafted/accepted ('-': no match)")
+    p.add_argument("--json", action="store_true",
+                   help="instead: the JSON workload (extraction and tool-call prompts with schemas, --json-prompts): "
+                        "unconstrained plain, constrained plain and constrained speculative rows side by side, outputs "
+                        "checked against constrained plain and their schemas (headline guided_*; "
+                        "docs/structured-output.md); n-gram k = the first --ngram-k")
+    p.add_argument("--json-prompts", type=Path, default=None,
+                   help="--json: the prompt file (default benchmarks/json_prompts.json)")
     p.add_argument("--render-readme", action="store_true",
                    help="instead: rewrite the figure tables of README.md and docs/benchmarks.md from the result "
                         "files in --out (default benchmarks/results/)")
@@ -152,6 +159,22 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_json(args: argparse.Namespace) -> int:
+    from builder.bench.guided_json import DEFAULT_JSON_PROMPTS, JsonBenchConfig, run_json_bench
+    from builder.bench.guided_json_report import json_markdown, summarize_json, write_json_report
+
+    config = JsonBenchConfig(target=args.target, prompts_file=args.json_prompts or DEFAULT_JSON_PROMPTS,
+                             max_tokens=args.max_tokens, repeats=args.repeats,
+                             ngram_k=args.ngram_k[0] if args.ngram_k else JsonBenchConfig.ngram_k,
+                             num_threads=args.threads, out_dir=args.out, label=args.label)
+    summary = summarize_json(run_json_bench(config))
+    paths = write_json_report(summary, config.out_dir, config.label, _headline(args))
+    print(json_markdown(summary))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     from builder.bench.docs_render import render_docs
     from triton_backend.core.errors import ConfigError
@@ -186,6 +209,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _cmd_ngram_replay(args)
     if args.pass_cost:
         return _cmd_pass_cost(args)
+    if args.json:
+        return _cmd_json(args)
     if args.perf_analyzer:
         return _cmd_perf_analyzer(args)
     if args.concurrency:

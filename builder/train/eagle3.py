@@ -168,9 +168,9 @@ def ttt_mask(t: int, step: int) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def ttt_forward(net: Eagle3Net, embed: torch.Tensor, feats: torch.Tensor, nxt: torch.Tensor,
-                steps: int) -> list[torch.Tensor]:
-    """Logits ``[B, T, draft_vocab]`` of each training-time-test step."""
+def ttt_hidden(net: Eagle3Net, embed: torch.Tensor, feats: torch.Tensor, nxt: torch.Tensor,
+               steps: int) -> list[torch.Tensor]:
+    """The drafter's output ``g`` ``[B, T, H]`` of each training-time-test step (before norm and LM head)."""
     attn = net.midlayer.self_attn
     b, t, _ = feats.shape
     positions = torch.arange(t)[None].expand(b, t)
@@ -185,19 +185,29 @@ def ttt_forward(net: Eagle3Net, embed: torch.Tensor, feats: torch.Tensor, nxt: t
         values.append(v)
         a = attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), ttt_mask(t, s)[None])
         g = net.block_out(hidden, a)
-        out.append(net.logits(g))
+        out.append(g)
         hidden = torch.cat((torch.zeros_like(g[:, :1]), g[:, :-1]), dim=1)  # position j reads g at j - 1
     return out
 
 
+def ttt_forward(net: Eagle3Net, embed: torch.Tensor, feats: torch.Tensor, nxt: torch.Tensor,
+                steps: int) -> list[torch.Tensor]:
+    """Logits ``[B, T, draft_vocab]`` of each training-time-test step."""
+    return [net.logits(g) for g in ttt_hidden(net, embed, feats, nxt, steps)]
+
+
 def ttt_loss(net: Eagle3Net, embed: torch.Tensor, feats: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor,
              steps: int, decay: float) -> torch.Tensor:
+    """Sum over steps of ``decay^s`` x the mean cross-entropy of step ``s`` at its trained positions.
+    The LM head (most of a step's work) runs only at those positions: prompt and padding
+    positions are inputs to the attention, never predictions."""
     total = feats.new_zeros(())
-    for s, logits in enumerate(ttt_forward(net, embed, feats, nxt, steps)):
+    for s, g in enumerate(ttt_hidden(net, embed, feats, nxt, steps)):
         lab = labels.clone()
         lab[:, :s] = -1  # step s starts its chains s positions in
-        if bool((lab >= 0).any()):
-            total = total + decay ** s * F.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-1)
+        keep = lab >= 0
+        if bool(keep.any()):
+            total = total + decay ** s * F.cross_entropy(net.logits(g[keep]), lab[keep])
     return total
 
 
@@ -273,6 +283,21 @@ def _resume(ckpt: Path, cfg: Eagle3TrainConfig, net: Eagle3Net,
     return saved["state"], [CurvePoint(**p) for p in saved["curve"]]
 
 
+def length_batches(lengths: list[int], batch_size: int, rng: random.Random, pool: int = 16) -> list[list[int]]:
+    """One epoch's batches: a random order cut into pools of ``pool`` batches, each pool sorted
+    by length before it is cut into batches (little padding), the batches then shuffled.
+    Every index appears once; ``ceil(len / batch_size)`` batches."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    batches: list[list[int]] = []
+    span = batch_size * pool
+    for lo in range(0, len(order), span):
+        group = sorted(order[lo:lo + span], key=lambda i: lengths[i])
+        batches.extend(group[i:i + batch_size] for i in range(0, len(group), batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
 def _step(cfg: Eagle3TrainConfig, net: Eagle3Net, embed: torch.Tensor, opt: torch.optim.Optimizer,
           chunk: list[_Seq]) -> tuple[float, int]:
     """One optimizer step on ``chunk``: ``(loss, trained positions)``."""
@@ -306,13 +331,13 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
     last_eval = last_save = time.monotonic()
     losses: list[float] = []
     bar = tqdm(total=cfg.epochs * per_epoch, initial=state["steps"], desc="eagle3 steps", disable=not progress)
+    lengths = [len(s.tokens) for s in train]
     for epoch in range(cfg.epochs):
-        order = list(range(len(train)))
-        random.Random(cfg.seed * 1000 + epoch).shuffle(order)
-        for index in range(per_epoch):
+        batches = length_batches(lengths, cfg.batch_size, random.Random(cfg.seed * 1000 + epoch))
+        for index, members in enumerate(batches):
             if epoch * per_epoch + index < state["steps"] or sched.done:
                 continue
-            chunk = [train[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]]
+            chunk = [train[i] for i in members]
             loss, positions = _step(cfg, net, embed, opt, chunk)
             sched.step()
             state["steps"] += 1
@@ -346,5 +371,5 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
     return report
 
 
-__all__ = ["Eagle3Report", "Eagle3TrainConfig", "chain_acceptance", "draft_vocabulary", "load_sequences",
-           "train_eagle3", "ttt_forward", "ttt_loss", "ttt_mask"]
+__all__ = ["Eagle3Report", "Eagle3TrainConfig", "chain_acceptance", "draft_vocabulary", "length_batches", "load_sequences",
+           "train_eagle3", "ttt_forward", "ttt_hidden", "ttt_loss", "ttt_mask"]

@@ -107,6 +107,16 @@ def grammar_text(guide: Guide) -> str:
     return LLMatcher.grammar_from_lark(lark)
 
 
+def check_guide(guide: Guide) -> None:
+    """Refuse a guide that does not compile, before any tokenizer is at hand (a front's early
+    check, so a bad schema is refused where it was sent); :func:`compile_guide` checks it again."""
+    from llguidance import LLMatcher
+
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar_text(guide), None)
+    if is_error:
+        raise InvalidRequestError(f"invalid {guide.type.value} guide: {_short(messages[0] if messages else '')}")
+
+
 def compile_guide(guide: Guide, tokenizer: Any, *, vocab: int, eos_token_ids: Sequence[int],
                   prompt_len: int) -> "GuideMatcher":
     """A fresh grammar state for one request whose prompt is ``prompt_len`` tokens long."""
@@ -216,4 +226,4 @@ class GuideMatcher:
         return bool(self._matcher.is_accepting())
 
 
-__all__ = ["GuideError", "GuideMatcher", "compile_guide", "grammar_text", "ll_tokenizer"]
+__all__ = ["GuideError", "GuideMatcher", "check_guide", "compile_guide", "grammar_text", "ll_tokenizer"]

@@ -3,6 +3,9 @@
 - :mod:`.errors` -- the OpenAI error body (``{"error": {"message", "type", "param", "code"}}``);
 - :mod:`.protocol` -- request bodies parsed into one typed :class:`~.protocol.GenerationRequest`;
 - :mod:`.responses` -- completion / chat objects, stream chunks, server-sent events, ``usage``;
+- :mod:`.tools` -- forced tool calls: ``tools`` + ``tool_choice`` as the schema the answer is decoded
+  under and the system message that describes the function(s);
+- :mod:`.tool_calls` -- a forced call's answer as ``message.tool_calls`` and as stream deltas;
 - :mod:`.backend` -- the Triton side: gRPC streaming to the ``specdec`` model (the same scheduler
   and in-flight batching as every other client), the model's metadata, the tokenizer;
 - :mod:`.app` -- the aiohttp application (routes, API key, body limit) and the server thread.

@@ -26,8 +26,9 @@ from builder.ops.openai.errors import OpenAIError, invalid, not_found, unauthori
 from builder.ops.openai.logprobs import attach, new_tracker
 from builder.ops.openai.protocol import Endpoint, GenerationRequest, parse_request
 from builder.ops.openai.responses import (
-    DONE_EVENT, Generation, ResponseIds, chunk, full_response, models_list, sse, usage_chunk,
+    DONE_EVENT, Generation, ResponseIds, chunk, delta_chunk, full_response, models_list, sse, usage_chunk,
 )
+from builder.ops.openai.tool_calls import ToolCallDeltas, tool_call_message
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,9 @@ def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Stream
             if tracker is not None:
                 listed += tracker.take(piece)
         generation.text = "".join(pieces)
+        if parsed.tool_call is not None:
+            message, finish = tool_call_message(parsed.tool_call, generation.text, generation.finish_reason)
+            return web.json_response(full_response(ids, generation, message=message, finish=finish))
         response = full_response(ids, generation)
         return web.json_response(attach(response, listed, endpoint is Endpoint.CHAT) if tracker else response)
 
@@ -159,6 +163,8 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
     """Server-sent events. The first response is awaited before the headers go out, so a request
     the model refuses gets its error status; a later failure is an ``error`` event."""
     pieces = backend.generate(prompt, parsed)
+    calls = ToolCallDeltas(parsed.tool_call) if parsed.tool_call is not None else None
+    usage = parsed.include_usage
     try:
         piece = await pieces.__anext__()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -170,14 +176,23 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
                 generation.stats.update(piece.stats)
                 if tracker is not None:
                     listed += tracker.take(piece)
-                if piece.text or first:
-                    event = chunk(ids, piece.text, first=first, include_usage=parsed.include_usage)
+                if calls is not None:
+                    for delta in calls.feed(piece.text, first):
+                        await response.write(sse(delta_chunk(ids, delta, include_usage=usage)))
+                    first = False
+                elif piece.text or first:
+                    event = chunk(ids, piece.text, first=first, include_usage=usage)
                     await response.write(sse(attach(event, listed, chat) if tracker else event))
                     first, listed = False, []
                 if piece.final:
                     break
                 piece = await pieces.__anext__()
-            event = chunk(ids, "", generation.finish_reason, include_usage=parsed.include_usage)
+            finish = generation.finish_reason
+            if calls is not None:
+                deltas, finish = calls.close(finish)
+                for delta in deltas:
+                    await response.write(sse(delta_chunk(ids, delta, include_usage=usage)))
+            event = chunk(ids, "", finish, include_usage=usage)
             await response.write(sse(attach(event, listed, chat) if listed else event))
             if parsed.include_usage:
                 await response.write(sse(usage_chunk(ids, generation)))

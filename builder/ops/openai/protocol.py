@@ -6,8 +6,9 @@ Honoured: ``model``, ``prompt`` (one string) / ``messages`` (text content), ``ma
 ``stream_options.include_usage``, ``user``; vLLM's ``top_k``, ``ignore_eos``, ``min_tokens``,
 ``repetition_penalty``; ours ``speculation``, ``num_draft_tokens``. ``presence_penalty`` /
 ``frequency_penalty`` / ``min_tokens`` / ``repetition_penalty`` other than their no-op value,
-``response_format`` other than text, and log probabilities are sent only where the served model
-declares the matching input, and refused with a 400 otherwise. Anything else is refused.
+``response_format`` other than text, forced tool calls (``tools`` with ``tool_choice``
+``required`` or a named function: :mod:`.tools`) and log probabilities are sent only where the
+served model declares the matching input, and refused with a 400 otherwise. Anything else is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Mapping
 
 from builder.ops.openai.errors import OpenAIError, invalid, unsupported
 from builder.ops.openai.logprobs import LogprobsRequest, parse_logprobs
+from builder.ops.openai.tools import ToolCallPlan, parse_tools
 
 MAX_STOP_WORDS = 16
 UINT64_MAX = 2 ** 64 - 1
@@ -62,6 +64,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    tool_call: ToolCallPlan | None = None  # chat: the answer is decoded as this forced call
     logprobs: LogprobsRequest | None = None  # None: not asked for
 
 
@@ -145,6 +148,13 @@ def _content(value: Any, where: str) -> str:
     raise invalid(f"'{where}' must be a string or a list of text parts", where)
 
 
+def _with_instructions(messages: tuple[Message, ...], text: str) -> tuple[Message, ...]:
+    """``text`` as the system message: appended to the request's own when it starts with one."""
+    if messages and messages[0].role == "system":
+        return (Message("system", f"{messages[0].content}\n\n{text}"),) + messages[1:]
+    return (Message("system", text),) + messages
+
+
 def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
@@ -157,10 +167,10 @@ def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
         role = message.get("role")
         if role not in _ROLES:
             if role in ("tool", "function"):
-                raise unsupported(f"{where}.role", "tool calls")
+                raise unsupported(f"{where}.role", "tool-result messages in the conversation")
             raise invalid(f"'{where}.role' must be one of {', '.join(_ROLES)}", f"{where}.role")
         if message.get("tool_calls") or message.get("function_call"):
-            raise unsupported(f"{where}.tool_calls", "tool calls")
+            raise unsupported(f"{where}.tool_calls", "earlier tool calls in the conversation")
         extra = sorted(set(message) - {"role", "content", "name"})
         if extra:
             raise invalid(f"Unrecognized argument in '{where}': {extra[0]}", f"{where}.{extra[0]}")
@@ -192,8 +202,15 @@ def response_format_guide(response_format: Any) -> tuple[str, str | None] | None
                   "response_format.type")
 
 
-def _guide_inputs(body: Mapping[str, Any], caps: Capabilities) -> dict[str, Any]:
+def _guide_inputs(body: Mapping[str, Any], caps: Capabilities, tool_call: ToolCallPlan | None) -> dict[str, Any]:
     guide = response_format_guide(body.get("response_format"))
+    if tool_call is not None:
+        if guide is not None:
+            raise invalid("'response_format' cannot be combined with a forced tool call (the call's schema "
+                          "decides the answer's format)", "response_format")
+        if not caps.has(GUIDE_TYPE_INPUT, GUIDE_INPUT):
+            raise unsupported("tool_choice", "the served model has no guided decoding to decode a call under")
+        return {GUIDE_TYPE_INPUT: "json_schema", GUIDE_INPUT: tool_call.guide()}
     if guide is None:
         return {}
     if not caps.has(GUIDE_TYPE_INPUT, GUIDE_INPUT):
@@ -203,13 +220,10 @@ def _guide_inputs(body: Mapping[str, Any], caps: Capabilities) -> dict[str, Any]
 
 
 def _refuse_unsupported(body: Mapping[str, Any], endpoint: Endpoint) -> None:
-    for key in ("tools", "functions"):
-        if body.get(key):
-            raise unsupported(key, "tool calls")
-    if body.get("tool_choice") not in (None, "none"):
-        raise unsupported("tool_choice", "tool calls")
+    if body.get("functions"):
+        raise unsupported("functions", "the deprecated 'functions'; send 'tools'")
     if body.get("function_call") not in (None, "none"):
-        raise unsupported("function_call", "tool calls")
+        raise unsupported("function_call", "the deprecated 'function_call'; send 'tool_choice'")
     if body.get("n") not in (None, 1):
         raise unsupported("n", "one choice per request (n = 1)")
     if body.get("best_of") not in (None, 1):
@@ -287,6 +301,8 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
         raise invalid("'user' must be a string", "user")
     _refuse_unsupported(body, endpoint)
     stream = _flag(body, "stream")
+    _flag(body, "parallel_tool_calls")  # one call at most is returned either way
+    tool_call = parse_tools(body) if endpoint is Endpoint.CHAT else None
     inputs: dict[str, Any] = {
         "max_tokens": _max_tokens(body, endpoint), "temperature": _number(body, "temperature", 0.0, 2.0),
         "top_p": _number(body, "top_p", 0.0, 1.0), "top_k": _integer(body, "top_k", -1),
@@ -298,15 +314,20 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
     if inputs["top_k"] == -1:  # vLLM's spelling of "no top-k filter"
         inputs["top_k"] = 0
     inputs.update(_optional_inputs(body, caps))
-    inputs.update(_guide_inputs(body, caps))
+    inputs.update(_guide_inputs(body, caps, tool_call))
     inputs.update(_speculation_inputs(body))
     logprobs = parse_logprobs(body, endpoint is Endpoint.CHAT, caps.inputs)
     if logprobs is not None:
+        if tool_call is not None:  # the answer is a tool call, not content the log probabilities would annotate
+            raise unsupported("logprobs", "log probabilities of a forced tool call")
         inputs.update(logprobs.inputs())
     inputs = {name: value for name, value in inputs.items() if value is not None}
     prompt, messages = ("", _messages(body)) if endpoint is Endpoint.CHAT else (_prompt(body), ())
+    if tool_call is not None:
+        messages = _with_instructions(messages, tool_call.instructions())
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, messages=messages, stream=stream,
-                             include_usage=_stream_options(body, stream), inputs=inputs, logprobs=logprobs)
+                             include_usage=_stream_options(body, stream), inputs=inputs, tool_call=tool_call,
+                             logprobs=logprobs)
 
 
 __all__ = ["Capabilities", "Endpoint", "GenerationRequest", "Message", "OpenAIError", "parse_request",

@@ -65,17 +65,23 @@ class Generation:
         }
 
 
-def _choice(endpoint: Endpoint, text: str, finish: str | None, *, delta: Mapping[str, Any] | None = None) -> dict:
+def _choice(endpoint: Endpoint, text: str, finish: str | None, *, delta: Mapping[str, Any] | None = None,
+            message: Mapping[str, Any] | None = None) -> dict:
     if endpoint is Endpoint.CHAT:
-        body = {"delta": dict(delta)} if delta is not None else {"message": {"role": "assistant", "content": text}}
+        if delta is not None:
+            body = {"delta": dict(delta)}
+        else:
+            body = {"message": dict(message) if message is not None else {"role": "assistant", "content": text}}
         return {"index": 0, **body, "logprobs": None, "finish_reason": finish}
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
 
-def full_response(ids: ResponseIds, generation: Generation) -> dict[str, Any]:
-    """The non-streamed answer of either endpoint."""
+def full_response(ids: ResponseIds, generation: Generation, *, message: Mapping[str, Any] | None = None,
+                  finish: str | None = None) -> dict[str, Any]:
+    """The non-streamed answer of either endpoint (chat: ``message`` and ``finish`` replace the
+    text answer's, for a tool call)."""
     return {"id": ids.id, "object": ids.object, "created": ids.created, "model": ids.model,
-            "choices": [_choice(ids.endpoint, generation.text, generation.finish_reason)],
+            "choices": [_choice(ids.endpoint, generation.text, finish or generation.finish_reason, message=message)],
             "usage": generation.usage()}
 
 
@@ -87,6 +93,16 @@ def chunk(ids: ResponseIds, text: str, finish: str | None = None, *, first: bool
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
     out = {"id": ids.id, "object": ids.chunk_object, "created": ids.created, "model": ids.model,
            "choices": [_choice(ids.endpoint, text, finish, delta=delta)]}
+    if include_usage:
+        out["usage"] = None
+    return out
+
+
+def delta_chunk(ids: ResponseIds, delta: Mapping[str, Any], finish: str | None = None, *,
+                include_usage: bool = False) -> dict[str, Any]:
+    """One chat stream chunk carrying ``delta`` as it is (a tool call's deltas)."""
+    out = {"id": ids.id, "object": ids.chunk_object, "created": ids.created, "model": ids.model,
+           "choices": [_choice(ids.endpoint, "", finish, delta=delta)]}
     if include_usage:
         out["usage"] = None
     return out
@@ -108,4 +124,4 @@ def models_list(names: list[str], created: int) -> dict[str, Any]:
             "data": [{"id": name, "object": "model", "created": created, "owned_by": "specbuild"} for name in names]}
 
 
-__all__ = ["DONE_EVENT", "Generation", "ResponseIds", "chunk", "full_response", "models_list", "sse", "usage_chunk"]
+__all__ = ["DONE_EVENT", "Generation", "ResponseIds", "chunk", "delta_chunk", "full_response", "models_list", "sse", "usage_chunk"]
