@@ -5,7 +5,8 @@
 # (default ~/.cache/specbuild/genai-perf-venv), not the project's, which is why CI does not run
 # this. It drives perf_analyzer, which scripts/get_perf_analyzer.sh installs. The script starts
 # `specbuild serve` (reference target, n-gram lookup) on free loopback ports, runs the profile
-# against the `ensemble` model over gRPC streaming, prints genai-perf's table, and stops the server.
+# against the `ensemble` model over gRPC streaming (the server's admin APIs open: perf_analyzer
+# reads Triton's statistics API), prints genai-perf's table, and stops the server.
 # With --endpoint-type chat or completions it starts the OpenAI-compatible API too
 # (`serve --openai-port`, docs/openai.md) and profiles that endpoint over HTTP streaming instead.
 #
@@ -46,13 +47,15 @@ for s in socks: s.bind(('127.0.0.1', 0))
 print(' '.join(str(s.getsockname()[1]) for s in socks))")
 read -r HTTP GRPC METRICS OPENAI <<<"$ports"
 case "$ENDPOINT_TYPE" in
-    "") OPENAI_FLAGS=() ;;
-    chat|completions) OPENAI_FLAGS=(--openai-port "$OPENAI") ;;
+    # perf_analyzer reads Triton's statistics API, which `serve` closes by default (docs/security.md):
+    # open on this loopback-only server; without it perf_analyzer exits 99 ("This protocol is restricted")
+    "") SERVE_FLAGS=(--open-admin-apis) ;;
+    chat|completions) SERVE_FLAGS=(--openai-port "$OPENAI") ;;
     *) echo "genai_perf.sh: --endpoint-type must be chat or completions" >&2; exit 2 ;;
 esac
 LOG="$(mktemp /tmp/specbuild-genai-perf-server.XXXXXX.log)"
 .venv/bin/specbuild serve --decoupled-mode true --http-port "$HTTP" --grpc-port "$GRPC" --metrics-port "$METRICS" \
-    "${OPENAI_FLAGS[@]}" >"$LOG" 2>&1 &
+    "${SERVE_FLAGS[@]}" >"$LOG" 2>&1 &
 SERVER=$!
 stop_server() { kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null; echo "genai_perf.sh: server stopped (log $LOG)"; }
 trap stop_server EXIT
