@@ -114,12 +114,18 @@ def _children(row: _Row, parent: int, logits: torch.Tensor, vocab: torch.Tensor 
     q = row.processor.probs(expand(logits[None]))[0]  # [vocab]: processed as the target's p (no penalties)
     row.dists.append(q)
     ranked = torch.sort(q, descending=True).values[:k]
-    u = torch.rand(q.shape[0], generator=row.generator).clamp_(1e-20, 1.0)
-    keys = torch.log(q) - torch.log(-torch.log(u))  # Gumbel top-k: draws without replacement, in order
-    drawn = torch.topk(keys, min(k, int((q > 0).sum()))).indices
-    for r, token in enumerate(drawn.tolist()):
+    for r, token in enumerate(draw_without_replacement(q, k, row.generator)):
         row.nodes.append(_Node(int(token), parent, base + math.log(float(ranked[r])), r, depth, len(row.dists) - 1,
                                ancestors=ancestors))
+
+
+def draw_without_replacement(q: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+    """Up to ``k`` distinct tokens from ``q`` ``[vocab]``, distributed as drawing one after the
+    other without replacement (each from ``q`` without the earlier ones, renormalised), in draw
+    order (Gumbel top-k: the ``k`` largest ``log q + Gumbel noise``)."""
+    u = torch.rand(q.shape[0], generator=generator).clamp_(1e-20, 1.0 - 1e-7)
+    keys = torch.log(q) - torch.log(-torch.log(u))
+    return torch.topk(keys, min(k, int((q > 0).sum()))).indices.tolist()
 
 
 def _best(nodes: Sequence[_Node], candidates: Sequence[int], n: int) -> list[int]:
@@ -214,4 +220,4 @@ def grow_trees(roots: torch.Tensor, committed: Sequence[int], shapes: Sequence[T
     return [_finish(row) for row in rows]
 
 
-__all__ = ["DraftTree", "TreeShape", "grow_trees"]
+__all__ = ["DraftTree", "TreeShape", "draw_without_replacement", "grow_trees"]
