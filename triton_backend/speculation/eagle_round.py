@@ -25,7 +25,7 @@ from triton_backend.engines.base import EngineSession
 from triton_backend.speculation.rounds import RoundOutcome
 from triton_backend.speculation.run_state import Accepted, RunState
 from triton_backend.speculation.tree_plan import TreeRecord
-from triton_backend.speculation.tree_round import Head, head_rows, verify_tree
+from triton_backend.speculation.tree_round import Head, verify_tree
 from triton_backend.core.tree import node_depths
 
 
@@ -62,7 +62,8 @@ def _accept_tree(run: RunState, drafter: EagleSession, head: Head, hidden: torch
                  start: int, known: int, logits: torch.Tensor | None) -> Accepted:
     """A drafted tree's verification (greedy, or the multi-draft rule with the drafter's ``q``)."""
     parents = proposal.parents or []
-    rows = head_rows(head, hidden[known:]) if logits is None else logits.__getitem__
+    # every row's logits in one head product (a tree of up to ~12 nodes shares one kernel sweep)
+    rows = (head(hidden[known:]) if logits is None else logits).__getitem__
     result = verify_tree(run, rows, proposal.tokens, parents, proposal.probs, typical=False)
     path = list(result.path)
     drafter.observe(start, hidden[list(range(known + 1)) + [known + 1 + i for i in path]])
@@ -84,11 +85,11 @@ class EagleRound:
         run, drafter = self.run, self.drafter
         k = run.draft_length()
         t0 = time.perf_counter()
-        shape = run.tree_shape(k)
-        if shape is not None:  # a dynamic tree (the gain rule sized it)
+        shape = run.eagle_shape(k)
+        if shape is not None:  # the drafter's tree or chain
             proposal = drafter.propose_tree(run.tokens, shape, run.processor, run.rng)
         else:
-            proposal = run.propose(k)  # the drafter's chain (auto: or the n-gram match's)
+            proposal = run.propose(k)  # auto: the n-gram match's chain
         t1 = time.perf_counter()
         start = drafter.feature_end  # <= len(run.tokens) - 1
         known = len(run.tokens) - 1 - start

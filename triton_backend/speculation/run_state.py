@@ -129,10 +129,15 @@ class RunState:
             return EMPTY_PROPOSAL
         return self.drafter_session.propose(self.tokens, k, self.processor, self.rng)
 
-    def tree_shape(self, k: int) -> TreeShape | None:
-        """The draft tree of a round drafting ``k`` with the model drafter (None: a chain; always
-        a chain when ``auto``'s n-gram lookup drafts the round)."""
-        return self.controller.tree_shape(k) if self.model_drafts and not self.client_drafting else None
+    def eagle_shape(self, k: int) -> TreeShape | None:
+        """The tree an EAGLE drafter drafts this round of ``k`` (a chain: one child per node; the
+        gain rule sizes trees), counted as a model round under ``auto``; None when nothing is
+        drafted or ``auto``'s n-gram lookup drafts the round (then :meth:`propose`)."""
+        if k <= 0 or not self.model_drafts or self.client_drafting:
+            return None
+        if self.auto is not None:
+            self.auto.model_round()
+        return self.controller.tree_shape(k) or TreeShape.chain(k)
 
     @property
     def model_drafts(self) -> bool:

@@ -168,6 +168,35 @@ class EagleDrafter:
             tokens.append(token)
         return torch.tensor(tokens, device=logits.device), (torch.stack(rows) if sampling else None)
 
+    def propose_trees(self, sessions: Sequence["EagleSession"], tokens: Sequence[Sequence[int]],
+                      shapes: Sequence[TreeShape], processors: Sequence[LogitsProcessor],
+                      generators: Sequence[torch.Generator | None]) -> list[DraftProposal]:
+        """One draft tree per session in ONE batched drafter call (each level one step over all
+        rows). Sessions that draft together share one cache (:meth:`EagleSession.bind`), unless
+        there is one. A session lacking a feature proposes nothing."""
+        ready = [i for i, (s, t) in enumerate(zip(sessions, tokens)) if s.backlog(t) is not None]
+        out = [EMPTY_PROPOSAL] * len(sessions)
+        if not ready:
+            return out
+        caches = [sessions[i].cache(len(tokens[i]) + shapes[i].depth) for i in ready]
+        if any(c[0] is not caches[0][0] for c in caches):
+            raise ValueError("sessions drafting together must share one drafter cache (EagleSession.bind)")
+        backlogs = [sessions[i].backlog(tokens[i]) for i in ready]
+        width = max(len(ids) for _, ids in backlogs)
+        device = self.device
+        feats = torch.zeros(len(ready), width, backlogs[0][0].shape[1], dtype=self.dtype, device=device)
+        ids = torch.zeros(len(ready), width, dtype=torch.long, device=device)
+        for b, (f, t) in enumerate(backlogs):
+            feats[b, :len(t)], ids[b, :len(t)] = f, torch.tensor(t, dtype=torch.long)
+        counts = torch.tensor([len(t) for _, t in backlogs], device=device)
+        trees = self.draft_trees(caches[0][0], torch.tensor([c[2] for c in caches], device=device), feats, ids, counts,
+                                    [shapes[i] for i in ready], [processors[i] for i in ready],
+                                    [generators[i] for i in ready], torch.tensor([c[1] for c in caches], device=device))
+        for i, (_, t), tree in zip(ready, backlogs, trees):
+            sessions[i].fed(len(t))
+            out[i] = DraftProposal(tree.tokens, tree.probs, tree.parents, tree.ranks)
+        return out
+
     def new_session(self) -> "EagleSession":
         return EagleSession(self)
 
@@ -252,38 +281,9 @@ class EagleSession:
 
     def propose_tree(self, tokens: Sequence[int], shape: TreeShape, processor: LogitsProcessor,
                      generator: torch.Generator | None) -> DraftProposal:
-        """A dynamic draft tree of ``shape`` after ``tokens`` (:func:`propose_trees` for one sequence)."""
-        return propose_trees(self._drafter, [self], [tokens], [shape], [processor], [generator])[0]
+        """A dynamic draft tree of ``shape`` after ``tokens`` (:meth:`EagleDrafter.propose_trees` for one sequence)."""
+        return self._drafter.propose_trees([self], [tokens], [shape], [processor], [generator])[0]
 
     def release(self) -> None:
         self._kv, self._pending, self._pending_len, self._cached, self._row = None, [], 0, 0, 0
 
-
-def propose_trees(drafter: EagleDrafter, sessions: Sequence[EagleSession], tokens: Sequence[Sequence[int]],
-                  shapes: Sequence[TreeShape], processors: Sequence[LogitsProcessor],
-                  generators: Sequence[torch.Generator | None]) -> list[DraftProposal]:
-    """One draft tree per session in ONE batched drafter call (each level one step over all
-    rows). Sessions that draft together share one cache (:meth:`EagleSession.bind`), unless
-    there is one. A session lacking a feature proposes nothing."""
-    ready = [i for i, (s, t) in enumerate(zip(sessions, tokens)) if s.backlog(t) is not None]
-    out = [EMPTY_PROPOSAL] * len(sessions)
-    if not ready:
-        return out
-    caches = [sessions[i].cache(len(tokens[i]) + shapes[i].depth) for i in ready]
-    if any(c[0] is not caches[0][0] for c in caches):
-        raise ValueError("sessions drafting together must share one drafter cache (EagleSession.bind)")
-    backlogs = [sessions[i].backlog(tokens[i]) for i in ready]
-    width = max(len(ids) for _, ids in backlogs)
-    device = drafter.device
-    feats = torch.zeros(len(ready), width, backlogs[0][0].shape[1], dtype=drafter.dtype, device=device)
-    ids = torch.zeros(len(ready), width, dtype=torch.long, device=device)
-    for b, (f, t) in enumerate(backlogs):
-        feats[b, :len(t)], ids[b, :len(t)] = f, torch.tensor(t, dtype=torch.long)
-    counts = torch.tensor([len(t) for _, t in backlogs], device=device)
-    trees = drafter.draft_trees(caches[0][0], torch.tensor([c[2] for c in caches], device=device), feats, ids, counts,
-                                [shapes[i] for i in ready], [processors[i] for i in ready],
-                                [generators[i] for i in ready], torch.tensor([c[1] for c in caches], device=device))
-    for i, (_, t), tree in zip(ready, backlogs, trees):
-        sessions[i].fed(len(t))
-        out[i] = DraftProposal(tree.tokens, tree.probs, tree.parents, tree.ranks)
-    return out
