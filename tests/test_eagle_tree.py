@@ -286,3 +286,42 @@ def test_tree_record():
     assert (record.chain_drafted, record.chain_accepted) == (3, 1)
     assert record.visits == ((2, 0), (2, 1))  # node 3 has no children: no visit
     assert TreeRecord.of(parents, ranks, []).visits == ((2, -1),)
+
+
+# -- the batch scheduler -------------------------------------------------------------------------
+
+
+def test_scheduler_drafts_every_eagle_row_in_one_call_and_equals_alone(monkeypatch):
+    """Greedy and seeded sampling requests with trees (fixed and gain-sized): the scheduler's
+    outputs equal each request alone, and each round drafts all its EAGLE rows in one call."""
+    from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+    from test_scheduler import submit_all
+
+    target = tiny_engine(0)
+    drafter = _random_drafter(target, seed=5, scale=0.15)
+    drafter.relative_cost = 0.01
+    decoder = _decoder(target, drafter)
+    requests = []
+    for i, prompt in enumerate(([1, 2, 3], [5, 9, 9, 4, 1, 7, 2], [30, 3, 30, 3, 30], [7, 7, 1])):
+        sampling = i % 2 == 1
+        params = SamplingParams(max_tokens=20, temperature=0.9 if sampling else 0.0, seed=40 + i if sampling else None,
+                                ignore_eos=True)
+        fallback = FallbackConfig(prior_acceptance=0.9) if i < 2 else FallbackConfig(enabled=False)
+        requests.append((prompt, params, _tree_spec(3, fallback, max_tree_nodes=8, tree_top_k=3)))
+    alone = [decoder.generate(p, params, spec).token_ids for p, params, spec in requests]
+    calls: list[int] = []
+    propose_trees = EagleDrafter.propose_trees
+
+    def spy(self, sessions, *args):
+        calls.append(len(sessions))
+        return propose_trees(self, sessions, *args)
+
+    monkeypatch.setattr(EagleDrafter, "propose_trees", spy)
+    for policy in ("per_request", "load_aware"):
+        scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4, policy=policy))
+        try:
+            assert [c.tokens() for c in submit_all(scheduler, requests)] == alone
+            assert max(calls) > 1 and len(calls) <= scheduler.rounds  # rows drafted together, one call a round
+        finally:
+            scheduler.shutdown()
+        calls.clear()

@@ -28,10 +28,13 @@ from typing import Sequence
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.policy import RowOption
 
-# the reference drafter on the tune prompts: acceptance of its r-th choice at a node its parent
-# reached, relative to its first choice's (rank 0 is 1 by definition)
-SIBLING_PRIOR: tuple[float, ...] = (1.0, 0.35, 0.2, 0.12, 0.08, 0.06, 0.05, 0.04)
-# a drafter step over k tree nodes costs 1 + ROW_SLOPE * (k - 1) single-node steps (row kernel, 1 thread)
+# the reference drafter on the tune prompts, teacher-forced (scripts/analysis/eagle_tree_priors.py):
+# its r-th choice is the target's next token at 0.237, 0.080, 0.042, 0.021, 0.028, 0.019, 0.019,
+# 0.014 of positions; relative to its first choice (rounded, the tail smoothed):
+SIBLING_PRIOR: tuple[float, ...] = (1.0, 0.34, 0.18, 0.1, 0.1, 0.08, 0.08, 0.06)
+FIRST_CHOICE_PRIOR = 0.25
+# a drafter step over k tree nodes costs 1 + ROW_SLOPE * (k - 1) single-node steps (the same
+# script, row kernel, one thread: 1.05 at k = 2, 1.42 at k = 4; 2.9 at k = 8, past tree_top_k's default)
 ROW_SLOPE = 0.15
 
 
@@ -69,7 +72,7 @@ class SiblingEstimate:
     """``s_r``: acceptance of the ``r``-th choice relative to the first, pooled over depths,
     from decaying counts with ``strength`` pseudo-observations of the prior."""
 
-    def __init__(self, top_k: int, prior: Sequence[float] = SIBLING_PRIOR, base: float = 0.3,
+    def __init__(self, top_k: int, prior: Sequence[float] = SIBLING_PRIOR, base: float = FIRST_CHOICE_PRIOR,
                  strength: float = 4.0, decay: float = 0.97) -> None:
         self.prior = [base * (prior[r] if r < len(prior) else prior[-1]) for r in range(top_k)]
         self.strength, self.decay = strength, decay
