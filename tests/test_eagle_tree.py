@@ -325,3 +325,58 @@ def test_scheduler_drafts_every_eagle_row_in_one_call_and_equals_alone(monkeypat
         finally:
             scheduler.shutdown()
         calls.clear()
+
+
+@pytest.mark.parametrize("layout", ["eagle", "eagle3"])
+def test_a_tree_step_over_a_chain_equals_the_chain_step(layout):
+    """Both drafter layouts place tree nodes through :class:`TreeStep`: two sibling nodes after
+    a committed context each get what a chain step after the context gives them."""
+    from triton_backend.speculation.drafters.eagle3_model import Eagle3Info, Eagle3Net
+    from triton_backend.speculation.drafters.eagle_model import EagleInfo, EagleKV, EagleNet, TreeStep
+
+    torch.manual_seed(0)
+    if layout == "eagle":
+        info = EagleInfo(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64, vocab_size=40)
+        net, call = EagleNet(info).eval(), lambda n, f, e, s, kv, tree=None: n(f, e, s, kv, tree=tree)
+    else:
+        info = Eagle3Info(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64, vocab_size=40,
+                          draft_vocab_size=40, capture_layers=(0,))
+        net, call = Eagle3Net(info).eval(), lambda n, f, e, s, kv, tree=None: n(f, e, s, kv, tree)
+    context, f, e = 5, torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    nodes_f, nodes_e = torch.randn(1, 2, 32), torch.randn(1, 2, 32)
+    with torch.inference_mode():
+        kv = EagleKV.empty(info, 1, 8, torch.float32)
+        call(net, f, e, torch.tensor([0]), kv)
+        visible = torch.zeros(1, 2, context + 2, dtype=torch.bool)
+        visible[0, :, :context] = True
+        visible[0, [0, 1], [context, context + 1]] = True
+        tree = call(net, nodes_f, nodes_e, torch.tensor([context]), kv,
+                    TreeStep(torch.full((1, 2), context), torch.tensor([[context, context + 1]]), visible))
+        for i in range(2):
+            fresh = EagleKV.empty(info, 1, 8, torch.float32)
+            call(net, f, e, torch.tensor([0]), fresh)
+            chain = call(net, nodes_f[:, i:i + 1], nodes_e[:, i:i + 1], torch.tensor([context]), fresh)
+            assert torch.allclose(tree[:, i], chain[:, 0], atol=1e-5)
+
+
+def test_controller_tree_shapes():
+    """Fixed drafting: the configured tree at depth k; the gain rule: the tree model's shape
+    of k nodes (a chain when its best nodes are first choices); trees off: always chains. A
+    tree round teaches the chain estimate its first-choice chain and the model its siblings."""
+    from triton_backend.speculation.controller import controller_for
+
+    target = tiny_engine(0)
+    drafter = _random_drafter(target)
+    fixed = controller_for(_tree_spec(3, max_tree_nodes=10, tree_top_k=2), SpeculationMode.EAGLE, drafter)
+    assert fixed.tree_shape(3) == TreeShape(3, 2, 10)
+    off = controller_for(_tree_spec(3, tree=False), SpeculationMode.EAGLE, drafter)
+    assert off.tree is None and off.tree_shape(3) is None
+    gain = controller_for(_tree_spec(4, FallbackConfig(prior_acceptance=0.4)), SpeculationMode.EAGLE, drafter)
+    assert gain.policy.max_k == 12  # a round's k counts nodes
+    conditional = gain.policy.estimate.conditional()
+    assert gain.tree_shape(1) is None  # one node: the first choice, a chain
+    assert gain.tree_shape(6) == gain.tree.shape(conditional, 6) and gain.tree_shape(6).top_k > 1
+    before = gain.tree.siblings.factors()[1]
+    gain.record(2, 1, TreeRecord(chain_drafted=2, chain_accepted=0, visits=((3, 1),) * 5))
+    assert gain.tree.siblings.factors()[1] > before
+    assert gain.policy.estimate.rejected[0] > 0  # the first choice failed at depth 1
