@@ -19,13 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
-import json
 import logging
-import os
-import platform
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 logger = logging.getLogger(__name__)
@@ -507,20 +502,6 @@ class MatchLengthPolicy:
         self._last = None
 
 
-def machine_key(model: str, settings: str) -> str:
-    """Cache key of a pass-cost measurement: model, runtime settings and this machine's CPU."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    raw = json.dumps({"model": model, "settings": settings, "cpu": cpu, "cpus": os.cpu_count()}, sort_keys=True)
-    return hashlib.sha256(raw.encode()).hexdigest()[:20]
-
-
 __all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "MATCH_PRIOR", "MatchLengthPolicy", "PRIOR_ACCEPTANCE", "REPEATED_MATCH_PRIOR",
-           "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "machine_key", "plan_round",
+           "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "plan_round",
            "prefix_probabilities", "rate_of"]
