@@ -113,7 +113,7 @@ def _children(row: _Row, parent: int, logits: torch.Tensor, vocab: torch.Tensor 
         return
     q = row.processor.probs(expand(logits[None]))[0]  # [vocab]: processed as the target's p (no penalties)
     row.dists.append(q)
-    ranked = torch.sort(q, descending=True).values[:k]
+    ranked = torch.topk(q, min(k, q.shape[0])).values  # the k largest probabilities, descending
     for r, token in enumerate(draw_without_replacement(q, k, row.generator)):
         row.nodes.append(_Node(int(token), parent, base + math.log(float(ranked[r])), r, depth, len(row.dists) - 1,
                                ancestors=ancestors))
