@@ -15,7 +15,8 @@ from test_eagle import _exact_joint, _random_drafter
 from test_medusa_tree import random_heads
 from test_scheduler import submit_all
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
-from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SamplingParams, SpeculationConfig,
+                                        SpeculationMode)
 from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.speculation.auto_source import AutoSource, DraftSource
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
@@ -36,15 +37,20 @@ PROMPTS = ([1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], [7, 3, 9, 7, 3, 9, 7, 3], [4, 8
 def sources(monkeypatch) -> dict[DraftSource, int]:
     """Counts the rounds each source drafted (a spy on the real choice)."""
     counts = {DraftSource.NGRAM: 0, DraftSource.MODEL: 0}
-    real = AutoSource.propose
+    real, real_model = AutoSource.propose, AutoSource.model_round
 
     def counted(self, tokens, k, processor, generator, tree):
         proposal = real(self, tokens, k, processor, generator, tree)
-        if k > 0:
-            counts[DraftSource.MODEL if proposal is None else DraftSource.NGRAM] += 1
+        if k > 0 and proposal is not None:
+            counts[DraftSource.NGRAM] += 1
         return proposal
 
+    def model(self):  # every model round, whether it proposes through propose (chains) or not (EAGLE trees)
+        counts[DraftSource.MODEL] += 1
+        real_model(self)
+
     monkeypatch.setattr(AutoSource, "propose", counted)
+    monkeypatch.setattr(AutoSource, "model_round", model)
     return counts
 
 
@@ -65,9 +71,9 @@ def _decoder(kind: SpeculationMode) -> SpeculativeDecoder:
                                                       SpeculationMode.NGRAM: NgramDrafter(1, 3)})
 
 
-def _auto(k: int = 3, prior: float = 0.9) -> SpeculationConfig:
+def _auto(k: int = 3, prior: float = 0.9, tree: bool = True) -> SpeculationConfig:
     return SpeculationConfig(method="auto", draft_length=DraftLengthConfig(num_draft_tokens=k),
-                             fallback=FallbackConfig(prior_acceptance=prior, probe_interval=2))
+                             fallback=FallbackConfig(prior_acceptance=prior, probe_interval=2), eagle=EagleConfig(tree=tree))
 
 
 @pytest.mark.parametrize("kind", [SpeculationMode.EAGLE, SpeculationMode.DRAFT, SpeculationMode.MEDUSA])
@@ -105,7 +111,8 @@ def _auto_sampling_tv(n: int) -> tuple[float, set]:
     exact = _exact_joint(target, prompt, 2, LogitsProcessor(**params))
     counts: dict = {}
     for seed in range(n):
-        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), _auto(k=2))
+        # EAGLE chains: a tree (more expected tokens per unit of cost) would win every round here
+        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), _auto(k=2, tree=False))
         key = tuple(result.token_ids[:2])
         counts[key] = counts.get(key, 0) + 1
     tv = 0.5 * sum(abs(counts.get(s, 0) / n - exact.get(s, 0.0)) for s in set(exact) | set(counts))

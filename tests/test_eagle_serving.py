@@ -27,11 +27,12 @@ FIXED = SpeculationConfig(method="eagle", draft_length=DraftLengthConfig(num_dra
 
 
 class ProposalLog:
-    """Records what every EAGLE session proposed: (tokens it drafted after, k, drafts)."""
+    """Records what every EAGLE session proposed: (tokens it drafted after, the length of the
+    drafter's first-choice chain in its proposal, that chain's tokens)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rounds: list[tuple[list[int], int, list[int]]] = []
-        propose = EagleSession.propose
+        propose, propose_trees = EagleSession.propose, EagleDrafter.propose_trees
 
         def spy(session: EagleSession, tokens: Sequence[int], k: int, processor: LogitsProcessor,
                 generator: torch.Generator | None) -> Any:
@@ -40,7 +41,30 @@ class ProposalLog:
                 self.rounds.append((list(tokens), k, list(proposal.tokens)))
             return proposal
 
+        def spy_trees(drafter: EagleDrafter, sessions: Sequence[EagleSession], tokens: Sequence[Sequence[int]],
+                      *args: Any) -> Any:
+            proposals = propose_trees(drafter, sessions, tokens, *args)
+            for toks, proposal in zip(tokens, proposals):
+                chain = first_choices(proposal)
+                if chain:
+                    self.rounds.append((list(toks), len(chain), chain))
+            return proposals
+
         monkeypatch.setattr(EagleSession, "propose", spy)
+        monkeypatch.setattr(EagleDrafter, "propose_trees", spy_trees)
+
+
+def first_choices(proposal: Any) -> list[int]:
+    """The drafter's first-choice chain in a tree proposal (rank-0 children from the root)."""
+    out, node = [], -1
+    if not proposal.tokens:
+        return out
+    while True:
+        nxt = next((i for i, (p, r) in enumerate(zip(proposal.parents, proposal.ranks)) if p == node and r == 0), None)
+        if nxt is None:
+            return out
+        out.append(proposal.tokens[nxt])
+        node = nxt
 
 
 def scripted_draft_lengths(monkeypatch: pytest.MonkeyPatch, script: Sequence[int]) -> None:

@@ -70,7 +70,7 @@ def test_sampling_params_accept_or_raise_a_typed_error(kwargs: dict[str, Any]) -
 SECTION = st.one_of(ANY, st.fixed_dictionaries({}, optional={
     name: st.one_of(ANY, st.sampled_from(["gain", "threshold", "exact", "typical"]))
     for name in ("num_draft_tokens", "min_draft_tokens", "adaptive", "enabled", "rule", "threshold", "window",
-                 "min_n", "max_n", "tree_acceptance", "typical_alpha", "nonsense")}))
+                 "min_n", "max_n", "tree_acceptance", "typical_alpha", "tree", "max_tree_nodes", "tree_top_k", "nonsense")}))
 
 
 @FUZZ

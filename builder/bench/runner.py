@@ -17,7 +17,7 @@ from typing import Iterator
 
 from builder.bench.config import BenchConfig, BenchPrompt, BenchRun
 from builder.bench.rows import OursRow, PeerRow, Row, TritonRow, run_sample
-from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
+from triton_backend.core.config import DraftLengthConfig, EagleConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.loop import SpeculativeDecoder
@@ -53,6 +53,24 @@ def auto_row(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
                     {"kind": "ours", "method": "auto", "k": k, "strategy": "auto", "model_drafter": model.value})]
 
 
+def eagle_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
+    """Per draft length: the EAGLE chain row and, beside it, the dynamic tree row (trees of at
+    most ``eagle_tree_nodes`` nodes sized each round by the gain rule; none when 0)."""
+    rows: list[Row] = []
+    for k in config.eagle_k:
+        length = DraftLengthConfig(num_draft_tokens=k)
+        rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE, draft_length=length,
+                                                                       eagle=EagleConfig(tree=False)),
+                            {"kind": "ours", "method": "eagle", "k": k, "strategy": "chain"}))
+        if config.eagle_tree_nodes > 0:
+            tree = EagleConfig(tree=True, max_tree_nodes=config.eagle_tree_nodes)
+            rows.append(OursRow(f"eagle tree k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE,
+                                                                                draft_length=length, eagle=tree),
+                                {"kind": "ours", "method": "eagle", "k": k, "strategy": "tree",
+                                 "max_tree_nodes": tree.max_tree_nodes}))
+    return rows
+
+
 def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     rows = _plain_and_ngram_rows(config, decoder)
     if SpeculationMode.DRAFT in decoder.drafters:
@@ -65,10 +83,7 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     if medusa is not None and medusa in decoder.drafters:
         rows.append(OursRow("medusa", decoder, SpeculationConfig(method=medusa), {"kind": "ours", "method": "medusa", "strategy": "tree"}))
     if SpeculationMode.EAGLE in decoder.drafters:
-        for k in config.eagle_k:
-            rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE,
-                                                                           draft_length=DraftLengthConfig(num_draft_tokens=k)),
-                                {"kind": "ours", "method": "eagle", "k": k, "strategy": "chain"}))
+        rows += eagle_rows(config, decoder)
     rows += auto_row(config, decoder)
     if config.peer:
         # the peer runs stock transformers: its own copy of the same weights (load_model never

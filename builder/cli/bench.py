@@ -20,7 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--medusa-tree-size", type=int, default=BenchConfig.medusa_tree_size,
                    help="use the first N nodes of the heads' tree (0: the whole tree)")
     p.add_argument("--eagle", default=None, help="EAGLE drafter file or folder (adds eagle rows; chat speedup -> headline)")
-    p.add_argument("--eagle-k", type=_ints, default=BenchConfig.eagle_k, help="EAGLE draft lengths (one row each)")
+    p.add_argument("--eagle-k", type=_ints, default=BenchConfig.eagle_k,
+                   help="EAGLE draft lengths (a chain row and a tree row each)")
+    p.add_argument("--eagle-tree-nodes", type=int, default=BenchConfig.eagle_tree_nodes,
+                   help="the EAGLE tree rows' largest tree (0: chain rows only)")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     p.add_argument("--workloads", default="chat,code,copy")
     p.add_argument("--prompts-per-workload", type=int, default=5)
@@ -219,7 +222,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from builder.bench.runner import run_bench
 
     config = BenchConfig(
-        target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, prompts_file=args.prompts,
+        target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, eagle_tree_nodes=args.eagle_tree_nodes, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
         ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,

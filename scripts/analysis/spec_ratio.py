@@ -5,14 +5,16 @@ repeats interleaved in a shuffled order, in one process. Two figures per row and
 
 - ``x plain``: the wall-clock ratio (total plain seconds / total row seconds);
 - ``x cost``: the same ratio in pass-cost units (plain: one unit per generated token after the
-  first; a row: the measured pass-cost table's cost of each of its passes), which a busy
-  machine does not disturb (chain drafts only; Medusa's tree passes are counted by depth).
+  first; a row: the measured pass-cost table's cost of each of its passes by the tokens it
+  carried, plus an EAGLE drafter's steps, :class:`PassMeter`), which a busy machine does not
+  disturb (other drafters' own cost is not counted).
 
 Every row's greedy output is checked against plain's. Example::
 
     .venv/bin/python scripts/analysis/spec_ratio.py --set tune --rows plain,ngram:8,medusa --repeats 2
     .venv/bin/python scripts/analysis/spec_ratio.py --rows plain,eagle,eagle-params  # measured draft cost vs parameter ratio
     .venv/bin/python scripts/analysis/spec_ratio.py --set check --rows plain,ngram:8,eagle,auto:8  # auto beside its sources
+    .venv/bin/python scripts/analysis/spec_ratio.py --set check --rows plain,eagle-chain,eagle-tree  # EAGLE chains vs trees
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from pathlib import Path
 
 from builder.bench.config import BenchPrompt
 from builder.bench.rows import OursRow, PeerRow, Row, RowResult
-from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig, SpeculationConfig,
+                                        SpeculationMode)
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 from triton_backend.speculation.policy import current_cost_model
+from triton_backend.speculation.tree_plan import ROW_SLOPE
 
 ROOT = Path(__file__).resolve().parents[2]
 COPY_PROMPTS = ROOT / "builder" / "data" / "heldout_copy_prompts.json"
@@ -83,6 +87,15 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
             cost = drafter.relative_cost if name == "eagle" else _parameter_ratio(drafter, decoder.target)
             rows.append(DraftCostRow(f"{name} ({cost:.3f})", decoder, SpeculationConfig(method=SpeculationMode.EAGLE),
                                      draft_cost=cost))
+        elif name in ("eagle-chain", "eagle-tree"):  # chains only; gain-sized trees of at most ``arg`` nodes
+            tree = EagleConfig(tree=name == "eagle-tree", max_tree_nodes=int(arg or 12))
+            label = name if name == "eagle-chain" else f"eagle-tree n<={tree.max_tree_nodes}"
+            rows.append(OursRow(label, decoder, SpeculationConfig(method=SpeculationMode.EAGLE, eagle=tree)))
+        elif name in ("eagle-chain-fixed", "eagle-tree-fixed"):  # always draft: chains of k, trees of depth k (12 nodes)
+            k = int(arg or 4)
+            rows.append(OursRow(f"{name} k={k}", decoder, SpeculationConfig(
+                method=SpeculationMode.EAGLE, draft_length=DraftLengthConfig(num_draft_tokens=k),
+                fallback=FallbackConfig(enabled=False), eagle=EagleConfig(tree=name == "eagle-tree-fixed"))))
         elif name == "auto":  # n-gram match or EAGLE, chosen per round
             rows.append(OursRow(f"auto k={arg or 8}", decoder, SpeculationConfig(
                 method=SpeculationMode.AUTO, draft_length=DraftLengthConfig(num_draft_tokens=int(arg or 8)))))
@@ -97,13 +110,39 @@ def _parameter_ratio(drafter, target) -> float:
     return (sum(p.numel() for p in drafter.net.parameters()) + drafter.head.numel()) / max(1, target.num_parameters())
 
 
-def _cost_units(stats: dict) -> float:
-    """The run's target passes after the first (prefill) in pass-cost units."""
-    model = current_cost_model()
-    lengths = list(stats.get("draft_lengths", []))
-    plain_passes = stats["target_passes"] - len(lengths)
-    cost = sum(model.pass_cost([k + 1]) for k in lengths) + plain_passes
-    return max(cost - (model.pass_cost([lengths[0] + 1]) if plain_passes == 0 and lengths else 1.0), 1.0)
+class PassMeter:
+    """A run's cost in pass-cost units, whatever its drafts' shape: every target pass after the
+    first (the prompt's) by the new tokens it carried (the measured table), every EAGLE drafter
+    step by the nodes it ran (the tree model's cost: the measured cost per drafted token, times
+    ``1 + ROW_SLOPE * (nodes - 1)``). Other drafters' own cost is not counted."""
+
+    def __init__(self, decoder) -> None:
+        self.sizes: list[int] = []
+        self.draft = 0.0
+        engine, drafter = decoder.target, decoder.drafters.get(SpeculationMode.EAGLE)
+        forward = engine.forward
+
+        def counted(rows):
+            self.sizes.append(sum(len(r.tokens) for r in rows))
+            return forward(rows)
+
+        engine.forward = counted
+        if drafter is not None:
+            step = drafter.net.forward
+
+            def drafted(features, embeds, starts, kv, slots=None, tree=None):
+                width = int(features.shape[1]) if tree is not None else 1
+                self.draft += drafter.relative_cost * (1.0 + ROW_SLOPE * (width - 1))
+                return step(features, embeds, starts, kv, slots, tree)
+
+            drafter.net.forward = drafted
+
+    def reset(self) -> None:
+        self.sizes, self.draft = [], 0.0
+
+    def units(self) -> float:
+        model = current_cost_model()
+        return max(sum(model.pass_cost([n]) for n in self.sizes[1:]) + self.draft, 1.0)
 
 
 def main() -> None:
@@ -151,6 +190,7 @@ def main() -> None:
             prompts.append(BenchPrompt(workload, i, templated, decoder.encode(templated)))
     for row in rows:
         row.run(prompts[0], 8, False)
+    meter = PassMeter(decoder)
     seconds: dict[tuple[str, str], float] = defaultdict(float)
     tokens: dict[tuple[str, str], int] = defaultdict(int)
     units: dict[tuple[str, str], float] = defaultdict(float)
@@ -163,12 +203,13 @@ def main() -> None:
             shuffled = list(rows)
             order.shuffle(shuffled)
             for row in shuffled:
+                meter.reset()
                 result = row.run(prompt, args.max_tokens, False)
                 key = (row.name, prompt.workload)
                 seconds[key] += result.latency_s
                 tokens[key] += len(result.tokens)
                 if result.stats is not None:
-                    units[key] += _cost_units(result.stats)
+                    units[key] += meter.units()
                     d = drafted[key]
                     d[0] += result.stats["drafted_tokens"]
                     d[1] += result.stats["accepted_tokens"]

@@ -10,8 +10,9 @@ rejected drafts is only the next row starting earlier. Per row the steps are tho
 single-request loop's rounds (:mod:`triton_backend.speculation.loop`, :mod:`triton_backend.speculation.tree_round`,
 :mod:`triton_backend.speculation.eagle_round`, whose verification they call) in the same order, so each
 sequence consumes its RNG exactly as it would alone: draft (n-gram per row; a draft model
-batched across rows, one pass per draft position; Medusa trees and EAGLE chains from the
-hidden states of the previous pass), then verification; the round is recorded and committed
+batched across rows, one pass per draft position; EAGLE trees and chains batched across rows,
+one drafter call per round; Medusa trees from the hidden states of the previous pass), then
+verification (EAGLE and Medusa trees as tree rows of the same ragged pass); the round is recorded and committed
 as the single loop does (:meth:`RunState.record`, :meth:`~triton_backend.speculation.commit.Commit.commit`).
 """
 
@@ -26,10 +27,11 @@ import torch
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
-from triton_backend.speculation.drafters.eagle import EagleSession
+from triton_backend.speculation.drafters.eagle import EagleDrafter, EagleSession
+from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.drafters.medusa import MedusaSession
 from triton_backend.speculation.drafters.ngram import NgramSession
-from triton_backend.speculation.eagle_round import accept_eagle
+from triton_backend.speculation.eagle_round import accept_eagle, eagle_parents
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.engines.batch import BatchedEngine, BatchRow, RowOutput
 from triton_backend.speculation.policy import RowOption
@@ -138,6 +140,7 @@ class PlannedRow:
     proposal: DraftProposal = field(default_factory=lambda: EMPTY_PROPOSAL)
     draft_s: float = 0.0
     forced: bool = False  # the proposal is the grammar's forced tokens (structured output), not a drafter's
+    proposed: bool = False  # drafted already this round (EAGLE rows, batched across rows)
 
     def offer_forced(self) -> bool:
         """A chain row whose grammar forces its next tokens drafts them for free, as the single
@@ -153,8 +156,8 @@ class PlannedRow:
     def target_row(self) -> BatchRow:
         seq, start = self.seq, self.seq._start()
         tokens = seq.tokens[start:] + self.proposal.tokens
-        if seq.eagle is not None:  # the chain after the drafter's root as a one-branch tree
-            parents = list(range(-1, len(tokens) - 2))
+        if seq.eagle is not None:  # the committed tokens after the drafter's root, then the chain or tree
+            parents = eagle_parents(len(seq.tokens) - 1 - start, self.proposal)
             # the drafter lacks only the last committed token's feature (every round after the
             # first): the row's logits are the verifier's, computed in the pass's one LM-head
             # product with the other rows' (a head call per row would cost a pass's head each)
@@ -168,12 +171,39 @@ class PlannedRow:
         return BatchRow(seq.slot, start, tokens, num_logits=len(self.proposal) + 1)
 
 
-def propose_per_row(planned: Sequence[PlannedRow]) -> None:
-    """Drafters with their own sessions (n-gram lookup, Medusa trees, EAGLE chains; ``auto``'s
-    n-gram rounds): one proposal per row."""
+def propose_eagle_rows(planned: Sequence[PlannedRow]) -> int:
+    """Every EAGLE row the model drafter drafts this round (its tree, or a chain), in ONE
+    batched drafter call per drafter (each tree level one drafter step over all rows; the
+    rows' drafter caches are rows of one shared cache, :meth:`EagleSession.bind`). Returns
+    the rows drafted; ``auto``'s n-gram rounds are left to :func:`propose_per_row`."""
+    groups: dict[int, list[tuple[PlannedRow, TreeShape]]] = {}
     for row in planned:
         seq = row.seq
-        if row.k <= 0 or row.forced or (seq.draft_slot is not None and seq.model_drafts):
+        if seq.eagle is None or row.forced or row.k <= 0:
+            continue
+        shape = seq.eagle_shape(row.k)
+        if shape is not None:
+            groups.setdefault(id(seq.drafter), []).append((row, shape))
+    for group in groups.values():
+        t0 = time.perf_counter()
+        drafter = group[0][0].seq.drafter
+        assert isinstance(drafter, EagleDrafter)
+        seqs = [r.seq for r, _ in group]
+        proposals = drafter.propose_trees([s.eagle for s in seqs], [s.tokens for s in seqs], [sh for _, sh in group],
+                                          [s.processor for s in seqs], [s.rng for s in seqs])
+        spent = (time.perf_counter() - t0) / len(group)
+        for (row, _), proposal in zip(group, proposals):
+            row.proposal, row.proposed = proposal, True
+            row.draft_s += spent
+    return sum(len(g) for g in groups.values())
+
+
+def propose_per_row(planned: Sequence[PlannedRow]) -> None:
+    """Drafters with their own sessions (n-gram lookup, Medusa trees; ``auto``'s n-gram
+    rounds): one proposal per row."""
+    for row in planned:
+        seq = row.seq
+        if row.k <= 0 or row.forced or row.proposed or (seq.draft_slot is not None and seq.model_drafts):
             continue
         t0 = time.perf_counter()
         proposal = seq.propose(row.k, tree=seq.medusa is not None)
@@ -254,5 +284,5 @@ def describe(planned: Sequence[PlannedRow], prefill: int) -> dict[str, Any]:
             "methods": [r.seq.mode.value for r in planned]}
 
 
-__all__ = ["BatchSequence", "PlannedRow", "describe", "drafted_tokens", "propose_per_row",
+__all__ = ["BatchSequence", "PlannedRow", "describe", "drafted_tokens", "propose_eagle_rows", "propose_per_row",
            "propose_with_draft_model", "verify_row"]

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from triton_backend.batching.plan import BatchPolicy, DraftPlanner
-from triton_backend.batching.rounds import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_per_row,
-                                        propose_with_draft_model, verify_row)
+from triton_backend.batching.rounds import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_eagle_rows,
+                                        propose_per_row, propose_with_draft_model, verify_row)
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.client import ClientDraft
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.eagle import EagleDrafter
 from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing, SlotsExhaustedError
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
 from triton_backend.engines.torch.hf_engine import TorchEngine, common_prefix_length
@@ -151,6 +152,9 @@ class BatchScheduler:
         drafter = decoder.drafters.get(SpeculationMode.DRAFT)
         self.draft_engine = (as_batched(drafter.engine, self.config.max_batch_size)
                              if isinstance(drafter, DraftModelDrafter) else None)
+        eagle = decoder.drafters.get(SpeculationMode.EAGLE)
+        # one drafter cache for every EAGLE row, a row per target slot: a round drafts all rows in one call
+        self.eagle_kv = eagle.new_cache(self.target.num_slots) if isinstance(eagle, EagleDrafter) else None
         self.planner = DraftPlanner(self.config.policy, cost_model)
         self.rounds = 0
         self.shared_prefix_tokens = 0  # prompt tokens copied from another slot instead of prefilled
@@ -251,6 +255,8 @@ class BatchScheduler:
         if job.client_draft is not None:
             seq.attach_client_draft(job.client_draft)
         seq.slot = self.target.allocate()
+        if seq.eagle is not None and self.eagle_kv is not None and seq.drafter is self.decoder.drafters.get(SpeculationMode.EAGLE):
+            seq.eagle.bind(self.eagle_kv, seq.slot)
         if not seq.eagle and isinstance(self.target, PrefixSharing):  # EAGLE needs the prompt's features
             self._share_prefix(seq, self.target)
         if batched_draft:
@@ -291,6 +297,7 @@ class BatchScheduler:
         ks = self.planner.plan([r.seq for r in free])
         for row, k in zip(free, ks):
             row.k = k
+        propose_eagle_rows(planned)
         propose_per_row(planned)
         if self.draft_engine is not None:
             propose_with_draft_model(self.draft_engine, planned)

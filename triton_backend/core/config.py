@@ -284,13 +284,31 @@ class MedusaConfig:
 
 
 @dataclass(frozen=True)
+class EagleConfig:
+    """EAGLE drafting (``method: eagle``): chains, or dynamic trees verified in one target pass."""
+
+    method: ClassVar[SpeculationMode] = SpeculationMode.EAGLE
+    tree: bool = setting(True, "draft dynamic trees (EAGLE-2: the drafter's likeliest candidates, sized each round "
+                               "by the gain rule; a chain when no tree pays); false: chains only")
+    max_tree_nodes: int = setting(12, "the most nodes a tree carries into the target pass")
+    tree_top_k: int = setting(4, "the most children per expanded node (and nodes expanded per level); the depth "
+                                 "is at most draft_length.num_draft_tokens")
+
+    def __post_init__(self) -> None:
+        _config(isinstance(self.tree, bool), "eagle tree must be true or false")
+        _config(_is_int(self.max_tree_nodes) and 1 <= self.max_tree_nodes <= 64,
+                f"max_tree_nodes must be in [1, 64], got {self.max_tree_nodes!r}")
+        _config(_is_int(self.tree_top_k) and 1 <= self.tree_top_k <= 8, f"tree_top_k must be in [1, 8], got {self.tree_top_k!r}")
+
+
+@dataclass(frozen=True)
 class SpeculationConfig:
     """How the speculative loop proposes, verifies and falls back.
 
     ``method`` selects the drafter (a request may choose another the deployment has); the
     settings of each method with settings of its own sit in that method's config
-    (:class:`NgramConfig`, :class:`MedusaConfig`; a draft model and EAGLE have none beyond
-    their files, which are :class:`~triton_backend.deployment.config.DeploymentConfig` fields), the
+    (:class:`NgramConfig`, :class:`MedusaConfig`, :class:`EagleConfig`; a draft model has none
+    beyond its file, which is :class:`~triton_backend.deployment.config.DeploymentConfig` fields), the
     knobs every method shares in :class:`DraftLengthConfig` and :class:`FallbackConfig`.
     """
 
@@ -300,11 +318,12 @@ class SpeculationConfig:
     fallback: FallbackConfig = setting(doc="when to stop speculating (every method)", factory=FallbackConfig)
     ngram: NgramConfig = setting(doc="n-gram lookup's settings", factory=NgramConfig)
     medusa: MedusaConfig = setting(doc="Medusa tree verification's settings", factory=MedusaConfig)
+    eagle: EagleConfig = setting(doc="EAGLE drafting's settings (chains or trees)", factory=EagleConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", SpeculationMode.parse(self.method))
         for name, cls in (("draft_length", DraftLengthConfig), ("fallback", FallbackConfig), ("ngram", NgramConfig),
-                          ("medusa", MedusaConfig)):
+                          ("medusa", MedusaConfig), ("eagle", EagleConfig)):
             _config(isinstance(getattr(self, name), cls), f"speculation {name} must be a {cls.__name__}")
 
     def for_request(self, method: str | None = None, num_draft_tokens: int | None = None) -> "SpeculationConfig":

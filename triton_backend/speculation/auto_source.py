@@ -99,7 +99,7 @@ class AutoSource:
         chain parents, for a tree drafter's round); None when the model drafts."""
         if self.source is not DraftSource.NGRAM:
             if k > 0:
-                self.rounds[DraftSource.MODEL] += 1
+                self.model_round()
             return None
         proposal = self.ngram.propose(tokens, k, processor, generator) if k > 0 else EMPTY_PROPOSAL
         if proposal.tokens:
@@ -107,6 +107,10 @@ class AutoSource:
             if tree:
                 proposal = DraftProposal(proposal.tokens, parents=list(range(-1, len(proposal) - 1)))
         return proposal
+
+    def model_round(self) -> None:
+        """The model drafter drafts this round (a tree drafter proposes without :meth:`propose`)."""
+        self.rounds[DraftSource.MODEL] += 1
 
     def record(self, drafted: int, accepted: int) -> bool:
         """Record a round in the n-gram policy when lookup drafted it; False otherwise."""

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Callable
 
 from triton_backend.core.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.base import DraftCost, DrafterSession
+from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.shared_prior import SharedAcceptance, shared_acceptance
+from triton_backend.speculation.tree_plan import TreeModel, TreeRecord
 from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
                                                RowOption, current_cost_model, prefix_probabilities)
 
@@ -60,7 +62,8 @@ class SpeculationController:
     def __init__(self, config: SpeculationConfig, draft_cost: float, *, ema_decay: float = 0.8,
                  initial_acceptance: float = 0.7, kind: DrafterKind | None = None,
                  cost_model: PassCostModel | None = None,
-                 verify_tokens: Callable[[int], int] | None = None, shared: SharedAcceptance | None = None) -> None:
+                 verify_tokens: Callable[[int], int] | None = None, shared: SharedAcceptance | None = None,
+                 tree: TreeModel | None = None) -> None:
         self.config = config
         self.draft_cost = max(0.0, float(draft_cost))
         self.kind = kind or (DrafterKind.NGRAM if self.draft_cost == 0.0 else DrafterKind.DRAFT)
@@ -74,9 +77,11 @@ class SpeculationController:
         self.policy: GainPolicy | None = None
         self.match_policy: MatchLengthPolicy | None = None  # set when an n-gram session decides per match
         self.auto: AutoSource | None = None  # set under ``auto``: the per-round n-gram / model choice
+        # an EAGLE tree drafter: under the gain rule a round's k is the tree's node count (tree_plan.py)
+        self.tree = tree
         if self.gain_rule:
-            self.policy = GainPolicy(self.kind, self.max_k, self.draft_cost, gain_settings(config.fallback),
-                                     cost_model, verify_tokens, shared)
+            self.policy = GainPolicy(self.kind, tree.max_nodes if tree is not None else self.max_k, self.draft_cost,
+                                     gain_settings(config.fallback), cost_model, verify_tokens, shared, tree)
 
     def attach_match_policy(self) -> MatchLengthPolicy | None:
         """Under the gain rule, the per-match policy an n-gram session applies to each lookup
@@ -147,6 +152,19 @@ class SpeculationController:
             return self.policy.may_draft_next()
         return not self.fallen_back
 
+    def tree_shape(self, k: int) -> TreeShape | None:
+        """The draft tree of a round that drafts ``k`` (None: a chain of ``k``). Under the gain
+        rule ``k`` counts the tree's nodes, shaped by the model of :mod:`~triton_backend.speculation.tree_plan`;
+        otherwise the configured tree at depth ``k``."""
+        if self.tree is None or k <= 0:
+            return None
+        if self.policy is not None:
+            shape = self.tree.shape(self.policy.estimate.conditional(), k)
+        else:
+            eagle = self.config.eagle
+            shape = TreeShape(k, eagle.tree_top_k, max(k, eagle.max_tree_nodes))
+        return None if shape is None or shape.is_chain else shape
+
     # -- the threshold rule and fixed k -----------------------------------------------------
     def round_cost(self, k: int) -> float:
         """A round drafting ``k`` tokens, in target decoding steps (the threshold rule's adaptive k)."""
@@ -173,8 +191,14 @@ class SpeculationController:
     def window_acceptance(self) -> float | None:
         return sum(self._window) / len(self._window) if self._window else None
 
-    def record(self, num_drafted: int, num_accepted: int) -> bool:
-        """Record one verification round; returns True when this round triggered a fallback for good."""
+    def record(self, num_drafted: int, num_accepted: int, tree: TreeRecord | None = None) -> bool:
+        """Record one verification round; returns True when this round triggered a fallback for good.
+        ``tree``: a tree round, learned from as the chain of the drafter's first choices in it (the
+        acceptance estimate) plus how its other choices fared (the tree model)."""
+        if tree is not None:
+            if self.tree is not None:
+                self.tree.record(tree)
+            num_drafted, num_accepted = tree.chain_drafted, tree.chain_accepted
         if num_drafted <= 0:
             return False
         self._window.extend(i < num_accepted for i in range(num_drafted))
@@ -205,6 +229,7 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
     a model drafter's acceptance measured over the deployment's requests,
     :mod:`triton_backend.speculation.shared_prior`), a Medusa round's cost counting its tree's
     nodes, n-gram lookup's per-match decision hooked into ``session``."""
+    from triton_backend.speculation.drafters.eagle import EagleDrafter
     from triton_backend.speculation.drafters.medusa import MedusaDrafter
     from triton_backend.speculation.drafters.ngram import NgramSession
 
@@ -218,7 +243,11 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
                                      shared=_shared(drafter, DrafterKind.MEDUSA, learned_prior))
     kind = DrafterKind.NGRAM if mode is SpeculationMode.NGRAM else DrafterKind.DRAFT
     shared = _shared(drafter, kind, learned_prior) if kind is not DrafterKind.NGRAM else None
-    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model, shared=shared)
+    tree = None
+    if isinstance(drafter, EagleDrafter) and mode is not SpeculationMode.NGRAM and config.eagle.tree:
+        tree = TreeModel(config.eagle.max_tree_nodes, config.eagle.tree_top_k, config.draft_length.num_draft_tokens)
+    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model, shared=shared,
+                                       tree=tree)
     if isinstance(session, NgramSession):
         session.policy = controller.attach_match_policy()
     return controller

@@ -17,15 +17,18 @@ more per parameter than the target's pass.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import platform
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from triton_backend.core.reference_model import cache_dir as default_cache_dir
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
-from triton_backend.speculation.policy import PassCostModel, install_cost_model, machine_key
+from triton_backend.speculation.policy import PassCostModel, install_cost_model
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,6 +41,20 @@ CONTEXT = 48
 REPEATS = 3
 WARMUP = 3
 STABLE = 0.25  # the 1-token step re-measured at the end must agree within this fraction
+
+
+def machine_key(model: str, settings: str) -> str:
+    """Cache key of a pass-cost measurement: model, runtime settings and this machine's CPU."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    raw = json.dumps({"model": model, "settings": settings, "cpu": cpu, "cpus": os.cpu_count()}, sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
 class NoisyMeasurementError(RuntimeError):
@@ -254,5 +271,5 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
                 drafter.relative_cost = cost
 
 
-__all__ = ["NoisyMeasurementError", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
+__all__ = ["NoisyMeasurementError", "machine_key", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
            "measure_pass_cost_model", "measure_seconds", "measured_eagle_draft_cost"]

@@ -19,13 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
-import json
 import logging
-import os
-import platform
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 logger = logging.getLogger(__name__)
@@ -154,12 +149,18 @@ class RowOption:
     ``prefix_probs[j - 1]``: probability that the first ``j`` drafts are all accepted
     (``j = 1 .. max_k``). ``draft_cost``: drafting one more position, in target steps.
     ``verify_tokens[k]``: tokens the row carries into the target pass when it drafts ``k``
-    (None: ``k + 1``; a Medusa tree carries its nodes).
+    (None: ``k + 1``; a Medusa tree carries its nodes). ``draft_costs[k]``: drafting ``k``
+    (None: ``k * draft_cost``; an EAGLE tree of ``k`` nodes, :mod:`~triton_backend.speculation.tree_plan`,
+    whose ``prefix_probs`` are then its nodes' probabilities, best first).
     """
 
     prefix_probs: tuple[float, ...]
     draft_cost: float = 0.0
     verify_tokens: tuple[int, ...] | None = None
+    draft_costs: tuple[float, ...] | None = None
+
+    def drafting(self, k: int) -> float:
+        return self.draft_costs[k] if self.draft_costs is not None else self.draft_cost * k
 
     @property
     def max_k(self) -> int:
@@ -174,7 +175,7 @@ class RowOption:
 
 def _rate(rows: Sequence[RowOption], ks: Sequence[int], cost_model: PassCostModel) -> float:
     tokens = sum(r.expected_tokens(k) for r, k in zip(rows, ks))
-    cost = cost_model.pass_cost([r.tokens(k) for r, k in zip(rows, ks)]) + sum(r.draft_cost * k for r, k in zip(rows, ks))
+    cost = cost_model.pass_cost([r.tokens(k) for r, k in zip(rows, ks)]) + sum(r.drafting(k) for r, k in zip(rows, ks))
     return tokens / cost
 
 
@@ -297,6 +298,12 @@ class GainSettings:
     min_prior_strength: float = 0.5
 
 
+class TreeOptions(Protocol):
+    """Tree sizing (:class:`~triton_backend.speculation.tree_plan.TreeModel`): a row option over tree sizes."""
+
+    def option(self, conditional: Sequence[float], draft_cost: float) -> RowOption: ...
+
+
 class SharedAcceptanceLike(Protocol):
     """A deployment-wide acceptance estimate (:class:`~triton_backend.speculation.shared_prior.SharedAcceptance`)."""
 
@@ -309,13 +316,15 @@ class GainPolicy:
 
     def __init__(self, kind: DrafterKind, max_k: int, draft_cost: float, settings: GainSettings,
                  cost_model: PassCostModel | None = None,
-                 verify_tokens: Callable[[int], int] | None = None, shared: "SharedAcceptanceLike | None" = None) -> None:
+                 verify_tokens: Callable[[int], int] | None = None, shared: "SharedAcceptanceLike | None" = None,
+                 tree: "TreeOptions | None" = None) -> None:
         prior = PRIOR_ACCEPTANCE[kind] if settings.prior is None else settings.prior
         self.shared = shared if settings.prior is None else None  # an explicit prior is the user's: kept
         if self.shared is not None:  # the deployment's measured acceptance of this drafter
             prior = self.shared.prior()
         self.settings, self.max_k, self.draft_cost = settings, max_k, max(0.0, draft_cost)
         self.cost_model = cost_model
+        self.tree = tree
         ngram = kind is DrafterKind.NGRAM
         self.estimate = AcceptanceEstimate(max_k, prior, settings.prior_strength, settings.decay, pooled=ngram,
                                            min_strength=None if ngram else min(settings.min_prior_strength,
@@ -332,6 +341,8 @@ class GainPolicy:
         self._model: PassCostModel | None = None  # the cost model of the last decision (a new one: decide again)
 
     def option(self, conditional: Sequence[float]) -> RowOption:
+        if self.tree is not None:  # an EAGLE tree: its nodes' probabilities and costs (tree_plan.py)
+            return self.tree.option(conditional, self.draft_cost)
         verify = self._verify[:len(conditional) + 1] if self._verify is not None else None
         return RowOption(tuple(prefix_probabilities(conditional)), self.draft_cost, verify)
 
@@ -491,20 +502,6 @@ class MatchLengthPolicy:
         self._last = None
 
 
-def machine_key(model: str, settings: str) -> str:
-    """Cache key of a pass-cost measurement: model, runtime settings and this machine's CPU."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    raw = json.dumps({"model": model, "settings": settings, "cpu": cpu, "cpus": os.cpu_count()}, sort_keys=True)
-    return hashlib.sha256(raw.encode()).hexdigest()[:20]
-
-
 __all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "MATCH_PRIOR", "MatchLengthPolicy", "PRIOR_ACCEPTANCE", "REPEATED_MATCH_PRIOR",
-           "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "machine_key", "plan_round",
+           "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "plan_round",
            "prefix_probabilities", "rate_of"]

@@ -20,6 +20,7 @@ from typing import Iterator, Protocol
 
 from triton_backend.speculation.commit import Commit, GenerationChunk
 from triton_backend.speculation.controller import SpeculationController
+from triton_backend.speculation.tree_plan import TreeRecord
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class RoundOutcome:
     verify_s: float = 0.0
     passes: int = 1
     controller: bool = True
+    tree: TreeRecord | None = None  # an EAGLE tree round: what the controller learns from it
 
 
 class Round(Protocol):
@@ -73,7 +75,7 @@ def record_round(commit: Commit, controller: SpeculationController, outcome: Rou
     stats.verify_time_s += outcome.verify_s
     for _ in range(outcome.passes):
         stats.record_round(outcome.drafted, outcome.accepted)
-    if outcome.controller and controller.record(outcome.drafted, outcome.accepted):
+    if outcome.controller and controller.record(outcome.drafted, outcome.accepted, outcome.tree):
         stats.record_fallback(len(commit.generated) + outcome.accepted + 1)
 
 

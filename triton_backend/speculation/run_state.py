@@ -20,7 +20,9 @@ from triton_backend.engines.base import CausalLMEngine
 from triton_backend.core.eos import min_tokens_end_ids
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.core.grammar import GuideMatcher, compile_guide
+from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.rounds import RoundOutcome, cap_draft_length, record_round
+from triton_backend.speculation.tree_plan import TreeRecord
 from triton_backend.core.sampling import LogitsProcessor, RowHistory, make_generator
 from triton_backend.speculation.verify import verify_greedy, verify_rejection
 
@@ -38,11 +40,13 @@ class Accepted:
     drafted: int
     accepted: int
     path: list[int]
+    tree: TreeRecord | None = None  # an EAGLE tree round: what the controller learns from it
 
     def outcome(self, draft_s: float, verify_s: float, *, forced: bool = False) -> RoundOutcome:
         """The round's outcome; ``forced``: its draft was the grammar's forced tokens, not the
         controller's decision (the controller neither decided nor learns from it)."""
-        return RoundOutcome(self.block, self.drafted, self.accepted, draft_s, verify_s, controller=not forced)
+        return RoundOutcome(self.block, self.drafted, self.accepted, draft_s, verify_s, controller=not forced,
+                            tree=self.tree)
 
 
 class RunState:
@@ -124,6 +128,16 @@ class RunState:
         if self.drafter_session is None:
             return EMPTY_PROPOSAL
         return self.drafter_session.propose(self.tokens, k, self.processor, self.rng)
+
+    def eagle_shape(self, k: int) -> TreeShape | None:
+        """The tree an EAGLE drafter drafts this round of ``k`` (a chain: one child per node; the
+        gain rule sizes trees), counted as a model round under ``auto``; None when nothing is
+        drafted or ``auto``'s n-gram lookup drafts the round (then :meth:`propose`)."""
+        if k <= 0 or not self.model_drafts or self.client_drafting:
+            return None
+        if self.auto is not None:
+            self.auto.model_round()
+        return self.controller.tree_shape(k) or TreeShape.chain(k)
 
     @property
     def model_drafts(self) -> bool:

@@ -24,12 +24,13 @@ from triton_backend.engines.base import EngineSession
 from triton_backend.speculation.rounds import RoundOutcome
 from triton_backend.speculation.run_state import Accepted, RunState
 from triton_backend.core.tree import node_depths, path_to
-from triton_backend.speculation.tree_verify import TreeVerifyResult, verify_tree_greedy, verify_tree_sampling, verify_tree_typical
+from triton_backend.speculation.tree_verify import (TreeVerifyResult, verify_tree_greedy, verify_tree_multidraft,
+                                                   verify_tree_sampling, verify_tree_typical)
 
 Head = Callable[[torch.Tensor], torch.Tensor]  # the LM head: hidden states [r, H] -> logits [r, vocab]
 
 
-def _rows(head: Head, hidden: torch.Tensor) -> Callable[[int], torch.Tensor]:
+def head_rows(head: Head, hidden: torch.Tensor) -> Callable[[int], torch.Tensor]:
     """Row ``i``'s raw logits ``[vocab]``, computed when first asked for (the processor is
     applied per row by :func:`verify_tree`, which knows each row's history)."""
     cache: dict[int, torch.Tensor] = {}
@@ -61,14 +62,19 @@ def processed_rows(run: RunState, logits: Callable[[int], torch.Tensor], tokens:
 
 
 def verify_tree(run: RunState, rows: Callable[[int], torch.Tensor], tokens: list[int],
-                parents: Sequence[int]) -> TreeVerifyResult:
+                parents: Sequence[int], draft_probs: torch.Tensor | None = None, *,
+                typical: bool = True) -> TreeVerifyResult:
     """The run's tree verification (greedy / exact sampling / typical) over lazily computed
-    raw logits ``rows`` (see :func:`_rows`); records log probabilities when asked for."""
+    raw logits ``rows`` (see :func:`head_rows`); records log probabilities when asked for.
+    ``draft_probs`` ``[n, vocab]``: each node's parent ``q`` (a sampled EAGLE tree: the
+    multi-draft rule); ``typical``: whether Medusa's typical acceptance may apply."""
     spec = run.controller.config
     processed = processed_rows(run, rows, tokens, parents)
     if run.processor.greedy:
         result = verify_tree_greedy(processed, tokens, parents)
-    elif spec.medusa.tree_acceptance is TreeAcceptance.TYPICAL:
+    elif draft_probs is not None:
+        result = verify_tree_multidraft(processed, tokens, parents, draft_probs, run.rng)
+    elif typical and spec.medusa.tree_acceptance is TreeAcceptance.TYPICAL:
         result = verify_tree_typical(processed, tokens, parents, run.rng, spec.medusa.typical_threshold,
                                      spec.medusa.typical_alpha)
     else:
@@ -86,7 +92,7 @@ def accept_tree(run: RunState, drafter: MedusaSession, head: Head, hidden: torch
     """Verify a tree pass (``hidden``: ``[1 + n, H]``, the last committed token then each
     node) and hand the drafter the hidden state at the accepted path's end. The caller
     keeps the path in the target's KV cache."""
-    result = verify_tree(run, _rows(head, hidden), proposal.tokens, parents)
+    result = verify_tree(run, head_rows(head, hidden), proposal.tokens, parents)
     path = list(result.path)
     end = path[-1] + 1 if path else 0
     drafter.observe(len(run.tokens) + len(path) + 1, hidden[end])

@@ -12,6 +12,16 @@ it reached a leaf). Each round commits ``len(path) + 1`` tokens.
   current row draw ``x ~ p``; when a child holds ``x`` the walk moves there, else ``x`` is the
   recovered token. Every committed token is drawn from the target's ``p`` given the tokens
   before it: the output distribution is exactly the target's.
+- Exact sampling with the drafter's ``q`` (the multi-draft rule; SpecInfer, Miao et al. 2024;
+  recursive rejection sampling, Jeon et al. 2024): a sampled tree's children were drawn from
+  their parent's ``q`` without replacement, in order. At the current row, with ``p`` the
+  target's distribution, try the children in order: child ``x`` is accepted with probability
+  ``min(1, p(x) / q(x))``; on rejection ``p <- norm(max(0, p - q))`` and ``q <- q`` without
+  ``x``, renormalised, and the next sibling is tried; when every child is rejected, the
+  recovered token is drawn from the last ``p``. Each step outputs ``x`` with probability
+  ``min(p, q)(x)`` and passes on ``1 - sum(min(p, q))`` of mass to the residual, so the token
+  leaving the row is distributed as ``p`` (the chain rule is the one-child case). With
+  one-hot ``q`` it reduces to the rule above.
 - Typical acceptance (Medusa, Cai et al. 2024): a node is accepted when
   ``p(node) > min(threshold, alpha * exp(-H(p)))`` at its parent's row; the deepest
   accepted path wins (ties: the earlier node) and the next token is drawn from ``p`` at its
@@ -98,6 +108,41 @@ def verify_tree_sampling(
         if match is None:
             return TreeVerifyResult(tuple(path), x)
         node = match
+        path.append(node)
+
+
+def verify_tree_multidraft(
+    target_probs: Rows,  # [n+1, vocab] p, processed
+    tree_tokens: Sequence[int],  # [n], each drawn from its parent's q without replacement, siblings in draw order
+    parents: Sequence[int],  # [n]
+    draft_probs: torch.Tensor,  # [n, vocab] q of each node's parent (siblings share it)
+    generator: torch.Generator | None,
+) -> TreeVerifyResult:
+    """Exact: the multi-draft rejection rule (see the module docstring)."""
+    row = _check(target_probs, tree_tokens, parents)
+    if draft_probs.ndim != 2 or draft_probs.shape[0] != len(tree_tokens):
+        raise ValueError(f"draft_probs must be [{len(tree_tokens)}, vocab], got {tuple(draft_probs.shape)}")
+    children = _children(parents)
+    node, path = -1, []
+    while True:
+        p = row(node + 1)
+        kids = children.get(node, [])
+        q = draft_probs[kids[0]].float() if kids else None
+        accepted = None
+        for child in kids:
+            x = tree_tokens[child]
+            q_x, p_x = float(q[x]), float(p[x])
+            if q_x > 0 and float(torch.rand(1, generator=generator)) * q_x < p_x:
+                accepted = child
+                break
+            residual = torch.clamp(p - q, min=0.0)
+            p = residual / residual.sum() if float(residual.sum()) > 0 else p  # p == q (rounding): p is exact
+            q = q.clone()
+            q[x] = 0.0
+            q = q / q.sum() if float(q.sum()) > 0 else q
+        if accepted is None:
+            return TreeVerifyResult(tuple(path), sample(p, generator))
+        node = accepted
         path.append(node)
 
 

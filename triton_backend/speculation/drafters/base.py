@@ -5,7 +5,8 @@ is a list of tokens, with the draft's processed distributions ``q`` when it samp
 them (``None`` for deterministic proposals such as n-gram lookup, meaning one-hot).
 ``parents`` is reserved for tree proposals (Medusa): ``parents[i]`` is the index of
 token ``i``'s parent in the proposal, ``-1`` for children of the last committed token;
-``None`` means a chain.
+``None`` means a chain. A tree's ``probs`` row ``i``, when given, is the distribution node
+``i`` was drawn from (its parent's ``q``, shared by its siblings; an EAGLE tree).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class DraftProposal:
     tokens: list[int]
     probs: torch.Tensor | None = None  # [len(tokens), vocab] processed q, or None (one-hot)
     parents: list[int] | None = None  # tree proposals only
+    ranks: list[int] | None = None  # a drafted tree's nodes: place among their siblings (0: the drafter's first choice)
 
     def __post_init__(self) -> None:
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 import torch
 
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
-from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleKV, load_eagle
+from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleKV, TreeStep, load_eagle
+from triton_backend.speculation.drafters.eagle_tree import DraftTree, TreeShape, grow_trees
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.engines.torch.llama_engine import LlamaEngine
@@ -106,11 +107,7 @@ class EagleDrafter:
         (entries after it are the chain's own, overwritten next time).
         Returns draft tokens ``[B, k]`` and, when any row samples, ``q`` ``[B, k, vocab]``
         (one-hot rows for greedy rows)."""
-        if features.ndim != 3 or tokens.shape != features.shape[:2] or not len(processors) == len(generators) == tokens.shape[0]:
-            raise ValueError("features [B, T, H], tokens [B, T] and one processor and generator per row expected")
-        rows = torch.arange(tokens.shape[0], device=self.device)
-        out = self.net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
-        feature = out[rows, counts - 1]  # [B, H]: the guess of the feature after each row's last pair
+        feature = self._feed(kv, starts, features, tokens, counts, processors, generators, slots)
         position = starts + counts
         drafted, qs = [], []
         sampling = any(not p.greedy for p in processors)
@@ -128,6 +125,36 @@ class EagleDrafter:
         probs = torch.stack(qs, 1) if sampling else None
         return torch.stack(drafted, 1), probs
 
+    def _feed(self, kv: EagleKV, starts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor,
+              counts: torch.Tensor, processors: Sequence[LogitsProcessor], generators: Sequence[torch.Generator | None],
+              slots: torch.Tensor | None) -> torch.Tensor:
+        """Feed each row's new (feature, token) pairs; returns ``[B, H]``: the drafter's guess of
+        the feature after each row's last pair (its first draft's feature)."""
+        if features.ndim != 3 or tokens.shape != features.shape[:2] or not len(processors) == len(generators) == tokens.shape[0]:
+            raise ValueError("features [B, T, H], tokens [B, T] and one processor and generator per row expected")
+        rows = torch.arange(tokens.shape[0], device=self.device)
+        out = self.net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
+        return out[rows, counts - 1]
+
+    @torch.inference_mode()
+    def draft_trees(self, kv: EagleKV, starts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor,
+                    counts: torch.Tensor, shapes: Sequence[TreeShape], processors: Sequence[LogitsProcessor],
+                    generators: Sequence[torch.Generator | None],
+                    slots: torch.Tensor | None = None) -> list[DraftTree]:
+        """A dynamic draft tree per row (:mod:`triton_backend.speculation.drafters.eagle_tree`), batched:
+        the rows' pairs are fed as :meth:`draft_chain` feeds them, then each tree level is one
+        drafter step over every row's frontier. Row ``b``'s committed drafter length is
+        ``starts[b] + counts[b]`` afterwards (the tree's entries after it are overwritten next time)."""
+        slots = torch.arange(tokens.shape[0], device=self.device) if slots is None else slots
+        roots = self._feed(kv, starts, features, tokens, counts, processors, generators, slots)
+        committed = (starts + counts).tolist()
+
+        def step(inputs: torch.Tensor, ids: torch.Tensor, placement: TreeStep, rows: list[int]) -> torch.Tensor:
+            return self.net(inputs, self.embed[ids], starts[rows], kv, slots[rows], tree=placement)
+
+        return grow_trees(roots, committed, shapes, processors, generators, head=self._small_logits, vocab=self.vocab,
+                          expand=self._expand, step=step)
+
     @staticmethod
     def _choose(logits: torch.Tensor, processors: Sequence[LogitsProcessor], generators: Sequence[torch.Generator | None],
                 sampling: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -140,6 +167,35 @@ class EagleDrafter:
                 rows.append(torch.nn.functional.one_hot(torch.tensor(token), logits.shape[-1]).float())
             tokens.append(token)
         return torch.tensor(tokens, device=logits.device), (torch.stack(rows) if sampling else None)
+
+    def propose_trees(self, sessions: Sequence["EagleSession"], tokens: Sequence[Sequence[int]],
+                      shapes: Sequence[TreeShape], processors: Sequence[LogitsProcessor],
+                      generators: Sequence[torch.Generator | None]) -> list[DraftProposal]:
+        """One draft tree per session in ONE batched drafter call (each level one step over all
+        rows). Sessions that draft together share one cache (:meth:`EagleSession.bind`), unless
+        there is one. A session lacking a feature proposes nothing."""
+        ready = [i for i, (s, t) in enumerate(zip(sessions, tokens)) if s.backlog(t) is not None]
+        out = [EMPTY_PROPOSAL] * len(sessions)
+        if not ready:
+            return out
+        caches = [sessions[i].cache(len(tokens[i]) + shapes[i].depth) for i in ready]
+        if any(c[0] is not caches[0][0] for c in caches):
+            raise ValueError("sessions drafting together must share one drafter cache (EagleSession.bind)")
+        backlogs = [sessions[i].backlog(tokens[i]) for i in ready]
+        width = max(len(ids) for _, ids in backlogs)
+        device = self.device
+        feats = torch.zeros(len(ready), width, backlogs[0][0].shape[1], dtype=self.dtype, device=device)
+        ids = torch.zeros(len(ready), width, dtype=torch.long, device=device)
+        for b, (f, t) in enumerate(backlogs):
+            feats[b, :len(t)], ids[b, :len(t)] = f, torch.tensor(t, dtype=torch.long)
+        counts = torch.tensor([len(t) for _, t in backlogs], device=device)
+        trees = self.draft_trees(caches[0][0], torch.tensor([c[2] for c in caches], device=device), feats, ids, counts,
+                                    [shapes[i] for i in ready], [processors[i] for i in ready],
+                                    [generators[i] for i in ready], torch.tensor([c[1] for c in caches], device=device))
+        for i, (_, t), tree in zip(ready, backlogs, trees):
+            sessions[i].fed(len(t))
+            out[i] = DraftProposal(tree.tokens, tree.probs, tree.parents, tree.ranks)
+        return out
 
     def new_session(self) -> "EagleSession":
         return EagleSession(self)
@@ -158,6 +214,7 @@ class EagleSession:
         self._cached = 0  # drafter positions holding the target's features
         self._pending: list[torch.Tensor] = []  # [n_i, H] chunks: target features at positions _cached ..
         self._pending_len = 0
+        self._row = 0  # this sequence's row in _kv
 
     @property
     def feature_end(self) -> int:
@@ -177,24 +234,56 @@ class EagleSession:
         self._pending.append(features.detach())
         self._pending_len += int(features.shape[0])
 
+    def bind(self, kv: EagleKV, row: int) -> None:
+        """Keep this sequence's drafter cache in row ``row`` of ``kv`` (a batch scheduler's cache
+        shared by its EAGLE rows, so one drafter call drafts for all of them); starts empty."""
+        self.release()
+        self._kv, self._row = kv, row
+
+    def backlog(self, tokens: Sequence[int]) -> tuple[torch.Tensor, list[int]] | None:
+        """The pairs the drafter lacks before drafting after ``tokens``: features ``[new, H]`` and
+        the tokens after them; None when it lacks a feature (nothing can be drafted)."""
+        new = len(tokens) - 1 - self._cached  # pairs (feature_j, token_{j+1}) for j < len(tokens) - 1
+        if new < 1 or self._pending_len < new:
+            return None
+        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        return pending[:new], list(tokens[self._cached + 1:])
+
+    def cache(self, length: int) -> tuple[EagleKV, int, int]:
+        """(the cache, this sequence's row in it, its committed drafter length) for a proposal
+        after ``length`` tokens."""
+        if self._kv is None:
+            self._kv, self._row = self._drafter.new_cache(1, max(256, length + 16)), 0
+        return self._kv, self._row, self._cached
+
+    def fed(self, new: int) -> None:
+        """``new`` pairs of the backlog are now in the drafter's cache."""
+        self._cached += new
+        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        rest = pending[new:]
+        self._pending, self._pending_len = ([rest] if rest.shape[0] else []), int(rest.shape[0])
+
     def propose(self, tokens: Sequence[int], k: int, processor: LogitsProcessor,
                 generator: torch.Generator | None) -> DraftProposal:
         """``k`` tokens after ``tokens``; needs the target's features up to ``len(tokens) - 2``."""
-        new = len(tokens) - 1 - self._cached  # pairs (feature_j, token_{j+1}) for j < len(tokens) - 1
-        if k <= 0 or new < 1 or self._pending_len < new:
+        backlog = self.backlog(tokens) if k > 0 else None
+        if backlog is None:
             return EMPTY_PROPOSAL
-        drafter = self._drafter
-        if self._kv is None:
-            self._kv = drafter.new_cache(1, max(256, len(tokens) + k))
-        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
-        ids = torch.tensor([list(tokens[self._cached + 1:])], dtype=torch.long, device=drafter.device)
-        start = torch.tensor([self._cached], device=drafter.device)
-        drafted, probs = drafter.draft_chain(self._kv, start, pending[None, :new], ids,
-                                             torch.tensor([new], device=drafter.device), k, [processor], [generator])
-        self._cached += new
-        rest = pending[new:]
-        self._pending, self._pending_len = ([rest] if rest.shape[0] else []), int(rest.shape[0])
+        drafter, (features, ids) = self._drafter, backlog
+        kv, row, cached = self.cache(len(tokens) + k)
+        device = drafter.device
+        drafted, probs = drafter.draft_chain(kv, torch.tensor([cached], device=device), features[None],
+                                             torch.tensor([ids], dtype=torch.long, device=device),
+                                             torch.tensor([len(ids)], device=device), k, [processor], [generator],
+                                             torch.tensor([row], device=device))
+        self.fed(len(ids))
         return DraftProposal(tokens=drafted[0].tolist(), probs=None if probs is None else probs[0])
 
+    def propose_tree(self, tokens: Sequence[int], shape: TreeShape, processor: LogitsProcessor,
+                     generator: torch.Generator | None) -> DraftProposal:
+        """A dynamic draft tree of ``shape`` after ``tokens`` (:meth:`EagleDrafter.propose_trees` for one sequence)."""
+        return self._drafter.propose_trees([self], [tokens], [shape], [processor], [generator])[0]
+
     def release(self) -> None:
-        self._kv, self._pending, self._pending_len, self._cached = None, [], 0, 0
+        self._kv, self._pending, self._pending_len, self._cached, self._row = None, [], 0, 0, 0
+

@@ -36,7 +36,7 @@ from torch.nn import functional as F
 
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.llama_forward import rotate
-from triton_backend.speculation.drafters.eagle_model import EagleKV, _MLP, _RMSNorm
+from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, _MLP, _RMSNorm
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS = "model.safetensors"
@@ -227,20 +227,25 @@ class Eagle3Net(nn.Module):
     def logits(self, g: torch.Tensor) -> torch.Tensor:  # [.., H] -> [.., draft_vocab]
         return self.lm_head(self.norm(g))
 
-    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
+                tree: TreeStep | None = None) -> torch.Tensor:
         """Inference: ``hidden`` ``[B, T, H]`` (``fc`` of the target's fused features, or the
         drafter's own ``g``) and the following tokens' embeddings ``[B, T, H]`` at positions
-        ``starts[b] + t``; cache row ``b`` holds positions ``< starts[b]``. Returns ``g`` ``[B, T, H]``."""
+        ``starts[b] + t``; cache row ``b`` holds positions ``< starts[b]``. Returns ``g`` ``[B, T, H]``.
+        ``tree``: the inputs are draft-tree nodes (placed and masked as in the EAGLE-1 net)."""
         attn_mod = self.midlayer.self_attn
         b, t, _ = hidden.shape
-        positions = starts[:, None] + torch.arange(t, device=hidden.device)
+        if tree is None:
+            positions = starts[:, None] + torch.arange(t, device=hidden.device)
+            index, end = positions, int(starts.max()) + t
+            visible = torch.arange(end, device=hidden.device)[None, None, :] <= positions[..., None]
+        else:
+            positions, index, end, visible = tree.positions, tree.index, tree.end, tree.visible
         q, k, v = attn_mod.qkv(self.layer_input(hidden, embeds), positions)
-        end = int(starts.max()) + t
         kv.reserve(end)
         rows = torch.arange(b, device=hidden.device)[:, None]
-        kv.k[rows, :, positions] = k.transpose(1, 2).to(kv.k.dtype)
-        kv.v[rows, :, positions] = v.transpose(1, 2).to(kv.v.dtype)
-        visible = torch.arange(end, device=hidden.device)[None, None, :] <= positions[..., None]
+        kv.k[rows, :, index] = k.transpose(1, 2).to(kv.k.dtype)
+        kv.v[rows, :, index] = v.transpose(1, 2).to(kv.v.dtype)
         attn = attn_mod.attend(q, kv.k[:b, :, :end], kv.v[:b, :, :end], visible)
         return self.block_out(hidden, attn)
 

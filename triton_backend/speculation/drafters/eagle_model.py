@@ -113,6 +113,23 @@ class EagleKV:
         self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
 
 
+@dataclass(frozen=True)
+class TreeStep:
+    """Where a drafter step's inputs sit when they are draft-tree nodes rather than a causal
+    chain: ``positions`` ``[B, T]`` (rotary positions: the committed length + depth - 1),
+    ``index`` ``[B, T]`` (the cache entries written, distinct per node, after the committed
+    ones), ``visible`` bool ``[B, T, end]`` (the committed entries, the node's ancestors and
+    itself) over the cache's first ``end`` entries."""
+
+    positions: torch.Tensor
+    index: torch.Tensor
+    visible: torch.Tensor
+
+    @property
+    def end(self) -> int:
+        return int(self.visible.shape[-1])
+
+
 class _RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -136,26 +153,32 @@ class _Attention(nn.Module):
         inv = 1.0 / (info.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV, slots: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV, slots: torch.Tensor,
+                tree: TreeStep | None = None) -> torch.Tensor:
         info = self.info  # x [B, T, H]; row b lives in cache row slots[b]
         b, t, _ = x.shape
-        offsets = torch.arange(t, device=x.device)
-        positions = starts[:, None] + offsets  # [B, T]
+        if tree is None:
+            positions = starts[:, None] + torch.arange(t, device=x.device)  # [B, T]
+            index, end = positions, int(starts.max()) + t
+        else:
+            positions, index, end = tree.positions, tree.index, tree.end
         angles = positions[..., None].float() * self.inv_freq  # [B, T, d/2]
         cos = torch.cat((angles, angles), -1).cos()[:, None].to(x.dtype)
         sin = torch.cat((angles, angles), -1).sin()[:, None].to(x.dtype)
         q = rotate(self.q_proj(x).view(b, t, info.num_heads, info.head_dim).transpose(1, 2), cos, sin)
         k = rotate(self.k_proj(x).view(b, t, info.num_kv_heads, info.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, t, info.num_kv_heads, info.head_dim).transpose(1, 2)
-        end = int(starts.max()) + t
         kv.reserve(end)
         rows = slots[:, None]
-        kv.k[rows, :, positions] = k.transpose(1, 2).to(kv.k.dtype)  # write each row at its own positions
-        kv.v[rows, :, positions] = v.transpose(1, 2).to(kv.v.dtype)
+        kv.k[rows, :, index] = k.transpose(1, 2).to(kv.k.dtype)  # write each row at its own cache entries
+        kv.v[rows, :, index] = v.transpose(1, 2).to(kv.v.dtype)
         keys, values = kv.k[slots, :, :end], kv.v[slots, :, :end]
         group = info.num_heads // info.num_kv_heads
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        visible = torch.arange(end, device=x.device)[None, None, :] <= positions[..., None]  # [B, T, end]
+        if tree is None:
+            visible = torch.arange(end, device=x.device)[None, None, :] <= positions[..., None]  # [B, T, end]
+        else:
+            visible = tree.visible
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=visible[:, None])
         return self.o_proj(out.transpose(1, 2).reshape(b, t, info.num_heads * info.head_dim))
 
@@ -180,8 +203,9 @@ class _Layer(nn.Module):
         self.post_attention_layernorm = _RMSNorm(info.hidden_size, info.rms_norm_eps)
         self.mlp = _MLP(info)
 
-    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV, slots: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(x, starts, kv, slots)
+    def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV, slots: torch.Tensor,
+                tree: TreeStep | None = None) -> torch.Tensor:
+        x = x + self.self_attn(x, starts, kv, slots, tree)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -224,18 +248,19 @@ class EagleNet(nn.Module):
                     setattr(module, name, _KernelLinear(child, kernel))
 
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor,
-                kv: EagleKV, slots: torch.Tensor | None = None) -> torch.Tensor:
+                kv: EagleKV, slots: torch.Tensor | None = None, tree: TreeStep | None = None) -> torch.Tensor:
         """Predicted next features ``[B, T, H]`` for ``features`` ``[B, T, H]`` (the target's or
         the drafter's own at positions ``starts[b] + t``) and the embeddings ``[B, T, H]`` of the
         tokens that follow them. Row ``b`` uses cache row ``slots[b]`` (default ``b``) and attends
-        to its cached positions ``< starts[b]``."""
+        to its cached positions ``< starts[b]``. ``tree``: the inputs are draft-tree nodes
+        (:class:`TreeStep` places and masks them; ``starts`` is then unused)."""
         if slots is None:
             slots = torch.arange(features.shape[0], device=features.device)
         if features.ndim != 3 or features.shape != embeds.shape:
             raise ValueError(f"features {tuple(features.shape)} and embeds {tuple(embeds.shape)} must be [B, T, H]")
         x = self.fc(torch.cat((embeds, features), dim=-1))
         for layer in self.layers:
-            x = layer(x, starts, kv, slots)
+            x = layer(x, starts, kv, slots, tree)
         return x
 
 
