@@ -6,6 +6,8 @@
 - :mod:`.tools` -- forced tool calls: ``tools`` + ``tool_choice`` as the schema the answer is decoded
   under and the system message that describes the function(s);
 - :mod:`.tool_calls` -- a forced call's answer as ``message.tool_calls`` and as stream deltas;
+- :mod:`.logprobs` -- ``logprobs`` / ``top_logprobs`` in OpenAI's chat and completion shapes, from the
+  runtime's log probabilities of the chosen and the most likely tokens;
 - :mod:`.backend` -- the Triton side: gRPC streaming to the ``specdec`` model (the same scheduler
   and in-flight batching as every other client), the model's metadata, the tokenizer;
 - :mod:`.app` -- the aiohttp application (routes, API key, body limit) and the server thread.
