@@ -305,3 +305,44 @@ def test_reference_target_with_a_random_eagle3_drafter(reference, reference_prom
         assert _scheduled(decoder, prompts, params, spec, batch=2) == plain
         checked += assert_first_drafts_are_ttt_step0(log, net, engine.model, finals, features, margin=0.05)
     assert checked > 10
+
+
+@pytest.mark.slow
+def test_eagle3_through_a_real_triton_server(tmp_path):
+    """A deployment naming an EAGLE-3 folder, served by a real Triton server: concurrent gRPC
+    streams (greedy and seeded sampling; chain and tree rounds) equal each request served
+    alone in-process, and the server's rows really drafted with the EAGLE-3 drafter."""
+    from triton_fixtures import running_triton
+    from test_batched_serving import _concurrently
+    from builder.ops.triton_client import GenerateRequest
+    from triton_backend.core.reference_model import ensure_reference_model
+    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.torch_deployment import build_decoder
+    from triton_backend.serving.interface import ServingConfig
+    from triton_backend.serving.service import parse_request
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(ensure_reference_model())
+    folder = save_eagle3(tmp_path / "eagle3", _net(config, layers=None, scale=0.02, draft=torch.arange(0, 49152, 12)))
+    deployment = DeploymentConfig(eagle=str(folder), ngram=False, speculation=_spec(3, tree=True))
+    serving = ServingConfig(max_batch_size=4, max_queue_size=8, default_max_tokens=12)
+    decoder = build_decoder(deployment)
+    assert isinstance(decoder.drafters[SpeculationMode.EAGLE], Eagle3Drafter)
+    prompts = ["What is the capital of France?", "List three benefits of regular exercise.",
+               "Write a haiku about the ocean."]
+    requests = [GenerateRequest(prompt=p, max_tokens=12, temperature=0.8 if i == 2 else None, seed=7 if i == 2 else None,
+                                speculation="eagle", chat=True, stream=True) for i, p in enumerate(prompts)]
+
+    def alone(request: GenerateRequest) -> Any:
+        parsed = parse_request(request.arrays(), deployment.speculation, serving.default_max_tokens)
+        prompt = decoder.tokenizer.apply_chat_template([{"role": "user", "content": parsed.prompt}],
+                                                       add_generation_prompt=True, tokenize=False)
+        return decoder.generate(prompt, parsed.sampling, parsed.speculation)
+
+    expected = [alone(r) for r in requests]
+    with running_triton(tmp_path / "server", deployment, serving) as running:
+        results = _concurrently(running, requests)
+    for request, result, want in zip(requests, results, expected):
+        assert not isinstance(result, Exception), result
+        assert result.text == want.text, request.prompt
+        assert result.stats["speculation_method"] == "eagle" and result.stats["total_draft_tokens"] > 0
