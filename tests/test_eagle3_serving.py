@@ -55,7 +55,7 @@ def _drafter(target: Any, **kwargs: Any) -> Eagle3Drafter:
 
 
 def _decoder(target: Any, drafter: Any, tokenizer: Any = None) -> SpeculativeDecoder:
-    return SpeculativeDecoder(target, tokenizer, drafters={SpeculationMode.EAGLE: drafter})
+    return SpeculativeDecoder(target, tokenizer, drafters={} if drafter is None else {SpeculationMode.EAGLE: drafter})
 
 
 def _spec(k: int = 3, *, tree: bool, fallback: FallbackConfig | None = None) -> SpeculationConfig:
@@ -113,6 +113,23 @@ def test_greedy_identical_to_plain_single_and_batched(tree, reduced):
         assert [r.token_ids for r in alone] == plain
         assert sum(r.stats.drafted_tokens for r in alone) > 0
         assert _scheduled(decoder, prompts, params, spec, batch=2) == plain
+
+
+def test_auto_rounds_mixing_ngram_matches_and_eagle3_stay_exact():
+    """``auto``: rounds the n-gram match drafts still hand the EAGLE-3 drafter its features."""
+    from triton_backend.speculation.drafters.ngram import NgramDrafter
+
+    target = tiny_engine(0, layers=4)
+    decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.EAGLE: _drafter(target),
+                                                         SpeculationMode.NGRAM: NgramDrafter(1, 3)})
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    prompts = ([30, 3, 30, 3, 30, 3], [5, 9, 9, 4, 1, 7, 2, 5, 9, 9])
+    plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in prompts]
+    spec = SpeculationConfig(method="auto", draft_length=DraftLengthConfig(num_draft_tokens=3),
+                             fallback=FallbackConfig(prior_acceptance=0.9))
+    results = [decoder.generate(p, params, spec) for p in prompts]
+    assert [r.token_ids for r in results] == plain and sum(r.stats.drafted_tokens for r in results) > 0
+    assert _scheduled(decoder, prompts, params, spec, batch=2) == plain
 
 
 def test_scheduler_drafts_every_eagle3_row_in_one_call(monkeypatch):
@@ -274,37 +291,69 @@ def test_run_cli_serves_an_eagle3_folder(tmp_path):
 # -- the reference model -------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_reference_target_with_a_random_eagle3_drafter(reference, reference_prompts, monkeypatch):
-    """SmolLM2-135M-Instruct with a random EAGLE-3 drafter (the default capture layers, a
-    4,096-token draft vocabulary): greedy output is plain greedy's, single and batched, chains
-    and trees; every round's first draft is ``ttt_forward``'s step 0 over the features
-    ``builder.train.eagle_features.prefill_features`` makes (the training pipeline's own)."""
+def _prefill(model: Any, tokens: Sequence[int], layers: Sequence[int]) -> torch.Tensor:
+    """``eagle-features``' own computation (``prefill_features``): ``[n, 3H]`` float16."""
     import numpy as np
 
     from builder.train.eagle_features import prefill_features
 
+    return prefill_features(model, [np.array(tokens)], tuple(layers))[0][0]
+
+
+def _trained_net(model: Any, finals: Sequence[Sequence[int]], prompt_lengths: Sequence[int], steps: int = 60) -> Eagle3Net:
+    """An EAGLE-3 net trained for a few steps (``ttt_loss``, 2 training-time-test steps) on the
+    target's own greedy answers ``finals``, from the features ``prefill_features`` makes:
+    on those answers it drafts well, so serving them accepts drafts."""
+    from builder.train.eagle3 import ttt_loss
+
+    draft = torch.unique(torch.cat([torch.arange(0, int(model.config.vocab_size), 12)] +
+                                   [torch.tensor(list(f)) for f in finals]))
+    net = _net(model.config, layers=None, scale=0.0, draft=draft).train()
+    embed = model.get_input_embeddings().weight.detach().float()
+    width = max(len(f) for f in finals)
+    feats = torch.zeros(len(finals), width, net.info.feature_size)
+    nxt = torch.zeros(len(finals), width, dtype=torch.long)
+    labels = torch.full((len(finals), width), -1, dtype=torch.long)
+    for b, (final, plen) in enumerate(zip(finals, prompt_lengths)):
+        n = len(final)
+        feats[b, :n] = _prefill(model, final, net.info.capture_layers).float()
+        nxt[b, :n - 1] = torch.tensor(list(final[1:]))
+        labels[b, max(0, plen - 2):n - 2] = net.target_to_draft(torch.tensor(list(final[max(2, plen):])))  # top1 at j + 1
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        ttt_loss(net, embed, feats, nxt, labels, 2, 0.8).backward()
+        opt.step()
+    return net.eval()
+
+
+@pytest.mark.slow
+def test_reference_target_with_a_quickly_trained_eagle3_drafter(reference, reference_prompts, monkeypatch):
+    """SmolLM2-135M-Instruct with an EAGLE-3 drafter trained for a few steps (the default
+    capture layers, a reduced draft vocabulary): greedy output is plain greedy's, single and
+    batched, chains and trees, with drafts accepted; every round's first draft is
+    ``ttt_forward``'s step 0 over the features ``prefill_features`` makes (the training
+    pipeline's own): training-time measurement == serving."""
     engine, tokenizer = reference
-    net = _net(engine.model.config, layers=None, scale=0.02, draft=torch.arange(0, engine.vocab_size, 12))
-    assert net.info.capture_layers == (1, 14, 26)
-    decoder = _decoder(engine, Eagle3Drafter(net, engine), tokenizer)
+    decoder = _decoder(engine, None, tokenizer)
     prompts = [decoder.encode(p) for p in reference_prompts[:2]]
-    params = SamplingParams(max_tokens=16)
+    params = SamplingParams(max_tokens=24)
     plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in prompts]
     finals = [list(p) + list(o) for p, o in zip(prompts, plain)]
+    net = _trained_net(engine.model, finals, [len(p) for p in prompts])
+    assert net.info.capture_layers == (1, 14, 26) and net.info.draft_vocab_size < engine.vocab_size
+    decoder = _decoder(engine, Eagle3Drafter(net, engine), tokenizer)
     log = ProposalLog(monkeypatch)
     monkeypatch.setattr(Eagle3Drafter, "propose_trees", EagleDrafter.propose_trees)
-
-    def features(model: Any, tokens: Sequence[int], layers: Sequence[int]) -> torch.Tensor:
-        return prefill_features(model, [np.array(tokens)], tuple(layers))[0][0]
-
-    checked = 0
+    checked, accepted = 0, 0
     for tree in (False, True):
         spec = _spec(3, tree=tree)
-        assert [decoder.generate(p, params, spec).token_ids for p in prompts] == plain
+        results = [decoder.generate(p, params, spec) for p in prompts]
+        assert [r.token_ids for r in results] == plain
+        accepted += sum(r.stats.accepted_tokens for r in results)
         assert _scheduled(decoder, prompts, params, spec, batch=2) == plain
-        checked += assert_first_drafts_are_ttt_step0(log, net, engine.model, finals, features, margin=0.05)
-    assert checked > 10
+        checked += assert_first_drafts_are_ttt_step0(log, net, engine.model, finals, _prefill, margin=0.05)
+    assert checked > 10 and accepted > 10
 
 
 @pytest.mark.slow
