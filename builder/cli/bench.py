@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--medusa", default=None, help="Medusa heads directory (adds a medusa row)")
     p.add_argument("--medusa-tree-size", type=int, default=BenchConfig.medusa_tree_size,
                    help="use the first N nodes of the heads' tree (0: the whole tree)")
-    p.add_argument("--eagle", default=None, help="EAGLE drafter file or folder (adds eagle rows; chat speedup -> headline)")
+    p.add_argument("--eagle", default=None, help="EAGLE drafter: an EAGLE-1 file or folder or an EAGLE-3 folder "
+                   "(adds eagle rows; chat speedup -> headline)")
     p.add_argument("--eagle-k", type=_ints, default=BenchConfig.eagle_k,
                    help="EAGLE draft lengths (a chain row and a tree row each)")
     p.add_argument("--eagle-tree-nodes", type=int, default=BenchConfig.eagle_tree_nodes,

@@ -9,6 +9,7 @@ from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, MedusaConfig, RuntimeConfig, SamplingParams, SpeculationConfig,
 )
 from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.core.drafter_format import detect_eagle_format
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.decoding import GenerationResult
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
@@ -46,7 +47,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--eagle", default=None, help="EAGLE drafter file or folder (`specbuild train-eagle`)")
+    p.add_argument("--eagle", default=None, help="EAGLE drafter: an EAGLE-1 file or folder (`specbuild train-eagle`) or "
+                   "an EAGLE-3 folder (`specbuild train-eagle3`, published EAGLE-3 checkpoints; told apart by its config.json)")
     p.add_argument("--speculation", default="auto", help="auto, draft, medusa, eagle, ngram or off")
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to the running acceptance")
@@ -70,7 +72,7 @@ class LocalRunConfig:
                                         fallback=FallbackConfig(enabled=not a.no_fallback),
                                         medusa=MedusaConfig(tree_acceptance=a.tree_acceptance))
         deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,
-                                      eagle=a.eagle,
+                                      eagle=a.eagle, eagle_format=detect_eagle_format(a.eagle) if a.eagle else None,
                                       runtime=RuntimeConfig(device=a.device, num_threads=a.threads),
                                       speculation=speculation)
         sampling = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,

@@ -15,6 +15,7 @@ from typing import Any
 
 from triton_backend.core.config import RuntimeConfig, SpeculationConfig
 from triton_backend.core.config_io import read_config, to_plain
+from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
 from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
@@ -26,7 +27,10 @@ class DeploymentConfig:
     ``draft_layers``: instead of a separate draft, a self-speculative draft made of these
     target layers. ``ngram``: offer n-gram lookup. ``medusa``: a Medusa heads file (see
     :mod:`triton_backend.speculation.drafters.medusa_model`) for the target; ``medusa_choices`` overrides its tree.
-    ``eagle``: an EAGLE drafter file or folder (see :mod:`triton_backend.speculation.drafters.eagle_model`).
+    ``eagle``: an EAGLE drafter: an EAGLE-1 file or folder (see
+    :mod:`triton_backend.speculation.drafters.eagle_model`) or an EAGLE-3 folder (see
+    :mod:`triton_backend.speculation.drafters.eagle3_model`); ``eagle_format`` says which
+    (None: read from the drafter's files, :func:`~triton_backend.core.drafter_format.detect_eagle_format`).
     ``engine_runtime``: ``torch`` serves ``target``/``draft`` with torch; ``trtllm`` serves the
     compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer)."""
 
@@ -37,6 +41,7 @@ class DeploymentConfig:
     medusa: str | None = None
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
     eagle: str | None = None
+    eagle_format: EagleFormat | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     engine_runtime: EngineRuntime = EngineRuntime.TORCH
@@ -44,6 +49,8 @@ class DeploymentConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_runtime", EngineRuntime.parse(self.engine_runtime))
+        if self.eagle_format is not None:
+            object.__setattr__(self, "eagle_format", EagleFormat.parse(self.eagle_format))
         if self.engine_runtime is EngineRuntime.TRTLLM and self.trtllm is None:
             raise ConfigError("engine_runtime trtllm needs a trtllm section naming the compiled engines")
         if self.draft is not None and self.draft_layers is not None:
@@ -57,6 +64,12 @@ class DeploymentConfig:
                 object.__setattr__(self, "medusa_choices", normalise_choices(self.medusa_choices))
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"bad medusa_choices: {exc}") from None
+
+    def resolved_eagle_format(self) -> EagleFormat | None:
+        """The EAGLE drafter's format: the field, else read from its files; None without one."""
+        if self.eagle is None:
+            return None
+        return self.eagle_format or detect_eagle_format(self.eagle)
 
     def to_json(self) -> str:
         return json.dumps(to_plain(self), indent=2, sort_keys=True)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from triton_backend.core.config import SpeculationMode
+from triton_backend.core.drafter_format import EagleFormat
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
@@ -47,11 +49,22 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
 
         drafters[SpeculationMode.MEDUSA] = MedusaDrafter.from_file(config.medusa, target, config.medusa_choices)
     if config.eagle is not None:
-        from triton_backend.speculation.drafters.eagle import EagleDrafter
-
-        drafters[SpeculationMode.EAGLE] = EagleDrafter.from_file(config.eagle, target)
+        drafters[SpeculationMode.EAGLE] = _eagle_drafter(config, target)
     if config.ngram:
         drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n)
     install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)
+
+
+def _eagle_drafter(config: DeploymentConfig, target: Any) -> Drafter:
+    """The deployment's EAGLE drafter, EAGLE-1 or EAGLE-3 as its files (or ``eagle_format``) say."""
+    assert config.eagle is not None
+    if config.resolved_eagle_format() is EagleFormat.EAGLE3:
+        from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter
+
+        logger.info("EAGLE-3 drafter %s", config.eagle)
+        return Eagle3Drafter.from_folder(config.eagle, target)
+    from triton_backend.speculation.drafters.eagle import EagleDrafter
+
+    return EagleDrafter.from_file(config.eagle, target)

@@ -118,17 +118,22 @@ class LlamaEngine:
         if not rows:
             return []
         ids, positions, plans, out_index = self._plan(rows)
+        capture = frozenset(i for r in rows for i in r.capture)
+        if any(not 0 <= i < self.forward_impl.shape.num_layers for i in capture):
+            raise ValueError(f"capture layers {sorted(capture)} outside the target's {self.forward_impl.shape.num_layers}")
         with torch.inference_mode():
-            hidden = run_layers(self.forward_impl, self.cache, ids, positions, plans, out_index,
-                                batched_decode=self.batched_decode)
+            hidden, captured = run_layers(self.forward_impl, self.cache, ids, positions, plans, out_index,
+                                          batched_decode=self.batched_decode, capture=capture)
             wanted = [i for i, r in enumerate(rows) if r.return_logits]
             logits = self._row_logits(rows, hidden, wanted)
         self.forward_calls += 1
         outputs, at = [], 0
         for i, row in enumerate(rows):
-            h = hidden[at:at + row.num_logits]
-            outputs.append(RowOutput(logits=logits.get(i), hidden=h if row.return_hidden else None))
-            at += row.num_logits
+            end = at + row.num_logits
+            features = torch.cat([captured[li][at:end] for li in row.capture], -1) if row.capture else None
+            outputs.append(RowOutput(logits=logits.get(i), hidden=hidden[at:end] if row.return_hidden else None,
+                                     features=features))
+            at = end
         return outputs
 
     def _row_logits(self, rows: Sequence[BatchRow], hidden: torch.Tensor, wanted: list[int]) -> dict[int, torch.Tensor]:
@@ -240,7 +245,7 @@ class SlotSession:
         return i
 
     def _row(self, tokens: Sequence[int], num_last: int, tree: Sequence[int] = (), parents: Sequence[int] | None = None,
-             *, hidden: bool = False, logits: bool = True) -> RowOutput:
+             *, hidden: bool = False, logits: bool = True, capture: tuple[int, ...] = ()) -> RowOutput:
         n = len(tokens)
         if n + len(tree) > self._engine.max_context:
             raise ContextLengthError(f"sequence of {n + len(tree)} tokens exceeds the model context of "
@@ -249,7 +254,7 @@ class SlotSession:
         keep = min(self._shared_prefix(tokens), n - num_last)
         new = list(tokens[keep:]) + list(tree)
         row = BatchRow(self._acquire(), keep, new, num_logits=num_last + len(tree), tree_parents=parents,
-                       return_hidden=hidden, return_logits=logits)
+                       return_hidden=hidden, return_logits=logits, capture=capture)
         out = self._engine.forward([row])[0]
         del self._cached[keep:]
         self._cached.extend(tokens[keep:])
@@ -271,6 +276,14 @@ class SlotSession:
         """Last hidden states ``[1 + n, hidden]`` for the last committed token and each tree
         node, in one pass with tree attention; the nodes stay in the slot until :meth:`keep_tree_path`."""
         return self._row(tokens, 1, tree_tokens, list(parents), hidden=True, logits=False).hidden
+
+    def tree_features(self, tokens: Sequence[int], tree_tokens: Sequence[int], parents: Sequence[int],
+                      capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`tree_hidden` and, from the same pass, the ``capture`` layers' outputs at the
+        same rows, concatenated: ``([1 + n, hidden], [1 + n, len(capture) * hidden])``."""
+        out = self._row(tokens, 1, tree_tokens, list(parents), hidden=True, logits=False, capture=tuple(capture))
+        assert out.hidden is not None and out.features is not None
+        return out.hidden, out.features
 
     def tree_logits(self, tokens: Sequence[int], tree_tokens: Sequence[int],
                     parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

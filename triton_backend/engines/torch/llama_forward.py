@@ -271,9 +271,13 @@ class RowPlan:
 
 
 def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positions: torch.Tensor,
-               rows: list[RowPlan], out_index: torch.Tensor, *, batched_decode: bool = True) -> torch.Tensor:
+               rows: list[RowPlan], out_index: torch.Tensor, *, batched_decode: bool = True,
+               capture: frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The decoder stack over ``ids`` ``[T]`` at RoPE ``positions`` ``[T]``; writes every new
-    token's keys/values into its slot; returns final-normed hidden states ``[len(out_index), H]``.
+    token's keys/values into its slot; returns final-normed hidden states ``[len(out_index), H]``
+    and, for each layer ``i`` in ``capture``, its output at ``out_index`` ``[len(out_index), H]``
+    (Hugging Face's ``hidden_states[i + 1]``: the residual stream after the layer, final-normed
+    for the last layer). Capturing only reads the stream: the hidden states are the same bits.
     ``batched_decode``: attend all-decode batches in one padded batched product (faster; its
     rows may differ from a row alone in the last bits)."""
     shape = fwd.shape
@@ -283,6 +287,7 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
     sin = signed_sin(sin)
     x = F.embedding(ids, fwd.embed)
     decode_batch = batched_decode and len(rows) > 1 and all(r.n == 1 for r in rows)
+    captured: dict[int, torch.Tensor] = {}
     if fwd.kernel is not None:  # tree rows' visibility, once per pass
         visible = [(r.mask == 0).to(torch.uint8).contiguous() if r.tree else None for r in rows]
         scratch = torch.empty(max(r.start + r.n for r in rows), dtype=torch.float32)
@@ -303,7 +308,12 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         x = x + layer.o(attn.reshape(t, shape.num_heads * shape.head_dim))
         h = rms_norm(x, layer.mlp_norm, shape.rms_eps)
         x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
-    return rms_norm(x[out_index], fwd.norm, shape.rms_eps)
+        if capture and li in capture and li < len(fwd.layers) - 1:
+            captured[li] = x[out_index]
+    hidden = rms_norm(x[out_index], fwd.norm, shape.rms_eps)
+    if len(fwd.layers) - 1 in capture:
+        captured[len(fwd.layers) - 1] = hidden
+    return hidden, captured
 
 
 def _attend(fwd: LlamaForward, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
