@@ -74,7 +74,7 @@ def _kernel_dir() -> Path:
     return cache_dir() / "kernels"
 
 
-def _build(target: Path, flags: list[str]) -> None:
+def _build(target: Path, flags: list[str], source_file: Path = _SOURCE_FILE) -> None:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++) on PATH")
@@ -83,7 +83,7 @@ def _build(target: Path, flags: list[str]) -> None:
         os.chmod(target.parent, target.parent.stat().st_mode & ~0o022)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        done = subprocess.run([compiler, *flags, str(_SOURCE_FILE), "-o", str(out)], capture_output=True, text=True,
+        done = subprocess.run([compiler, *flags, str(source_file), "-o", str(out)], capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
@@ -127,20 +127,26 @@ def kernel_digest(isa: str) -> str:
     return hashlib.sha256((_SOURCE + " ".join(_FLAGS + _ISA_FLAGS[isa])).encode()).hexdigest()[:16]
 
 
-def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
-    flags = _FLAGS + _ISA_FLAGS[isa]
-    target = _kernel_dir() / f"row_gemm-{isa}-{kernel_digest(isa)}.so"
-    try:
-        problem = verify_library(target) if target.is_file() else "not built yet"
+def compiled_library(stem: str, source_file: Path, flags: list[str], digest: str) -> ctypes.CDLL:
+    """The library built from ``source_file`` with ``flags`` (``$SPECBUILD_CACHE_DIR/kernels/<stem>-<digest>.so``),
+    built on first use and hash-checked before it is opened (:func:`verify_library`). Raises
+    ``OSError``, ``RuntimeError`` or ``subprocess.SubprocessError`` where it cannot be built or trusted."""
+    target = _kernel_dir() / f"{stem}-{digest}.so"
+    problem = verify_library(target) if target.is_file() else "not built yet"
+    if problem is not None:
+        if target.is_file():
+            logger.warning("rebuilding %s: %s", target.name, problem)
+        _build(target, flags, source_file)
+        logger.info("built the CPU kernel library %s", target)
+        problem = verify_library(target)
         if problem is not None:
-            if target.is_file():
-                logger.warning("rebuilding the row kernel: %s", problem)
-            _build(target, flags)
-            logger.info("built the row-invariant CPU matmul kernel: %s", target)
-            problem = verify_library(target)
-            if problem is not None:
-                raise RuntimeError(f"the row kernel cannot be loaded safely: {problem}")
-        lib = ctypes.CDLL(str(target))
+            raise RuntimeError(f"{target.name} cannot be loaded safely: {problem}")
+    return ctypes.CDLL(str(target))
+
+
+def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
+    try:
+        lib = compiled_library(f"row_gemm-{isa}", _SOURCE_FILE, _FLAGS + _ISA_FLAGS[isa], kernel_digest(isa))
         fn, pack, attention = lib.specbuild_panel_gemm, lib.specbuild_pack_panels, lib.specbuild_row_attention
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
@@ -238,4 +244,4 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["BoundGemm", "RowGemm", "cpu_isa", "kernel_digest", "load_row_gemm"]
+__all__ = ["BoundGemm", "RowGemm", "compiled_library", "cpu_isa", "kernel_digest", "load_row_gemm"]
