@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear, compact_linears, linear_names
+from triton_backend.engines.torch.weight_gemm import load_weight_gemm
 from triton_backend.engines.batch import BatchRow, RowOutput
 from triton_backend.engines.torch.kv_cache import SlotKVCache
 from triton_backend.engines.torch.llama_forward import LlamaForward, RowPlan, run_layers
@@ -43,13 +45,30 @@ def _row_kernel(runtime: RuntimeConfig, device: torch.device) -> RowGemm | None:
     return load_row_gemm()
 
 
+def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[str, CompactLinear]:
+    """The model's decoder linears (and its LM head when ``runtime.quantize_lm_head``) in
+    ``runtime.weights``, round to nearest."""
+    tensors = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
+    head = model.get_output_embeddings()
+    with_head = runtime.quantize_lm_head and isinstance(head, torch.nn.Linear)
+    if with_head:
+        tensors[f"{HEAD}.weight"] = head.weight
+    names = linear_names(len(model.base_model.layers), head=with_head)
+    with torch.no_grad():
+        return compact_linears(tensors, names, runtime.weights, runtime.int4_group_size)
+
+
 class LlamaEngine:
     """A Llama-family model on the compact forward with ``runtime.max_batch_size`` slots of
     ``runtime.max_seq_len`` positions. ``model`` (the Hugging Face module whose parameters the
     forward shares) stays reachable for its config, LM head and reference forwards."""
 
     def __init__(self, model: PreTrainedModel, *, name: str = "model", runtime: RuntimeConfig | None = None,
-                 eos_token_ids: Sequence[int] | None = None, max_context: int | None = None) -> None:
+                 eos_token_ids: Sequence[int] | None = None, max_context: int | None = None,
+                 compact: Mapping[str, CompactLinear] | None = None) -> None:
+        """``compact``: linears already in a compact precision (a checkpoint's quantized tensors,
+        :mod:`~triton_backend.engines.torch.trtllm_weights`); else ``runtime.weights`` other than
+        float32 quantizes the model's float weights here."""
         runtime = runtime or RuntimeConfig()
         configure_threads(runtime.num_threads)
         self.runtime = runtime
@@ -57,12 +76,22 @@ class LlamaEngine:
         self.model = model.to(device=self.device, dtype=_DTYPES[runtime.dtype]).eval()
         self.name = name
         pack = runtime.packed_gemm_rows if self.device.type == "cpu" else 0
+        row_gemm = _row_kernel(runtime, self.device)
+        if compact is None and runtime.weights is not WeightPrecision.FLOAT32:
+            compact = _quantize_at_load(self.model, runtime)
+        weight_gemm = load_weight_gemm() if compact and row_gemm is not None else None
+        if compact and weight_gemm is None:
+            logger.warning("%s: no compact-weight kernel here (%s): its %s weights run decoded to float32 on torch's "
+                           "kernels (same values, float speed)", name, self.device, runtime.weights.value)
         self.forward_impl = LlamaForward.from_module(self.model, pack_rows=pack, invariant=runtime.batch_invariant,
-                                                     row_gemm=_row_kernel(runtime, self.device))
+                                                     row_gemm=row_gemm, compact=compact, weight_gemm=weight_gemm)
+        self.weights = runtime.weights if compact else WeightPrecision.FLOAT32
         # all-decode batches attend in one padded product unless rows must be bit-identical to alone
         self.batched_decode = not (runtime.batch_invariant or self.forward_impl.row_invariant)
         kernel = self.forward_impl.kernel
         self.kernel_name = kernel.name if kernel is not None else "torch"  # which matmul kernels run (logged, cache keys)
+        if weight_gemm is not None:
+            self.kernel_name += f"+{weight_gemm.name}"
         shape = self.forward_impl.shape
         self.hidden_size = shape.hidden_size
         head = model.get_output_embeddings()
@@ -88,6 +117,11 @@ class LlamaEngine:
 
     def kv_cache_bytes(self) -> int:
         return self.cache.nbytes()
+
+    def linear_weight_bytes(self) -> int:
+        """What the engine holds for its linear layers beside the module's parameters: float32
+        panels of the row kernel, or the compact weights (int8/int4 values and scales, 16-bit values)."""
+        return self.forward_impl.packed_bytes()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

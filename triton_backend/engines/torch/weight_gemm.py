@@ -105,6 +105,32 @@ def pack_float(w: torch.Tensor) -> PackedWeight:
     return PackedWeight(fmt, n, k, _panels(w).view(torch.uint8))
 
 
+def unpack(weight: PackedWeight) -> torch.Tensor:
+    """The float32 ``[n, k]`` weight the kernel computes with (int4: ``float(q) * scale``, one
+    rounding; int8: ``q``, the channel scale applied after the chain, see :func:`dequantize`)."""
+    panels = weight.data.shape[0]
+    if weight.format is WeightFormat.INT4:
+        b = weight.data.to(torch.int16)
+        low, high = (b & 0xF), (b >> 4) & 0xF
+        q = torch.cat([low, high], dim=-1)  # [panels, k, 32]
+        q = torch.where(q >= 8, q - 16, q).float()
+        scales = weight.scales.repeat_interleave(weight.group, dim=1)  # [panels, k, 32]
+        full = q * scales
+    elif weight.format is WeightFormat.INT8:
+        full = weight.data.view(torch.int8).float()
+    else:
+        dtype = torch.float16 if weight.format is WeightFormat.FLOAT16 else torch.bfloat16
+        full = weight.data.view(dtype).float()
+    return full.transpose(1, 2).reshape(panels * PANEL, weight.k)[:weight.n].contiguous()
+
+
+def dequantize(weight: PackedWeight) -> torch.Tensor:
+    """The float32 ``[n, k]`` weight the packed one stands for (for torch's kernels where this
+    kernel cannot run; int8's channel scale folded in, so not bit-identical to the kernel)."""
+    w = unpack(weight)
+    return w * weight.scales[:, None] if weight.format is WeightFormat.INT8 else w
+
+
 def kernel_digest(isa: str) -> str:
     return hashlib.sha256((_SOURCE + " ".join(_FLAGS + _ISA_FLAGS[isa] + _EXTRA_FLAGS)).encode()).hexdigest()[:16]
 
@@ -174,5 +200,5 @@ def load_weight_gemm() -> WeightGemm | None:
     return None if lib is None else WeightGemm(lib, isa)
 
 
-__all__ = ["BoundWeightGemm", "PackedWeight", "WeightFormat", "WeightGemm", "kernel_digest", "load_weight_gemm",
-           "pack_float", "pack_int4", "pack_int8"]
+__all__ = ["BoundWeightGemm", "PackedWeight", "WeightFormat", "WeightGemm", "dequantize", "kernel_digest",
+           "load_weight_gemm", "pack_float", "pack_int4", "pack_int8", "unpack"]
