@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear, compact_linears, linear_names
-from triton_backend.engines.torch.weight_gemm import load_weight_gemm
+from triton_backend.engines.torch.weight_gemm import WeightFormat, load_weight_gemm
 from triton_backend.engines.batch import BatchRow, RowOutput
 from triton_backend.engines.torch.kv_cache import SlotKVCache
 from triton_backend.engines.torch.llama_forward import LlamaForward, RowPlan, run_layers
@@ -58,6 +58,15 @@ def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[st
         return compact_linears(tensors, names, runtime.weights, runtime.int4_group_size)
 
 
+def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
+    """The precision of the decoder linears (the LM head may differ: a checkpoint keeps it 16-bit)."""
+    formats = {c.weight.format for name, c in compact.items() if name != HEAD}
+    if len(formats) != 1:
+        raise ValueError(f"the decoder linears mix weight formats: {sorted(f.name for f in formats)}")
+    return {WeightFormat.INT8: WeightPrecision.INT8, WeightFormat.INT4: WeightPrecision.INT4,
+            WeightFormat.FLOAT16: WeightPrecision.FLOAT16, WeightFormat.BFLOAT16: WeightPrecision.BFLOAT16}[formats.pop()]
+
+
 class LlamaEngine:
     """A Llama-family model on the compact forward with ``runtime.max_batch_size`` slots of
     ``runtime.max_seq_len`` positions. ``model`` (the Hugging Face module whose parameters the
@@ -85,7 +94,7 @@ class LlamaEngine:
                            "kernels (same values, float speed)", name, self.device, runtime.weights.value)
         self.forward_impl = LlamaForward.from_module(self.model, pack_rows=pack, invariant=runtime.batch_invariant,
                                                      row_gemm=row_gemm, compact=compact, weight_gemm=weight_gemm)
-        self.weights = runtime.weights if compact else WeightPrecision.FLOAT32
+        self.weights = _precision_of(compact) if compact else WeightPrecision.FLOAT32  # what the decoder linears hold
         # all-decode batches attend in one padded product unless rows must be bit-identical to alone
         self.batched_decode = not (runtime.batch_invariant or self.forward_impl.row_invariant)
         kernel = self.forward_impl.kernel
