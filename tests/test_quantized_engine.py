@@ -211,3 +211,35 @@ def test_engine_serves_a_model_optimizer_checkpoint(tmp_path_factory, precision)
     assert _rel(got, want) < 1e-5
     engine.release(slot)
     check_exactness(engine, [list(range(10 + i, 30 + 3 * i)) for i in range(4)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int4_awq", "int8_sq", "bf16"])
+def test_plan_memory_figure_is_what_the_engine_allocates(tmp_path, precision):
+    """``specbuild plan``'s torch-runtime figure for the linears (``torch_cpu_linear_bytes``) equals
+    what the slot engine holds after loading the checkpoint the build stage exports from that plan
+    (a 192-wide model: INT4-AWQ in the planner's groups of 64, written into the checkpoint config)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from build_fixtures import make_tiny_llama
+    from builder.plan.architecture import load_architecture
+    from builder.plan.planner import plan_deployment
+    from builder.plan.spec import BuildSpec, CalibrationSpec, ModelSpec
+    from builder.stages.checkpoint import build_checkpoint
+    from triton_backend.core.reference_model import ensure_reference_model
+    from triton_backend.engines.torch.model_loading import load_model
+    from triton_backend.engines.torch.trtllm_weights import apply_checkpoint, read_checkpoint
+
+    tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=192, heads=3, kv_heads=1, intermediate=384)
+    spec = BuildSpec(target=ModelSpec(str(tiny), precision), calibration=CalibrationSpec(num_samples=4, max_length=64))
+    plan = plan_deployment(spec)
+    planned = plan.model("target")
+    assert planned.int4_group_size == (64 if precision == "int4_awq" else None)
+    record = build_checkpoint(spec, plan, "target", spec.target, load_architecture(str(tiny)), tmp_path / "out")
+    folder = tmp_path / "out" / record["dir"]
+    model = load_model(str(tiny))
+    checkpoint = read_checkpoint(folder, model.config)
+    assert checkpoint.group_size == (64 if precision == "int4_awq" else 0)
+    torch.set_num_threads(1)
+    engine = LlamaEngine(model, eos_token_ids=[], runtime=RuntimeConfig(max_batch_size=2, max_seq_len=64),
+                         compact=apply_checkpoint(model, checkpoint))
+    assert engine.linear_weight_bytes() == planned.torch_linear_bytes > 0

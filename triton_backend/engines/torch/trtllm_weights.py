@@ -124,8 +124,8 @@ def read_checkpoint(folder: str | Path, model_config: Any) -> CheckpointWeights:
         if values.shape[0] != bounds[-1]:
             raise ModelLoadError(f"{t}attention.qkv has {values.shape[0]} rows, the model's q, k, v {bounds[-1]}")
         for part, (a, b) in zip(("q", "k", "v"), zip(bounds, bounds[1:])):
-            linears[h + f"self_attn.{part}_proj"] = _compact(values[a:b], None if scales is None else scales[a:b], pre,
-                                                             algo, group)
+            linears[h + f"self_attn.{part}_proj"] = _compact(values[a:b], None if scales is None else scales[a:b],
+                                                             None if pre is None else pre.clone(), algo, group)
         for src, dst in (("attention.dense", "self_attn.o_proj"), *_MLP.items()):
             (values, scales, pre), = _linear(tensors, t + src, algo, group)
             linears[h + dst] = _compact(values, scales, pre, algo, group)
