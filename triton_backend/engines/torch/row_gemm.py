@@ -172,13 +172,16 @@ class BoundGemm:
         self._w, self._b = packed.data_ptr(), None if bias is None else bias.data_ptr()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        k, n = self.k, self.n
-        if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"row_gemm needs x [M, {k}] float32 on CPU, got {tuple(x.shape)} {x.dtype} {x.device}")
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], n, dtype=torch.float32)
-        if x.shape[0]:
-            self._fn(x.data_ptr(), x.shape[0], k, self._w, self._b, n, y.data_ptr())
+        # the few checks that keep the kernel inside its buffers, in their cheapest form (~200 calls a decode step)
+        shape = x.shape
+        if len(shape) != 2 or shape[1] != self.k or x.dtype is not torch.float32 or not x.is_cpu:
+            raise ValueError(f"row_gemm needs x [M, {self.k}] float32 on CPU, got {tuple(shape)} {x.dtype} {x.device}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m:
+            self._fn(x.data_ptr(), m, self.k, self._w, self._b, self.n, y.data_ptr())
         return y
 
 

@@ -39,10 +39,11 @@ static inline void decode(const uint8_t* row, V w[NV]) {
     if (FMT == FMT_INT8) {
         w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)row)));
         w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + 16))));
-    } else if (FMT == FMT_INT4) {
+    } else if (FMT == FMT_INT4) {  /* a nibble indexes the 16 values -8 .. 7 (vpermps reads an index's low 4 bits) */
+        const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
         const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
-        w[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 28), 28));
-        w[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 28));
+        w[0] = _mm512_permutexvar_ps(v, values);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), values);
     } else if (FMT == FMT_F16) {
         w[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)row));
         w[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 32)));

@@ -154,15 +154,18 @@ class BoundWeightGemm:
         return self.weight.nbytes()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        k, n = self.k, self.n
-        if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"weight_gemm needs x [M, {k}] float32 on CPU, got {tuple(x.shape)} {x.dtype} {x.device}")
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], n, dtype=torch.float32)
-        if x.shape[0]:
+        # the few checks that keep the kernel inside its buffers, in their cheapest form (~200 calls a decode step)
+        shape = x.shape
+        if len(shape) != 2 or shape[1] != self.k or x.dtype is not torch.float32 or not x.is_cpu:
+            raise ValueError(f"weight_gemm needs x [M, {self.k}] float32 on CPU, got {tuple(shape)} {x.dtype} {x.device}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m:
             fmt, w, s, g, b = self._args
-            if self._fn(fmt, x.data_ptr(), x.shape[0], k, w, s, g, b, n, y.data_ptr()) != 0:
-                raise ValueError(f"weight_gemm refused format {self.weight.format.name} with k {k}, group {g}")
+            if self._fn(fmt, x.data_ptr(), m, self.k, w, s, g, b, self.n, y.data_ptr()) != 0:
+                raise ValueError(f"weight_gemm refused format {self.weight.format.name} with k {self.k}, group {g}")
         return y
 
 
