@@ -243,3 +243,36 @@ def test_plan_memory_figure_is_what_the_engine_allocates(tmp_path, precision):
     engine = LlamaEngine(model, eos_token_ids=[], runtime=RuntimeConfig(max_batch_size=2, max_seq_len=64),
                          compact=apply_checkpoint(model, checkpoint))
     assert engine.linear_weight_bytes() == planned.torch_linear_bytes > 0
+
+
+@pytest.mark.slow
+def test_a_deployment_serves_the_checkpoint_and_speculation_stays_exact(tmp_path):
+    """deployment.json's ``target_checkpoint``: the torch runtime serves the exported INT8 linears
+    (paths relative to the file), and n-gram speculation gives plain decoding's tokens."""
+    import json
+    from dataclasses import replace
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from build_fixtures import make_tiny_llama
+    from builder.plan.spec import KVCacheDtype, Precision
+    from test_build_checkpoints import quantize_and_export
+    from triton_backend.core.config import SamplingParams, SpeculationConfig
+    from triton_backend.core.reference_model import ensure_reference_model
+    from triton_backend.deployment.torch_deployment import build_decoder
+    from triton_backend.serving.service import load_deployment
+
+    tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model())
+    quantize_and_export(str(tiny), Precision.INT8_SQ, KVCacheDtype.FP16, tmp_path / "ckpt")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "deployment.json").write_text(json.dumps(
+        {"target": "../tiny", "target_checkpoint": "../ckpt", "runtime": {"max_batch_size": 2, "max_seq_len": 256}}))
+    deployment = load_deployment(tmp_path / "repo" / "deployment.json")
+    assert Path(deployment.target_checkpoint) == (tmp_path / "ckpt").resolve()
+    decoder = build_decoder(deployment)
+    torch.set_num_threads(1)
+    assert decoder.target.weights is WeightPrecision.INT8 and decoder.target.forward_impl.layers[0].q.input_scale is not None
+    prompt = "one two three one two three one two three one two"
+    sampling = SamplingParams(max_tokens=12)
+    spec = decoder.generate(prompt, sampling, SpeculationConfig(method="ngram"))
+    plain = decoder.generate(prompt, sampling, replace(deployment.speculation, method="off"))
+    assert spec.token_ids == plain.token_ids
