@@ -210,8 +210,9 @@ def test_torch_only_build(tiny_dir, tmp_path, capsys):
 
 def test_refusals_happen_before_any_model_is_loaded(tmp_path, capsys):
     out = tmp_path / "out"
-    assert cli_main(["build", "--target", "smollm2-135m-instruct", "--precision", "int4_awq", "-o", str(out)]) == 2
-    assert "576 is not divisible by 128" in capsys.readouterr().err
+    assert cli_main(["build", "--target", "smollm2-135m-instruct", "--precision", "fp8", "--gpu", "a100-80gb",
+                     "-o", str(out)]) == 2
+    assert "has no FP8 tensor cores" in capsys.readouterr().err
     assert list(out.iterdir()) == []  # refused at the plan stage: nothing loaded, calibrated or written
     assert cli_main(["build", "--target", "llama-3-70b", "-o", str(tmp_path / "o2")]) == 2
     assert "architecture-only config" in capsys.readouterr().err
