@@ -122,6 +122,11 @@ def verify_library(library: Path) -> str | None:
     return None
 
 
+def build_flags(isa: str) -> list[str]:
+    """The compiler flags of an ``isa`` build (no fast-math, no FP contraction; the ISA's vector extensions)."""
+    return _FLAGS + _ISA_FLAGS[isa]
+
+
 def kernel_digest(isa: str) -> str:
     """The hash of the source and flags an ``isa`` build compiles (its library's file name)."""
     return hashlib.sha256((_SOURCE + " ".join(_FLAGS + _ISA_FLAGS[isa])).encode()).hexdigest()[:16]
@@ -247,4 +252,4 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["BoundGemm", "RowGemm", "compiled_library", "cpu_isa", "kernel_digest", "load_row_gemm"]
+__all__ = ["BoundGemm", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "load_row_gemm"]

@@ -23,10 +23,11 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from triton_backend.engines.torch.row_gemm import PANEL, _FLAGS, _ISA_FLAGS, compiled_library, cpu_isa
+from triton_backend.engines.torch.row_gemm import PANEL, build_flags, compiled_library, cpu_isa
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +133,14 @@ def dequantize(weight: PackedWeight) -> torch.Tensor:
 
 
 def kernel_digest(isa: str) -> str:
-    return hashlib.sha256((_SOURCE + " ".join(_FLAGS + _ISA_FLAGS[isa] + _EXTRA_FLAGS)).encode()).hexdigest()[:16]
+    return hashlib.sha256((_SOURCE + " ".join(build_flags(isa) + _EXTRA_FLAGS)).encode()).hexdigest()[:16]
 
 
 class BoundWeightGemm:
     """One linear layer on the kernel: ``x [M, k] -> x W^T + bias [M, n]`` (float32). Holds the
     packed weight and the bias, whose memory the kernel reads through raw pointers."""
 
-    def __init__(self, fn: ctypes._CFuncPtr, weight: PackedWeight, bias: torch.Tensor | None) -> None:
+    def __init__(self, fn: Callable[..., int], weight: PackedWeight, bias: torch.Tensor | None) -> None:
         if bias is not None and (bias.shape != (weight.n,)):
             raise ValueError(f"bias must be [{weight.n}], got {tuple(bias.shape)}")
         self.weight = weight
@@ -195,7 +196,7 @@ def load_weight_gemm() -> WeightGemm | None:
         if isa not in _loaded:
             try:
                 _loaded[isa] = compiled_library(f"weight_gemm-{isa}", _SOURCE_FILE,
-                                                _FLAGS + _ISA_FLAGS[isa] + _EXTRA_FLAGS, kernel_digest(isa))
+                                                build_flags(isa) + _EXTRA_FLAGS, kernel_digest(isa))
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 logger.warning("compact-weight CPU kernel unavailable (%s)", exc)
                 _loaded[isa] = None
