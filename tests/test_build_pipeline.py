@@ -107,6 +107,16 @@ def test_checkpoints_hold_the_torch_runtime_weights_quantized(full_build):
     check_checkpoint(out / "checkpoints" / "draft", load_state(out / "weights" / "draft"), 2, "int4_awq", 1, fp8_kv=True)
 
 
+def test_the_torch_runtime_serves_the_draft_checkpoint_as_exported(full_build):
+    """FP8 has no CPU kernel (the target stays float32); the INT4-AWQ draft's deployment names its
+    checkpoint, whose packed int4 tensors the slot engine serves (docs/quantized-weights.md)."""
+    out, manifest = full_build
+    assert manifest["model_repo"]["torch_linear_weights"] == {"target": "float32", "draft": "int4 from checkpoints/draft"}
+    deployment = json.loads((out / manifest["model_repo"]["deployment"]).read_text())
+    assert deployment["draft_checkpoint"] == "../../../checkpoints/draft" and deployment["target_checkpoint"] is None
+    assert deployment["runtime"]["weights"] == "float32"
+
+
 def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_build):
     from dataclasses import replace
 

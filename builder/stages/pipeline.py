@@ -173,7 +173,8 @@ def _stage_repository(ctx: BuildContext) -> None:
         engine_runtime=EngineRuntime.TRTLLM if engines is not None else EngineRuntime.TORCH, trtllm=engines)
     render_model_repository(deployment, repo, serving)
     ctx.repository = {"dir": "model_repo", "model": serving.model_name,
-                      "deployment": (file_dir / serving.deployment_file).relative_to(ctx.out).as_posix()}
+                      "deployment": (file_dir / serving.deployment_file).relative_to(ctx.out).as_posix(),
+                      "torch_linear_weights": _linear_sources(ctx, checkpoints, load_weights)}
     if engines is not None:
         ctx.notices.append("the model repository serves the compiled TensorRT-LLM engines (engine_runtime trtllm); "
                            "loading it needs TensorRT-LLM (the GPU image)")
@@ -202,6 +203,20 @@ def _torch_weights_sources(ctx: BuildContext, file_dir: Path) -> tuple[dict[str,
         ctx.notices.append("torch runtime: the models quantized at load plan different precisions "
                            f"({', '.join(sorted(w.value for w in at_load))}); both are served in float32")
     return checkpoints, at_load.pop() if len(at_load) == 1 else WeightPrecision.FLOAT32
+
+
+def _linear_sources(ctx: BuildContext, checkpoints: dict[str, str], load_weights: WeightPrecision) -> dict[str, str]:
+    """What the manifest says each model's torch-runtime linears are, and where they come from."""
+    assert ctx.serving is not None
+    out = {}
+    for role, served in ctx.serving.weights.items():
+        if role in checkpoints:
+            out[role] = f"{served.value} from {ctx.checkpoints[role]['dir']}"
+        elif served is load_weights and served.value != "float32":
+            out[role] = f"{served.value}, quantized at load"
+        else:
+            out[role] = "float32"
+    return out
 
 
 def _int4_group(ctx: BuildContext) -> int:

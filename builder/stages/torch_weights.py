@@ -36,7 +36,7 @@ class TorchServing:
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "dtype": self.dtype, "notes": dict(self.notes),
-                "weights": {role: w.value for role, w in self.weights.items()}}
+                "linear_weights": {role: w.value for role, w in self.weights.items()}}
 
 
 def torch_serving(spec: BuildSpec, plan: Plan) -> TorchServing:
