@@ -8,11 +8,12 @@
 //   f16/bf16 [K][32] 16-bit values
 // int4 group scales: [K / G][32] floats per panel. int8 channel scales: [N] floats.
 //
-// Every output is ONE fused multiply-add chain over k = 0 .. K-1 in order, of x[k] times the weight
-// decoded in registers (int4: float(q) * scale, one rounding; int8, f16, bf16: exact in float32);
-// int8 then multiplies the chain by its channel scale, then the bias is added. Tile shapes change
-// with the number of rows, never that order: results are bit-identical for any M and row position,
-// and equal (bit for bit) the float32 row kernel run on the decoded weights.
+// Every output is two fused multiply-add chains, over the even and over the odd k in ascending order,
+// of x[k] times the weight decoded in registers (int4: float(q) * scale, one rounding; int8, f16,
+// bf16: exact in float32), then their sum; int8 then multiplies it by its channel scale, then the bias
+// is added. Tile shapes change with the number of rows, never that order: results are bit-identical
+// for any M and row position, and equal (bit for bit) the float32 row kernel run on the even and on
+// the odd columns of the decoded weights, summed.
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -24,12 +25,13 @@ enum Format { FMT_INT8 = 1, FMT_INT4 = 2, FMT_F16 = 3, FMT_BF16 = 4 };
 static inline int64_t row_bytes(int fmt) { return fmt == FMT_INT4 ? 16 : fmt == FMT_INT8 ? 32 : 64; }
 
 #if defined(__AVX512F__)
-static const int64_t MAX_TILE_ROWS = 12;
+static const int64_t MAX_TILE_ROWS = 8;  /* 2 chains x 2 vectors x 8 rows: 32 accumulators (a few spill) */
 static const int NV = 2;  // vectors per panel row
 typedef __m512 V;
 #define V_ZERO _mm512_setzero_ps
 #define V_FMA _mm512_fmadd_ps
 #define V_MUL _mm512_mul_ps
+#define V_ADD _mm512_add_ps
 #define V_SET1 _mm512_set1_ps
 #define V_LOAD _mm512_loadu_ps
 #define V_STORE _mm512_storeu_ps
@@ -53,12 +55,13 @@ static inline void decode(const uint8_t* row, V w[NV]) {
     }
 }
 #else
-static const int64_t MAX_TILE_ROWS = 3;
+static const int64_t MAX_TILE_ROWS = 2;
 static const int NV = 4;
 typedef __m256 V;
 #define V_ZERO _mm256_setzero_ps
 #define V_FMA _mm256_fmadd_ps
 #define V_MUL _mm256_mul_ps
+#define V_ADD _mm256_add_ps
 #define V_SET1 _mm256_set1_ps
 #define V_LOAD _mm256_loadu_ps
 #define V_STORE _mm256_storeu_ps
@@ -89,48 +92,58 @@ static inline void decode(const uint8_t* row, V w[NV]) {
 
 static const int LANES = P / NV;
 
-/* R input rows x one panel; scales (int4 only): this panel's [K / G][32] group scales. */
+/* R input rows x one panel; scales (int4 only): this panel's [K / G][32] group scales.
+   Two fused multiply-add chains per output, one over the even k and one over the odd k (each in
+   ascending order), added at the end: the same two chains whatever R is. Two chains, not one, because
+   at one row a single chain's FMA latency, not the compact weights' memory traffic, bounded the step. */
 template <int R, int FMT>
 static inline void panel_tile(const float* x, int64_t K, const uint8_t* pp, const float* scales, int64_t G, float* out) {
-    V acc[R][NV];
+    V even[R][NV], odd[R][NV];
     for (int r = 0; r < R; ++r)
-        for (int j = 0; j < NV; ++j) acc[r][j] = V_ZERO();
+        for (int j = 0; j < NV; ++j) even[r][j] = odd[r][j] = V_ZERO();
     const int64_t rb = row_bytes(FMT);
-    const int64_t step = FMT == FMT_INT4 ? G : K;
+    const int64_t step = FMT == FMT_INT4 ? G : K;  /* G is even: a pair of k never straddles two groups */
     for (int64_t k0 = 0; k0 < K; k0 += step) {
         V s[NV];
         if (FMT == FMT_INT4)
             for (int j = 0; j < NV; ++j) s[j] = V_LOAD(scales + (k0 / G) * P + LANES * j);
-        for (int64_t k = k0; k < k0 + step; ++k) {
-            V w[NV];
-            decode<FMT>(pp + k * rb, w);
+        int64_t k = k0;
+        for (; k + 1 < k0 + step; k += 2) {
+            V w0[NV], w1[NV];
+            decode<FMT>(pp + k * rb, w0);
+            decode<FMT>(pp + (k + 1) * rb, w1);
             if (FMT == FMT_INT4)
-                for (int j = 0; j < NV; ++j) w[j] = V_MUL(w[j], s[j]);
+                for (int j = 0; j < NV; ++j) w0[j] = V_MUL(w0[j], s[j]), w1[j] = V_MUL(w1[j], s[j]);
             for (int r = 0; r < R; ++r) {
-                const V xv = V_SET1(x[r * K + k]);
-                for (int j = 0; j < NV; ++j) acc[r][j] = V_FMA(xv, w[j], acc[r][j]);
+                const V x0 = V_SET1(x[r * K + k]), x1 = V_SET1(x[r * K + k + 1]);
+                for (int j = 0; j < NV; ++j) even[r][j] = V_FMA(x0, w0[j], even[r][j]);
+                for (int j = 0; j < NV; ++j) odd[r][j] = V_FMA(x1, w1[j], odd[r][j]);
+            }
+        }
+        if (k < k0 + step) {  /* K odd (never int4): its last k is even */
+            V w0[NV];
+            decode<FMT>(pp + k * rb, w0);
+            for (int r = 0; r < R; ++r) {
+                const V x0 = V_SET1(x[r * K + k]);
+                for (int j = 0; j < NV; ++j) even[r][j] = V_FMA(x0, w0[j], even[r][j]);
             }
         }
     }
     for (int r = 0; r < R; ++r)
-        for (int j = 0; j < NV; ++j) V_STORE(out + r * P + LANES * j, acc[r][j]);
+        for (int j = 0; j < NV; ++j) V_STORE(out + r * P + LANES * j, V_ADD(even[r][j], odd[r][j]));
 }
 
 template <int FMT>
 static void tile(int64_t r, const float* x, int64_t K, const uint8_t* pp, const float* sp, int64_t G, float* buf) {
     switch (r) {
 #if defined(__AVX512F__)
-        case 12: panel_tile<12, FMT>(x, K, pp, sp, G, buf); break;
-        case 11: panel_tile<11, FMT>(x, K, pp, sp, G, buf); break;
-        case 10: panel_tile<10, FMT>(x, K, pp, sp, G, buf); break;
-        case 9: panel_tile<9, FMT>(x, K, pp, sp, G, buf); break;
         case 8: panel_tile<8, FMT>(x, K, pp, sp, G, buf); break;
         case 7: panel_tile<7, FMT>(x, K, pp, sp, G, buf); break;
         case 6: panel_tile<6, FMT>(x, K, pp, sp, G, buf); break;
         case 5: panel_tile<5, FMT>(x, K, pp, sp, G, buf); break;
         case 4: panel_tile<4, FMT>(x, K, pp, sp, G, buf); break;
-#endif
         case 3: panel_tile<3, FMT>(x, K, pp, sp, G, buf); break;
+#endif
         case 2: panel_tile<2, FMT>(x, K, pp, sp, G, buf); break;
         default: panel_tile<1, FMT>(x, K, pp, sp, G, buf); break;
     }
@@ -169,14 +182,14 @@ static void gemm(const float* x, int64_t M, int64_t K, const uint8_t* p, const f
 }
 
 /* y[M][N] = x[M][K] W[N][K]^T (+ b[N]) for W in format fmt, packed as above. Returns 0, or -1 for
-   arguments the kernel cannot run (unknown format; int4 with K not a multiple of G). */
+   arguments the kernel cannot run (unknown format; int4 with an odd G or K not a multiple of G). */
 extern "C" int specbuild_weight_gemm(int fmt, const float* x, int64_t M, int64_t K, const void* p,
                                      const float* scales, int64_t G, const float* b, int64_t N, float* y) {
     const uint8_t* pp = (const uint8_t*)p;
     switch (fmt) {
         case FMT_INT8: gemm<FMT_INT8>(x, M, K, pp, scales, 0, b, N, y); return 0;
         case FMT_INT4:
-            if (G <= 0 || K % G) return -1;
+            if (G <= 0 || G % 2 || K % G) return -1;
             gemm<FMT_INT4>(x, M, K, pp, scales, G, b, N, y);
             return 0;
         case FMT_F16: gemm<FMT_F16>(x, M, K, pp, scales, 0, b, N, y); return 0;

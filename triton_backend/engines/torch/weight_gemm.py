@@ -4,10 +4,12 @@ scales) and 16-bit (float16, bfloat16), accumulated in float32.
 The row kernel (:mod:`~triton_backend.engines.torch.row_gemm`) streams float32 weights; a one-row decode
 step is bound by that stream (~540 MB for SmolLM2-135M with its LM head). This kernel reads the same
 panels (32 output columns, k-major) in a compact type and decodes each weight in registers (int4:
-``float(q) * group scale``; int8 and 16-bit exactly), then runs the row kernel's chain: every output is
-one fused multiply-add chain over ``k`` ascending, whatever the number of rows, so rows are
-bit-identical batched or alone, and the result equals the float32 row kernel run on the decoded weights
-(int8: times the channel scale after the chain), bit for bit (tests/test_weight_gemm.py).
+``float(q) * group scale``; int8 and 16-bit exactly). Every output is two fused multiply-add chains,
+over the even and over the odd ``k`` in ascending order, then their sum (two chains: at one row a
+single chain's FMA latency, not the compact weights' traffic, bounded a decode step), whatever the
+number of rows, so rows are bit-identical batched or alone; the result equals the float32 row kernel
+run on the even and on the odd columns of the decoded weights, summed (int8: then times the channel
+scale), bit for bit (tests/test_weight_gemm.py).
 Why not torch's or another library's kernels: measured in docs/quantized-weights.md.
 
 The C++ source, ``weight_gemm.cpp`` beside this module, is built and hash-checked like the row kernel's.
@@ -86,8 +88,8 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int) -> PackedWeight
     """``q`` int8 ``[n, k]`` in ``[-8, 7]``, ``scales`` ``[n, k / group]``: the weight
     ``q * scales`` repeated over each group of ``group`` input channels."""
     n, k = q.shape
-    if q.dtype != torch.int8 or group <= 0 or k % group or scales.shape != (n, k // group):
-        raise ValueError(f"pack_int4 needs int8 [n, k] with k a multiple of the group {group} and scales "
+    if q.dtype != torch.int8 or group <= 0 or group % 2 or k % group or scales.shape != (n, k // group):
+        raise ValueError(f"pack_int4 needs int8 [n, k] with k a multiple of the (even) group {group} and scales "
                          f"[n, k / group], got {tuple(q.shape)}, {tuple(scales.shape)}")
     if q.numel() and (int(q.min()) < -8 or int(q.max()) > 7):
         raise ValueError("int4 values must lie in [-8, 7]")
