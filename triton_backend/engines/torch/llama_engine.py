@@ -91,7 +91,7 @@ class LlamaEngine:
         weight_gemm = load_weight_gemm() if compact and row_gemm is not None else None
         if compact and weight_gemm is None:
             logger.warning("%s: no compact-weight kernel here (%s): its %s weights run decoded to float32 on torch's "
-                           "kernels (same values, float speed)", name, self.device, runtime.weights.value)
+                           "kernels (same values, float speed)", name, self.device, _precision_of(compact).value)
         self.forward_impl = LlamaForward.from_module(self.model, pack_rows=pack, invariant=runtime.batch_invariant,
                                                      row_gemm=row_gemm, compact=compact, weight_gemm=weight_gemm)
         self.weights = _precision_of(compact) if compact else WeightPrecision.FLOAT32  # what the decoder linears hold
