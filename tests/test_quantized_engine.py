@@ -276,3 +276,18 @@ def test_a_deployment_serves_the_checkpoint_and_speculation_stays_exact(tmp_path
     spec = decoder.generate(prompt, sampling, SpeculationConfig(method="ngram"))
     plain = decoder.generate(prompt, sampling, replace(deployment.speculation, method="off"))
     assert spec.token_ids == plain.token_ids
+
+
+def test_a_torch_only_build_layout_matches_the_plan_but_for_input_factors():
+    """Quantized at load with the head in float16 (``quantize_lm_head`` false, as a build renders it):
+    what the engine holds is the plan's figure less the AWQ input factors a checkpoint adds."""
+    from builder.plan.architecture import ModelArchitecture
+    from builder.plan.memory import torch_checkpoint_linear_bytes
+    from builder.plan.spec import Precision
+
+    model = tiny_llama(7, hidden=64, vocab=40)
+    engine = _engine(model, WeightPrecision.INT4, quantize_lm_head=False)
+    assert engine.forward_impl.head.compact.weight.format.name == "FLOAT16"
+    arch = ModelArchitecture.from_config(model.config)
+    factors = 2 * 4 * (6 * 64 + 128)  # 2 layers: a float32 factor per input of each linear (down_proj: 128 wide)
+    assert engine.linear_weight_bytes() == torch_checkpoint_linear_bytes(arch, Precision.INT4_AWQ, 64) - factors

@@ -194,7 +194,7 @@ def torch_weight_precision(precision: Precision) -> "WeightPrecision":
 def torch_checkpoint_linear_bytes(arch: ModelArchitecture, precision: Precision, group: int | None) -> int:
     """:func:`torch_linear_bytes` of the torch runtime serving this precision's exported checkpoint
     (linears as exported, the LM head 16-bit, AWQ / SmoothQuant input factors; fp8: float32 panels).
-    A ``--torch-only`` build quantizes at load instead, the LM head too: a little less than this."""
+    A ``--torch-only`` build quantizes at load instead (the head 16-bit too): this less the input factors."""
     from triton_backend.core.config import WeightPrecision
 
     weights = torch_weight_precision(precision)

@@ -168,7 +168,7 @@ def _stage_repository(ctx: BuildContext) -> None:
         target=weights["target"], draft=weights.get("draft"), medusa=medusa, medusa_choices=choices,
         target_checkpoint=checkpoints.get("target"), draft_checkpoint=checkpoints.get("draft"),
         runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype, weights=load_weights,
-                              int4_group_size=_int4_group(ctx)),
+                              int4_group_size=_int4_group(ctx), quantize_lm_head=False),  # the head 16-bit, as exported
         speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=ctx.spec.limits.max_draft_len)),
         engine_runtime=EngineRuntime.TRTLLM if engines is not None else EngineRuntime.TORCH, trtllm=engines)
     render_model_repository(deployment, repo, serving)

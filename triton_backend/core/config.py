@@ -395,7 +395,7 @@ class RuntimeConfig:
     torch_engine: str = "auto"  # auto: the compact Llama forward where it covers the model, else hf
     weights: WeightPrecision = WeightPrecision.FLOAT32
     int4_group_size: int = 0
-    quantize_lm_head: bool = True  # quantizing at load: the LM head too (a checkpoint's head is served as stored)
+    quantize_lm_head: bool = True  # quantizing at load: the LM head too (false: float16, as a checkpoint stores it)
 
     def __post_init__(self) -> None:
         try:

@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
-from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear, compact_linears, linear_names
+from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear, compact_linear, compact_linears, linear_names
 from triton_backend.engines.torch.weight_gemm import WeightFormat, load_weight_gemm
 from triton_backend.engines.batch import BatchRow, RowOutput
 from triton_backend.engines.torch.kv_cache import SlotKVCache
@@ -46,16 +46,19 @@ def _row_kernel(runtime: RuntimeConfig, device: torch.device) -> RowGemm | None:
 
 
 def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[str, CompactLinear]:
-    """The model's decoder linears (and its LM head when ``runtime.quantize_lm_head``) in
-    ``runtime.weights``, round to nearest."""
+    """The model's decoder linears in ``runtime.weights`` (round to nearest), and its LM head in the
+    same precision when ``runtime.quantize_lm_head``, else in float16 (as TensorRT-LLM checkpoints keep it)."""
     tensors = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
-    head = model.get_output_embeddings()
-    with_head = runtime.quantize_lm_head and isinstance(head, torch.nn.Linear)
-    if with_head:
-        tensors[f"{HEAD}.weight"] = head.weight
-    names = linear_names(len(model.base_model.layers), head=with_head)
     with torch.no_grad():
-        return compact_linears(tensors, names, runtime.weights, runtime.int4_group_size)
+        compact = compact_linears(tensors, linear_names(len(model.base_model.layers), head=False), runtime.weights,
+                                  runtime.int4_group_size)
+        head = model.get_output_embeddings()
+        if isinstance(head, torch.nn.Linear):
+            quantized = runtime.quantize_lm_head or not runtime.weights.is_quantized
+            group = next(iter(compact.values())).weight.group  # the decoder's int4 group (0 for other formats)
+            compact[HEAD] = compact_linear(head.weight.detach(), runtime.weights if quantized else WeightPrecision.FLOAT16,
+                                           group)
+    return compact
 
 
 def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
