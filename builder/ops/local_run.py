@@ -55,6 +55,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fallback", action="store_true", help="never fall back to plain decoding")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest on small CPUs)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--weights", default="float32", choices=["float32", "float16", "bfloat16", "int8", "int4"],
+                   help="precision of the slot engine's linear weights, quantized at load (docs/quantized-weights.md)")
+    p.add_argument("--checkpoint", default=None,
+                   help="a TensorRT-LLM checkpoint folder whose linear weights the target serves (from `specbuild build`)")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ class LocalRunConfig:
                                         medusa=MedusaConfig(tree_acceptance=a.tree_acceptance))
         deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,
                                       eagle=a.eagle, eagle_format=detect_eagle_format(a.eagle) if a.eagle else None,
-                                      runtime=RuntimeConfig(device=a.device, num_threads=a.threads),
+                                      target_checkpoint=a.checkpoint,
+                                      runtime=RuntimeConfig(device=a.device, num_threads=a.threads, weights=a.weights),
                                       speculation=speculation)
         sampling = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
                                   top_p=a.top_p, seed=a.seed, stop=tuple(a.stop))

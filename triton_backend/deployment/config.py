@@ -32,7 +32,11 @@ class DeploymentConfig:
     :mod:`triton_backend.speculation.drafters.eagle3_model`); ``eagle_format`` says which
     (None: read from the drafter's files, :func:`~triton_backend.core.drafter_format.detect_eagle_format`).
     ``engine_runtime``: ``torch`` serves ``target``/``draft`` with torch; ``trtllm`` serves the
-    compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer)."""
+    compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer).
+    ``target_checkpoint``/``draft_checkpoint``: a TensorRT-LLM checkpoint folder (TP = PP = 1) whose
+    linear weights the torch runtime serves as exported (int4, int8, 16-bit; see
+    ``engines/torch/trtllm_weights.py``); ``target``/``draft`` still give config, tokenizer and the
+    float tensors. Without one, ``runtime.weights`` quantizes the float weights at load."""
 
     target: str = DEFAULT_REFERENCE
     draft: str | None = None
@@ -46,6 +50,8 @@ class DeploymentConfig:
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     engine_runtime: EngineRuntime = EngineRuntime.TORCH
     trtllm: TrtllmConfig | None = None
+    target_checkpoint: str | None = None
+    draft_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_runtime", EngineRuntime.parse(self.engine_runtime))
@@ -55,6 +61,8 @@ class DeploymentConfig:
             raise ConfigError("engine_runtime trtllm needs a trtllm section naming the compiled engines")
         if self.draft is not None and self.draft_layers is not None:
             raise ConfigError("give either a draft model or draft_layers, not both")
+        if self.draft_checkpoint is not None and self.draft is None:
+            raise ConfigError("draft_checkpoint needs the draft model it belongs to (draft)")
         if self.draft_layers is not None:
             object.__setattr__(self, "draft_layers", tuple(int(i) for i in self.draft_layers))
         if self.medusa_choices is not None:
@@ -84,7 +92,7 @@ class DeploymentConfig:
         layers = data.get("draft_layers")
         if layers is not None and not (isinstance(layers, (list, tuple)) and all(_is_index(i) for i in layers)):
             raise ConfigError(f"draft_layers must be a list of layer indices, got {layers!r}")
-        for name in ("target", "draft", "medusa", "eagle"):
+        for name in ("target", "draft", "medusa", "eagle", "target_checkpoint", "draft_checkpoint"):
             if name in data and not isinstance(data[name], str) and not (name != "target" and data[name] is None):
                 raise ConfigError(f"{name} must be a model name or path, got {data[name]!r}")
         return read_config(cls, data, "deployment")

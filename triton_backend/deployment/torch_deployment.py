@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         return build_trtllm_decoder(config)
-    target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name)
+    target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name,
+                                    checkpoint=config.target_checkpoint)
     from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
 
     install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
@@ -35,7 +36,8 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.draft is not None:
         draft_tokenizer = load_tokenizer(config.draft)
         draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
-                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
+                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids),
+                                         checkpoint=config.draft_checkpoint)
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(draft_engine, target=target, target_tokenizer=tokenizer,
                                                             draft_tokenizer=draft_tokenizer)
     elif config.draft_layers is not None:
