@@ -120,6 +120,7 @@ def test_session_drafts_from_its_own_text_first_and_from_the_index_when_longer()
     cross = session.peek([1, 2, 3, 1, 2, 9, 11, 12, 13], 3)  # own match: (12, 13)? none; index: 11 12 13 -> 14 15 16
     assert cross is not None and cross.cross and cross.length == 3 and cross.continuation == [14, 15, 16]
     session.release()
+    index.flush()
     assert index.lookup([2, 3, 1, 2, 9], 2) is not None  # released: the request's tokens are indexed
     private = NgramDrafter(1, 3, index).new_session()
     private.private()
@@ -174,7 +175,10 @@ def test_outputs_equal_plain_decoding_alone_and_batched_sharing_one_index() -> N
     decoder, index = _decoders()
     off = SpeculationConfig(method=SpeculationMode.OFF)
     plain = [decoder.generate(p, _params(i), off).token_ids for i, p in enumerate(PROMPTS)]
-    alone = [decoder.generate(p, _params(i)).token_ids for i, p in enumerate(PROMPTS)]  # the index fills as they run
+    alone = []
+    for i, prompt in enumerate(PROMPTS):  # the index fills as they run
+        alone.append(decoder.generate(prompt, _params(i)).token_ids)
+        index.flush()
     greedy = [i for i in range(len(PROMPTS)) if _params(i).temperature == 0]
     assert [alone[i] for i in greedy] == [plain[i] for i in greedy]
     assert index.stats["rounds"] > 0 and index.stats["accepted"] > 0  # the index really drafted, and was right
@@ -186,6 +190,7 @@ def test_outputs_equal_plain_decoding_alone_and_batched_sharing_one_index() -> N
             for i, (prompt, client) in enumerate(zip(PROMPTS, clients)):
                 scheduler.submit(prompt, _params(i), decoder.speculation, client)
             assert [c.tokens() for c in clients] == alone
+            index.flush()
     finally:
         scheduler.shutdown()
     assert index.stats["rounds"] > 0

@@ -80,6 +80,8 @@ class CrossRequestRow(OursRow):
             return super().run(prompt, max_tokens, ignore_eos)
         finally:
             drafters[SpeculationMode.NGRAM] = plain
+            if self.index is not None:
+                self.index.flush()  # indexed before the next request, as on a server between two requests
 
 
 def _file_prompts(path: Path, per_workload: int) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ fared so far in this request (:class:`~triton_backend.speculation.policy.MatchLe
 A deployment may opt in to a second source (``ngram.cross_request``): a suffix index over its
 recent requests' prompts and outputs (:mod:`~triton_backend.speculation.drafters.suffix_index`).
 A session drafts from its own text first and from the index when that has no match or a
-shorter one; a finished request's committed tokens are added to the index at release.
+shorter one; a finished request's committed tokens are queued for the index at release.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class NgramSession:
 
     def release(self) -> None:
         if self.cross is not None and self._index.tokens:
-            self.cross.add(self._index.tokens)
+            self.cross.submit(self._index.tokens)
             if self.policy is not None:
                 self.cross.record(*self.policy.source_totals[True])
         self._index = NgramIndex(self._index.min_n, self._index.max_n)

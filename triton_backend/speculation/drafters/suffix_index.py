@@ -15,9 +15,12 @@ documents are appended to the newest one until it holds ``max_tokens / generatio
 then a new one starts, and the oldest generations are dropped while the total exceeds the
 budget (the oldest requests go first, a generation at a time).
 
-Threads: one writer (a request finishing, under a lock), any number of readers without a lock.
-Published automata are never changed: the writer extends a copy of the newest one and swaps
-the tuple of generations in one assignment, so a reader always sees a consistent snapshot.
+Threads: one writer, any number of readers without a lock. A finishing request only queues its
+tokens (:meth:`CrossRequestIndex.submit`); a writer thread indexes them (a few ms per request,
+off the scheduler's thread; when it falls behind by ``QUEUE_DEPTH`` requests, more are dropped:
+the index is best-effort). Published automata are never changed: the writer extends a copy of
+the newest one and swaps the tuple of generations in one assignment, so a reader always sees a
+consistent snapshot.
 
 Continuation: from the matched state, one token at a time, the follower whose string occurs
 most often in the generation (``frequent``, ties to the more recent; the frequency-weighted
@@ -26,13 +29,18 @@ path of suffix decoding), or the follower seen most recently (``recent``).
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from dataclasses import dataclass
 from typing import Sequence
 
 from triton_backend.core.config import CrossRequestConfig, CrossRequestContinuation
 
+logger = logging.getLogger(__name__)
+
 QUERY_WINDOW = 32  # the request's last this many tokens are matched (longer matches are capped)
+QUEUE_DEPTH = 64  # finished requests waiting for the writer thread; more are dropped
 
 
 class SuffixAutomaton:
@@ -46,6 +54,7 @@ class SuffixAutomaton:
         self.end: list[int] = [0]  # an occurrence's end (exclusive) for new states, -1 for clones
         self.count: list[int] = [0]  # occurrences of the state's strings (set by _finish)
         self.last: list[int] = [0]  # end of the latest occurrence (set by _finish)
+        self.followers: tuple[dict[int, int], dict[int, int]] = ({}, {})  # state -> drafted follower (recent, frequent)
         self.documents = 0
         self._tail = 0
 
@@ -53,7 +62,8 @@ class SuffixAutomaton:
         other = SuffixAutomaton.__new__(SuffixAutomaton)
         other.tokens, other.next = list(self.tokens), [dict(d) for d in self.next]
         other.link, other.length, other.end = list(self.link), list(self.length), list(self.end)
-        other.count, other.last = list(self.count), list(self.last)
+        other.count, other.last = self.count, self.last  # replaced, never changed, by _finish
+        other.followers = ({}, {})
         other.documents, other._tail = self.documents, self._tail
         return other
 
@@ -94,17 +104,34 @@ class SuffixAutomaton:
         self._tail = cur
 
     def _finish(self) -> None:
-        """``count`` and ``last`` of every state: summed / maxed up the suffix-link tree."""
-        n = len(self.next)
+        """``count`` and ``last`` of every state (summed / maxed up the suffix-link tree, longest
+        states first); the followers drafted after each state are found when first asked."""
+        n, length, link = len(self.next), self.length, self.link
         count = [1 if e >= 0 else 0 for e in self.end]
         last = list(self.end)
         count[0] = 0
-        for state in sorted(range(1, n), key=self.length.__getitem__, reverse=True):
-            parent = self.link[state]
-            count[parent] += count[state]
-            if last[state] > last[parent]:
-                last[parent] = last[state]
+        by_length: list[list[int]] = [[] for _ in range(length[self._tail] + 1)]  # a counting sort
+        for state in range(1, n):
+            by_length[length[state]].append(state)
+        for group in reversed(by_length):
+            for state in group:
+                parent = link[state]
+                count[parent] += count[state]
+                if last[state] > last[parent]:
+                    last[parent] = last[state]
         self.count, self.last = count, last
+        self.followers = ({}, {})  # memo of _best, filled by lookups (a benign race: the same value)
+
+    def _best(self, state: int, frequent: bool) -> int:
+        """The follower drafted after ``state`` (-1: none but a document's end)."""
+        count, last = self.count, self.last
+        best, best_key = -1, (-1, -1)
+        for token, child in self.next[state].items():
+            if token >= 0:
+                key = (count[child], last[child]) if frequent else (last[child], count[child])
+                if key > best_key:
+                    best, best_key = token, key
+        return best
 
     @property
     def size(self) -> int:
@@ -126,19 +153,15 @@ class SuffixAutomaton:
         """Up to ``k`` tokens from ``state``: each step the follower occurring most often
         (``frequent``; ties: the latest) or most recently; stops at a document's end."""
         out: list[int] = []
-        count, last = self.count, self.last
+        memo = self.followers[frequent]
         while len(out) < k:
-            best, best_key = -1, (-1, -1)
-            for token, child in self.next[state].items():
-                if token < 0:
-                    continue
-                key = (count[child], last[child]) if frequent else (last[child], count[child])
-                if key > best_key:
-                    best, best_key = token, key
-            if best < 0:
+            token = memo.get(state)
+            if token is None:
+                token = memo[state] = self._best(state, frequent)
+            if token < 0:
                 break
-            out.append(best)
-            state = self.next[state][best]
+            out.append(token)
+            state = self.next[state][token]
         return out
 
 
@@ -160,15 +183,43 @@ class CrossRequestIndex:
         self._generations: tuple[SuffixAutomaton, ...] = ()
         self._lock = threading.Lock()
         self._documents = 0
-        self.stats: dict[str, int] = {"drafted": 0, "accepted": 0, "rounds": 0}  # rounds it drafted, summed at release
+        self._queue: queue.Queue[list[int]] = queue.Queue(QUEUE_DEPTH)
+        self._writer: threading.Thread | None = None
+        # rounds drafted from the index (summed at release), their tokens, and requests dropped unindexed
+        self.stats: dict[str, int] = {"drafted": 0, "accepted": 0, "rounds": 0, "dropped": 0}
 
     @property
     def size(self) -> int:
         """Tokens held (separators included)."""
         return sum(g.size for g in self._generations)
 
+    def submit(self, document: Sequence[int]) -> None:
+        """Queue a finished request's committed tokens for the writer thread (never blocks)."""
+        with self._lock:
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write, name="cross-request-index", daemon=True)
+                self._writer.start()
+        try:
+            self._queue.put_nowait(list(document))
+        except queue.Full:
+            self.stats["dropped"] += 1
+
+    def flush(self) -> None:
+        """Wait until every submitted request is indexed (tests, benchmarks)."""
+        self._queue.join()
+
+    def _write(self) -> None:
+        while True:
+            document = self._queue.get()
+            try:
+                self.add(document)
+            except Exception:  # noqa: BLE001 - the index is best-effort; the server log gets the traceback
+                logger.exception("cross-request index: a finished request could not be indexed")
+            finally:
+                self._queue.task_done()
+
     def add(self, document: Sequence[int]) -> None:
-        """Index a finished request's committed tokens (the writer; one at a time)."""
+        """Index a finished request's committed tokens now (the writer; one at a time)."""
         document = list(document[-(self.max_tokens - 1):]) if self.max_tokens > 1 else []
         if not document:
             return
