@@ -108,11 +108,12 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
         elif name == "ngram":
             rows.append(OursRow(f"ngram k={arg}", decoder, SpeculationConfig(method=SpeculationMode.NGRAM,
                                                                              draft_length=DraftLengthConfig(num_draft_tokens=int(arg)))))
-        elif name in ("ngram-x", "ngram-x-recent"):  # with the cross-request index (frequent / recent follower)
+        elif name in ("ngram-x", "ngram-x-recent", "auto-x"):  # with the cross-request index (frequent / recent)
             config = CrossRequestConfig(enabled=True, continuation=CrossRequestContinuation.RECENT
                                         if name.endswith("recent") else CrossRequestContinuation.FREQUENT)
+            method = SpeculationMode.AUTO if name == "auto-x" else SpeculationMode.NGRAM
             rows.append(CrossRequestRow(f"{name} k={arg}", decoder, SpeculationConfig(
-                method=SpeculationMode.NGRAM, draft_length=DraftLengthConfig(num_draft_tokens=int(arg))),
+                method=method, draft_length=DraftLengthConfig(num_draft_tokens=int(arg))),
                 index=cross_request_index(config)))
         elif name == "medusa":
             rows.append(OursRow("medusa", decoder, SpeculationConfig(method=SpeculationMode.MEDUSA)))

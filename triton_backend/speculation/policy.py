@@ -456,13 +456,16 @@ class MatchLengthPolicy:
         self.buckets = tuple(sorted(priors))
         self._priors: dict[tuple[int, bool], Prior] = {(b, False): priors[b] for b in self.buckets}
         self._priors.update({(b, True): p for b, p in repeated.items() if b in priors})
-        self._make = lambda prior: GainPolicy(DrafterKind.NGRAM, max_k, 0.0, dataclasses.replace(settings, prior=prior),
-                                              cost_model)
+        self._max_k, self._settings, self._cost_model = max_k, settings, cost_model
         self.policies: dict[MatchKey, GainPolicy] = {(*key, False): self._make(prior) for key, prior in self._priors.items()}
         self.source_totals = {False: [0, 0, 0], True: [0, 0, 0]}  # cross-request? -> drafted, accepted, rounds
         self._last: MatchKey | None = None  # the bucket of the last proposal, when it drafted
         self._planned: int | None = None  # a batch plan's length for the next proposal
         self.paused = False
+
+    def _make(self, prior: Prior) -> GainPolicy:
+        return GainPolicy(DrafterKind.NGRAM, self._max_k, 0.0, dataclasses.replace(self._settings, prior=prior),
+                          self._cost_model)
 
     def bucket(self, match_length: int) -> int:
         return max((b for b in self.buckets if b <= match_length), default=self.buckets[0])
