@@ -19,7 +19,7 @@ from triton_backend.core.config import (CrossRequestConfig, CrossRequestContinua
                                         SamplingParams, SpeculationConfig, SpeculationMode)
 from triton_backend.core.errors import ConfigError
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.speculation.drafters.suffix_index import (CrossRequestIndex, SuffixAutomaton,
+from triton_backend.speculation.drafters.suffix_index import (QUEUE_DEPTH, CrossRequestIndex, SuffixAutomaton,
                                                               cross_request_index)
 from triton_backend.speculation.loop import SpeculativeDecoder
 from triton_backend.speculation.policy import GainSettings, MatchLengthPolicy
@@ -93,6 +93,24 @@ def test_one_writer_beside_readers_never_breaks_a_lookup() -> None:
     for thread in readers:
         thread.join()
     assert not errors and index.size <= 4000
+
+
+def test_a_writer_that_falls_behind_drops_requests_and_never_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    index = CrossRequestIndex(1000)
+    gate, add = threading.Event(), index.add
+
+    def slow_add(document: list[int]) -> None:
+        gate.wait(10)
+        add(document)
+
+    monkeypatch.setattr(index, "add", slow_add)
+    start = time.perf_counter()
+    for i in range(QUEUE_DEPTH + 5):
+        index.submit([i, i + 1, i + 2])
+    assert time.perf_counter() - start < 1.0 and index.stats["dropped"] >= 4
+    gate.set()
+    index.flush()
+    assert index.lookup([0, 1], 1) is not None and 0 < index.size <= 1000
 
 
 def test_a_lookup_costs_well_under_a_millisecond() -> None:
