@@ -107,6 +107,16 @@ def test_checkpoints_hold_the_torch_runtime_weights_quantized(full_build):
     check_checkpoint(out / "checkpoints" / "draft", load_state(out / "weights" / "draft"), 2, "int4_awq", 1, fp8_kv=True)
 
 
+def test_the_torch_runtime_serves_the_draft_checkpoint_as_exported(full_build):
+    """FP8 has no CPU kernel (the target stays float32); the INT4-AWQ draft's deployment names its
+    checkpoint, whose packed int4 tensors the slot engine serves (docs/quantized-weights.md)."""
+    out, manifest = full_build
+    assert manifest["model_repo"]["torch_linear_weights"] == {"target": "float32", "draft": "int4 from checkpoints/draft"}
+    deployment = json.loads((out / manifest["model_repo"]["deployment"]).read_text())
+    assert deployment["draft_checkpoint"] == "../../../checkpoints/draft" and deployment["target_checkpoint"] is None
+    assert deployment["runtime"]["weights"] == "float32"
+
+
 def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_build):
     from dataclasses import replace
 
@@ -210,8 +220,9 @@ def test_torch_only_build(tiny_dir, tmp_path, capsys):
 
 def test_refusals_happen_before_any_model_is_loaded(tmp_path, capsys):
     out = tmp_path / "out"
-    assert cli_main(["build", "--target", "smollm2-135m-instruct", "--precision", "int4_awq", "-o", str(out)]) == 2
-    assert "576 is not divisible by 128" in capsys.readouterr().err
+    assert cli_main(["build", "--target", "smollm2-135m-instruct", "--precision", "fp8", "--gpu", "a100-80gb",
+                     "-o", str(out)]) == 2
+    assert "has no FP8 tensor cores" in capsys.readouterr().err
     assert list(out.iterdir()) == []  # refused at the plan stage: nothing loaded, calibrated or written
     assert cli_main(["build", "--target", "llama-3-70b", "-o", str(tmp_path / "o2")]) == 2
     assert "architecture-only config" in capsys.readouterr().err

@@ -159,11 +159,15 @@ def test_medusa_heads_are_planned_with_the_target():
     assert heads.footprint.activations == 8 * 4 * 128256 * 4
 
 
-def test_the_cpu_torch_runtime_note_counts_the_row_kernels_packed_copy():
+def test_the_cpu_torch_runtime_note_counts_the_cpu_kernels_linear_weights():
     from builder.plan.spec import TorchRuntimeSpec
 
     cpu = plan_deployment(spec("llama-3.2-1b", None, "h100"))
-    packed = (L1_LINEAR + 128256 * 2048) * 4 / 2**30  # every decoder linear + the LM head, float32
-    assert f"+ {packed:.2f} GiB packed copy for the row kernel" in " ".join(cpu.notes)
+    assert cpu.precision_of("target") is Precision.BF16
+    packed = (L1_LINEAR + 128256 * 2048) * 2 / 2**30  # every decoder linear + the LM head, 16-bit (bf16 plan)
+    assert f"+ {packed:.2f} GiB of bfloat16 linear weights for the CPU kernels" in " ".join(cpu.notes)
+    fp8 = plan_deployment(spec("llama-3.2-1b", None, "h100", precision="fp8"))
+    packed = (L1_LINEAR + 128256 * 2048) * 4 / 2**30  # fp8: no FP8 kernel, float32 panels
+    assert f"+ {packed:.2f} GiB of float32 linear weights for the CPU kernels" in " ".join(fp8.notes)
     cuda = plan_deployment(spec("llama-3.2-1b", None, "h100", torch_runtime=TorchRuntimeSpec(device="cuda")))
-    assert "packed copy" not in " ".join(cuda.notes)  # the row kernel runs on CPU float32 only
+    assert "CPU kernels" not in " ".join(cuda.notes)  # the row kernels run on CPU float32 only

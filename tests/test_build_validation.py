@@ -12,7 +12,7 @@ from builder.plan.architecture import ModelArchitecture
 from builder.errors import (BuildSpecError, DoesNotFitError, PlanError, PrecisionError, UnknownGpuError,
                             UnsupportedModelError)
 from builder.plan.planner import int4_problems, plan_deployment
-from builder.plan.spec import BuildSpec, GpuTarget, Limits, MedusaSpec, ModelSpec, Parallelism, Precision
+from builder.plan.spec import BuildSpec, GpuTarget, KVCacheDtype, Limits, MedusaSpec, ModelSpec, Parallelism, Precision
 from triton_backend.core.errors import VocabMismatchError
 
 
@@ -69,23 +69,46 @@ def test_a_draft_sharing_the_tokenizer_is_accepted(tmp_path, reference_dir):
 
 
 # ---- INT4 block size ----------------------------------------------------------------------
-def test_int4_awq_is_refused_for_smollm2_before_any_calibration():
-    """SmolLM2's hidden size 576 is not a multiple of 128: the planner refuses INT4-AWQ."""
+def test_int4_awq_takes_groups_of_64_where_128_does_not_divide():
+    """SmolLM2's hidden size 576 is not a multiple of 128 but is of 64: INT4-AWQ in groups of 64,
+    in the plan, its table, the checkpoint config modelopt is asked for and the engine script."""
+    from builder.plan.memory import int4_group_size, linear_weight_bytes
+    from builder.plan.report import format_plan
+    from builder.stages.compile import engine_builds, write_script
+    from builder.stages.quantize import quant_config
+
     s = BuildSpec(target=ModelSpec("smollm2-135m-instruct", "int4_awq"))
-    with pytest.raises(PrecisionError, match="attention.qkv input size 576 is not divisible by 128"):
-        plan_deployment(s)
+    plan = plan_deployment(s)
+    target = plan.model("target")
+    assert target.int4_group_size == 64 and target.to_dict()["int4_group_size"] == 64
+    assert "int4_awq g64" in format_plan(plan)
+    assert int4_group_size(arch()) == 128 and int4_group_size(arch(hidden_size=192, num_heads=3)) == 64
+    assert linear_weight_bytes(6400, 10, Precision.INT4_AWQ, 64) == 3200 + 2 * 100
+    weight_entry = [e for e in quant_config(Precision.INT4_AWQ, KVCacheDtype.FP16, 64)["quant_cfg"]
+                    if e.get("quantizer_name") == "*weight_quantizer"]
+    assert weight_entry[0]["cfg"]["block_sizes"][-1] == 64
+    import modelopt.torch.quantization as mtq
+
+    assert mtq.INT4_AWQ_CFG["quant_cfg"][1]["cfg"]["block_sizes"][-1] == 128  # modelopt's own config untouched
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        text = write_script(engine_builds(s, plan), Path(tmp), plan).read_text()
+    assert "# target: INT4-AWQ in groups of 64 input channels" in text
 
 
-def test_int4_awq_is_skipped_under_auto_with_the_reason():
-    plan = plan_deployment(BuildSpec(target=ModelSpec("smollm2-135m-instruct")))
-    assert any("int4_awq skipped" in n and "576 is not divisible by 128" in n for n in plan.notes)
+def test_int4_awq_is_refused_for_widths_not_divisible_by_64_before_any_calibration():
+    problems = int4_problems(arch(hidden_size=96, num_heads=3, head_dim=32), tp=1)
+    assert any("attention.qkv input size 96 is not divisible by 64" in p for p in problems)
 
 
 def test_int4_block_size_rules():
     assert int4_problems(arch(), tp=1) == []
     assert int4_problems(arch(), tp=2) == []  # dense input 256/2 = 128, down input 512/2 = 256
-    # hidden 128 with 2 heads: dense input 128/2 = 64 per GPU at TP 2
-    assert any("attention.dense input size 64" in p for p in int4_problems(arch(hidden_size=128, num_heads=2, num_kv_heads=1), tp=2))
+    assert int4_problems(arch(hidden_size=128, num_heads=2, num_kv_heads=1), tp=2) == []  # dense 64 per GPU: groups of 64
+    # hidden 64 with 2 heads: dense input 64/2 = 32 per GPU at TP 2
+    assert any("attention.dense input size 32" in p
+               for p in int4_problems(arch(hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32), tp=2))
     odd = int4_problems(arch(intermediate_size=640 + 1), tp=1)
     assert any("mlp.proj input size 641" in p for p in odd) and any("output size 1282" not in p for p in odd)
     assert any("is odd" in p for p in int4_problems(arch(num_heads=1, num_kv_heads=1, head_dim=129, hidden_size=256), tp=1))
@@ -198,7 +221,7 @@ def test_plan_command_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--target", "llama-3-70b", "--draft", "llama-3-8b", "--gpu", "h100", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "int4_awq (auto)" in text and "target bf16 would need" in text and "headroom" in text
+    assert "int4_awq g128 (auto)" in text and "target bf16 would need" in text and "headroom" in text
     data = json.loads(out.read_text())
     assert data["precisions"] == {"target": "int4_awq", "draft": "bf16"} and data["fits"] is True
     assert data["total_per_gpu_bytes"] == 69_373_960_192

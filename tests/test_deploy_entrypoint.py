@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from triton_fixtures import local_decoder  # noqa: F401 (fixture)
 
 from builder.ops.deploy import (BuildMode, DeployConfig, DeployError, MpiTritonServer, cache_key, launch_world_size,
                             mpi_command)
@@ -124,8 +123,16 @@ def _wait_healthy(proc: subprocess.Popen[str], port: int, deadline_s: float) -> 
 
 
 @pytest.mark.slow
-def test_entrypoint_serves_the_build_answers_and_stops_cleanly_on_sigterm(built, local_decoder) -> None:
-    spec, cache, _ = built
+def test_entrypoint_serves_the_build_answers_and_stops_cleanly_on_sigterm(built) -> None:
+    """The served text is the build's own deployment decoding in process (its planned 16-bit
+    weights: the torch runtime serves a plan's precision, docs/quantized-weights.md)."""
+    from triton_backend.deployment.torch_deployment import build_decoder
+    from triton_backend.serving.service import load_deployment
+
+    spec, cache, repository = built
+    deployment = load_deployment(repository / "specdec" / "1" / "deployment.json")
+    assert deployment.runtime.weights.value in ("float16", "bfloat16")  # SmolLM2 plans 16-bit on an H100
+    local_decoder = build_decoder(deployment)
     http, grpc, metrics = free_port(), free_port(), free_port()
     assert len({http, grpc, metrics}) == 3
     env = entrypoint_env(cache, SPECBUILD_SPEC=str(spec), SPECBUILD_HTTP_PORT=str(http),

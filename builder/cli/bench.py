@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--medusa", default=None, help="Medusa heads directory (adds a medusa row)")
     p.add_argument("--medusa-tree-size", type=int, default=BenchConfig.medusa_tree_size,
                    help="use the first N nodes of the heads' tree (0: the whole tree)")
-    p.add_argument("--eagle", default=None, help="EAGLE drafter file or folder (adds eagle rows; chat speedup -> headline)")
+    p.add_argument("--eagle", default=None, help="EAGLE drafter: an EAGLE-1 file or folder or an EAGLE-3 folder "
+                   "(adds eagle rows; chat speedup -> headline)")
     p.add_argument("--eagle-k", type=_ints, default=BenchConfig.eagle_k,
                    help="EAGLE draft lengths (a chain row and a tree row each)")
     p.add_argument("--eagle-tree-nodes", type=int, default=BenchConfig.eagle_tree_nodes,
@@ -89,6 +90,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "docs/structured-output.md); n-gram k = the first --ngram-k")
     p.add_argument("--json-prompts", type=Path, default=None,
                    help="--json: the prompt file (default benchmarks/json_prompts.json)")
+    p.add_argument("--precisions", default=None, metavar="LIST",
+                   help="plain decoding of these weight precisions (int8,int4,float16,bfloat16) against float32, one "
+                        "process: tok/s at 1 row and greedy agreement on the held-out prompts (headline "
+                        "<p>_plain_x_fp32, <p>_greedy_agreement; docs/quantized-weights.md)")
+    p.add_argument("--agreement-prompts", type=int, default=16, help="--precisions: held-out prompts for the agreement")
     p.add_argument("--render-readme", action="store_true",
                    help="instead: rewrite the figure tables of README.md and docs/benchmarks.md from the result "
                         "files in --out (default benchmarks/results/)")
@@ -178,6 +184,24 @@ def _cmd_json(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_precisions(args: argparse.Namespace) -> int:
+    from builder.bench.precision import PrecisionBenchConfig, precision_markdown, run_precision_bench, write_precision_bench
+    from triton_backend.core.errors import ConfigError
+
+    try:
+        precisions = tuple(p.strip() for p in args.precisions.split(",") if p.strip())
+        config = PrecisionBenchConfig(target=args.target, precisions=precisions, prompts=args.agreement_prompts,
+                                      max_tokens=args.max_tokens, repeats=args.repeats, num_threads=args.threads)
+    except ValueError as exc:
+        raise ConfigError(f"--precisions: {exc}") from None
+    result = run_precision_bench(config)
+    paths = write_precision_bench(result, args.out, args.label, headline=_headline(args))
+    print(precision_markdown(result))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     from builder.bench.docs_render import render_docs
     from triton_backend.core.errors import ConfigError
@@ -214,6 +238,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _cmd_pass_cost(args)
     if args.json:
         return _cmd_json(args)
+    if args.precisions:
+        return _cmd_precisions(args)
     if args.perf_analyzer:
         return _cmd_perf_analyzer(args)
     if args.concurrency:

@@ -9,6 +9,7 @@ from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, MedusaConfig, RuntimeConfig, SamplingParams, SpeculationConfig,
 )
 from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.core.drafter_format import detect_eagle_format
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.decoding import GenerationResult
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
@@ -46,13 +47,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--eagle", default=None, help="EAGLE drafter file or folder (`specbuild train-eagle`)")
+    p.add_argument("--eagle", default=None, help="EAGLE drafter: an EAGLE-1 file or folder (`specbuild train-eagle`) or "
+                   "an EAGLE-3 folder (`specbuild train-eagle3`, published EAGLE-3 checkpoints; told apart by its config.json)")
     p.add_argument("--speculation", default="auto", help="auto, draft, medusa, eagle, ngram or off")
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to the running acceptance")
     p.add_argument("--no-fallback", action="store_true", help="never fall back to plain decoding")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest on small CPUs)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--weights", default="float32", choices=["float32", "float16", "bfloat16", "int8", "int4"],
+                   help="precision of the slot engine's linear weights, quantized at load (docs/quantized-weights.md)")
+    p.add_argument("--checkpoint", default=None,
+                   help="a TensorRT-LLM checkpoint folder whose linear weights the target serves (from `specbuild build`)")
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,9 @@ class LocalRunConfig:
                                         fallback=FallbackConfig(enabled=not a.no_fallback),
                                         medusa=MedusaConfig(tree_acceptance=a.tree_acceptance))
         deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,
-                                      eagle=a.eagle,
-                                      runtime=RuntimeConfig(device=a.device, num_threads=a.threads),
+                                      eagle=a.eagle, eagle_format=detect_eagle_format(a.eagle) if a.eagle else None,
+                                      target_checkpoint=a.checkpoint,
+                                      runtime=RuntimeConfig(device=a.device, num_threads=a.threads, weights=a.weights),
                                       speculation=speculation)
         sampling = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
                                   top_p=a.top_p, seed=a.seed, stop=tuple(a.stop))

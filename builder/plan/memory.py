@@ -4,7 +4,7 @@ All figures are bytes on the GPU, as a TensorRT-LLM engine holds them:
 
 * Weights. Decoder-block linears take the model precision: 2 bytes/param (fp16, bf16),
   1 (fp8), 1 + a 16-bit scale per output channel (int8_sq), 0.5 + a 16-bit scale per group
-  of 128 inputs (int4_awq). Embedding, LM head, norms and biases stay 16-bit (modelopt keeps
+  of 128 inputs, or 64 where the widths do not split into 128 (int4_awq, :func:`int4_group_size`). Embedding, LM head, norms and biases stay 16-bit (modelopt keeps
   them unquantized). Per-tensor scalars and the AWQ/SmoothQuant per-input-channel vectors are
   left out (under 0.1%). Under TP x PP every GPU holds 1/(TP*PP) of the weights.
 * KV cache: max_batch x (max_input + max_output + max_draft) tokens x 2 (K, V) x layers/PP x
@@ -24,18 +24,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from builder.plan.architecture import ModelArchitecture
 from builder.plan.spec import EagleSpec, KVCacheDtype, Limits, MedusaSpec, Precision
 
-INT4_GROUP_SIZE = 128
+if TYPE_CHECKING:
+    from triton_backend.core.config import WeightPrecision
+
+INT4_GROUP_SIZE = 128  # TensorRT-LLM's AWQ default; 64 where a width does not split into it
+INT4_GROUP_SIZES = (128, 64)  # what the planner tries, in order
 FLOAT_BYTES = 2  # fp16/bf16 for everything left unquantized
 SCALE_BYTES = 2  # per-channel / per-group scales as the engine holds them
 LOGIT_BYTES = 4  # logits are gathered in float32
 
 
-def linear_weight_bytes(params: int, out_channels: int, precision: Precision) -> int:
-    """Bytes of linear weights holding ``params`` values over ``out_channels`` outputs."""
+def int4_group_size(arch: ModelArchitecture, tp: int = 1, *, medusa_heads: bool = False) -> int | None:
+    """The AWQ group size for this model at this TP size: 128 where every linear's input width per
+    GPU splits into groups of 128, else 64 where they split into 64, else ``None`` (INT4-AWQ impossible)."""
+    widths = [lin.shard(tp).in_features for lin in arch.layer_linears()] + ([arch.hidden_size] if medusa_heads else [])
+    return next((g for g in INT4_GROUP_SIZES if all(w % g == 0 for w in widths)), None)
+
+
+def linear_weight_bytes(params: int, out_channels: int, precision: Precision, group: int = INT4_GROUP_SIZE) -> int:
+    """Bytes of linear weights holding ``params`` values over ``out_channels`` outputs (int4: in
+    groups of ``group`` inputs)."""
     if precision.is_float:
         return FLOAT_BYTES * params
     if precision is Precision.FP8:
@@ -43,13 +56,14 @@ def linear_weight_bytes(params: int, out_channels: int, precision: Precision) ->
     if precision is Precision.INT8_SQ:
         return params + SCALE_BYTES * out_channels
     if precision is Precision.INT4_AWQ:
-        return params // 2 + SCALE_BYTES * (params // INT4_GROUP_SIZE)
+        return params // 2 + SCALE_BYTES * (params // group)
     raise ValueError(f"precision {precision.value} has no size; resolve auto first")
 
 
-def weight_bytes(arch: ModelArchitecture, precision: Precision) -> int:
-    """All of a model's weights at ``precision`` (whole model, before TP/PP)."""
-    linears = linear_weight_bytes(arch.linear_params, arch.linear_out_channels, precision)
+def weight_bytes(arch: ModelArchitecture, precision: Precision, tp: int = 1) -> int:
+    """All of a model's weights at ``precision`` (whole model, before TP/PP; int4's group size as at ``tp``)."""
+    group = int4_group_size(arch, tp) or INT4_GROUP_SIZE
+    linears = linear_weight_bytes(arch.linear_params, arch.linear_out_channels, precision, group)
     return linears + FLOAT_BYTES * arch.unquantized_params
 
 
@@ -117,7 +131,7 @@ class Footprint:
 
 def model_footprint(arch: ModelArchitecture, precision: Precision, kv: KVCacheDtype, limits: Limits,
                     tp: int, pp: int) -> Footprint:
-    return Footprint(weights=math.ceil(weight_bytes(arch, precision) / (tp * pp)),
+    return Footprint(weights=math.ceil(weight_bytes(arch, precision, tp) / (tp * pp)),
                      kv_cache=kv_bytes_per_gpu(arch, kv, limits, tp, pp),
                      activations=activation_bytes_per_gpu(arch, limits, tp))
 
@@ -138,6 +152,56 @@ def row_kernel_packed_bytes(arch: ModelArchitecture) -> int:
     on CPU, :mod:`triton_backend.engines.torch.row_gemm`): every decoder linear and the LM head, packed
     once into panels and held beside the weights."""
     return (arch.linear_params + arch.lm_head_params) * 4
+
+
+def torch_linear_bytes(arch: ModelArchitecture, weights: "WeightPrecision", *, head: "WeightPrecision",
+                       group: int = 0, input_scales: bool = False) -> int:
+    """What the torch runtime's slot engine holds for its decoder linears and LM head on the CPU
+    kernels (one thread), beside the model's float parameters: the float32 row kernel's panels, or
+    the compact weights of :mod:`triton_backend.engines.torch.weight_gemm` -- values in panels of 32
+    output columns (padded), float32 scales per output channel (int8) or per group of ``group``
+    inputs and padded column (int4). ``head``: the LM head's precision (a checkpoint's is 16-bit);
+    ``input_scales``: every decoder linear holds a float32 factor per input (AWQ / SmoothQuant checkpoints)."""
+    from triton_backend.core.config import WeightPrecision
+
+    def one(n: int, k: int, precision: WeightPrecision) -> int:
+        padded = -(-n // 32) * 32
+        if precision is WeightPrecision.INT8:
+            return padded * k + 4 * n
+        if precision is WeightPrecision.INT4:
+            return padded * k // 2 + 4 * padded * (k // group)
+        return padded * k * (4 if precision is WeightPrecision.FLOAT32 else 2)
+
+    def layer(n: int, k: int) -> int:
+        return one(n, k, weights) + (4 * k if input_scales else 0)
+
+    h, d = arch.hidden_size, arch.head_dim
+    shapes = [(arch.num_heads * d, h), (arch.num_kv_heads * d, h), (arch.num_kv_heads * d, h), (h, arch.num_heads * d),
+              (arch.intermediate_size, h), (arch.intermediate_size, h), (h, arch.intermediate_size)]
+    return arch.num_layers * sum(layer(n, k) for n, k in shapes) + one(arch.vocab_size, h, head)
+
+
+def torch_weight_precision(precision: Precision) -> "WeightPrecision":
+    """What the torch runtime's CPU slot engine holds a plan's linears in: 16-bit for fp16/bf16,
+    int8 (weight-only) for int8_sq, int4 for int4_awq; float32 for fp8 (no FP8 kernel here)."""
+    from triton_backend.core.config import WeightPrecision
+
+    return {Precision.FP16: WeightPrecision.FLOAT16, Precision.BF16: WeightPrecision.BFLOAT16,
+            Precision.INT8_SQ: WeightPrecision.INT8, Precision.INT4_AWQ: WeightPrecision.INT4}.get(precision,
+                                                                                            WeightPrecision.FLOAT32)
+
+
+def torch_checkpoint_linear_bytes(arch: ModelArchitecture, precision: Precision, group: int | None) -> int:
+    """:func:`torch_linear_bytes` of the torch runtime serving this precision's exported checkpoint
+    (linears as exported, the LM head 16-bit, AWQ / SmoothQuant input factors; fp8: float32 panels).
+    A ``--torch-only`` build quantizes at load instead (the head 16-bit too): this less the input factors."""
+    from triton_backend.core.config import WeightPrecision
+
+    weights = torch_weight_precision(precision)
+    if weights is WeightPrecision.FLOAT32:
+        return torch_linear_bytes(arch, weights, head=weights)
+    return torch_linear_bytes(arch, weights, head=WeightPrecision.FLOAT16, group=group or 0,
+                              input_scales=precision in (Precision.INT4_AWQ, Precision.INT8_SQ))
 
 
 def torch_runtime_bytes(arch: ModelArchitecture, dtype_bytes: int, slots: int, max_seq_len: int) -> tuple[int, int]:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from builder.plan.architecture import ModelArchitecture, is_config_only, load_architecture
 from builder.errors import DoesNotFitError, PlanError, PrecisionError
 from builder.plan.gpus import GIB, GpuSpec, get_gpu
-from builder.plan.memory import (INT4_GROUP_SIZE, Footprint, decode_step_ms, eagle_footprint, eagle_params,
+from builder.plan.memory import (INT4_GROUP_SIZES, Footprint, int4_group_size, decode_step_ms, eagle_footprint, eagle_params,
                             medusa_footprint, medusa_params, model_footprint,
-                            row_kernel_packed_bytes, tokens_per_sequence, torch_runtime_bytes)
+                            row_kernel_packed_bytes, tokens_per_sequence, torch_checkpoint_linear_bytes,
+                            torch_weight_precision,
+                            torch_runtime_bytes)
 from builder.plan.types import Choice, ModelPlan, Plan
 from builder.plan.spec import BuildSpec, KVCacheDtype, ModelSpec, Precision
 
@@ -37,17 +39,19 @@ class ResolvedModels:
 
 def int4_problems(arch: ModelArchitecture, tp: int, *, medusa_heads: bool = False) -> list[str]:
     """Why INT4-AWQ cannot pack this model at this TP size (empty: it can). Every linear's
-    input size per GPU must split into groups of 128 and every output size must be even
+    input size per GPU must split into groups of 64 (128 where all split into 128: the group size
+    is then 128, :func:`~builder.plan.memory.int4_group_size`) and every output size must be even
     (two int4 values per byte)."""
     linears = [lin.shard(tp) for lin in arch.layer_linears()]
+    smallest = INT4_GROUP_SIZES[-1]
     problems = []
     for lin in linears:
-        if lin.in_features % INT4_GROUP_SIZE:
-            problems.append(f"{lin.name} input size {lin.in_features} is not divisible by {INT4_GROUP_SIZE}")
+        if lin.in_features % smallest:
+            problems.append(f"{lin.name} input size {lin.in_features} is not divisible by {smallest}")
         if lin.out_features % 2:
             problems.append(f"{lin.name} output size {lin.out_features} is odd")
-    if medusa_heads and arch.hidden_size % INT4_GROUP_SIZE:
-        problems.append(f"Medusa head input size {arch.hidden_size} is not divisible by {INT4_GROUP_SIZE}")
+    if medusa_heads and arch.hidden_size % smallest:
+        problems.append(f"Medusa head input size {arch.hidden_size} is not divisible by {smallest}")
     return problems
 
 
@@ -163,17 +167,20 @@ def _tokenizer_or_none(source: str):
 def evaluate(spec: BuildSpec, models: ResolvedModels, gpu: GpuSpec, choice: Choice) -> tuple[ModelPlan, ...]:
     """Per-GPU footprints of every model for one combination."""
     limits, pp = spec.limits, spec.parallel.pp_size
+    heads = spec.medusa is not None
     plans = [_model_plan("target", spec.target, models.target,
                          model_footprint(models.target, choice.target, choice.kv, limits, choice.tp, pp),
-                         models.target.total_params, choice.target, gpu)]
+                         models.target.total_params, choice.target, gpu,
+                         _group(models.target, choice.target, choice.tp, heads))]
     if spec.draft is not None and models.draft is not None and choice.draft is not None:
         plans.append(_model_plan("draft", spec.draft, models.draft,
                                  model_footprint(models.draft, choice.draft, choice.kv, limits, choice.tp, pp),
-                                 models.draft.total_params, choice.draft, gpu))
+                                 models.draft.total_params, choice.draft, gpu, _group(models.draft, choice.draft, choice.tp)))
     if spec.medusa is not None:
         fp = medusa_footprint(models.target, spec.medusa, choice.target, limits, choice.tp, pp)
         plans.append(_model_plan("medusa", ModelSpec(spec.medusa.source or "(untrained heads)", spec.target.precision),
-                                 models.target, fp, medusa_params(models.target, spec.medusa), choice.target, gpu))
+                                 models.target, fp, medusa_params(models.target, spec.medusa), choice.target, gpu,
+                                 _group(models.target, choice.target, choice.tp, heads)))
     if spec.eagle is not None:  # the EagleNets stay 16-bit whatever the target's precision
         fp = eagle_footprint(models.target, spec.eagle, choice.kv, limits, choice.tp, pp)
         plans.append(_model_plan("eagle", ModelSpec(spec.eagle.source or "(untrained drafter)", Precision.FP16),
@@ -181,19 +188,26 @@ def evaluate(spec: BuildSpec, models: ResolvedModels, gpu: GpuSpec, choice: Choi
     return tuple(plans)
 
 
+def _group(arch: ModelArchitecture, precision: Precision, tp: int, medusa_heads: bool = False) -> int | None:
+    return int4_group_size(arch, tp, medusa_heads=medusa_heads) if precision is Precision.INT4_AWQ else None
+
+
 def _model_plan(role: str, model: ModelSpec, arch: ModelArchitecture, footprint: Footprint, params: int,
-                precision: Precision, gpu: GpuSpec) -> ModelPlan:
+                precision: Precision, gpu: GpuSpec, group: int | None = None) -> ModelPlan:
+    torch_bytes = torch_checkpoint_linear_bytes(arch, precision, group) if role in ("target", "draft") else 0
     return ModelPlan(role=role, source=model.source, params=params, precision=precision, requested=model.precision,
-                     footprint=footprint, decode_step_ms=decode_step_ms(footprint.weights, gpu.bandwidth_gbps))
+                     footprint=footprint, decode_step_ms=decode_step_ms(footprint.weights, gpu.bandwidth_gbps),
+                     int4_group_size=group, torch_linear_bytes=torch_bytes)
 
 
 def per_gpu_total(spec: BuildSpec, plans: tuple[ModelPlan, ...]) -> int:
     return sum(p.footprint.total for p in plans) + int(spec.workspace_gib * GIB)
 
 
-def torch_runtime_note(spec: BuildSpec, models: ResolvedModels) -> str:
+def torch_runtime_note(spec: BuildSpec, models: ResolvedModels, plans: tuple[ModelPlan, ...] = ()) -> str:
     """Memory of the torch runtime (the embedded default): weights + the slot engine's static KV
-    cache, ``limits.max_batch_size`` slots x ``input + output + draft`` positions per model."""
+    cache, ``limits.max_batch_size`` slots x ``input + output + draft`` positions per model, and on
+    CPU in float32 the linears as its CPU kernels hold them (float32 panels, or the plan's precision)."""
     dtype = spec.torch_runtime.dtype.value
     if dtype == "auto":
         dtype = "float32" if spec.torch_runtime.device == "cpu" else "16-bit"
@@ -204,7 +218,11 @@ def torch_runtime_note(spec: BuildSpec, models: ResolvedModels) -> str:
         if arch is not None:
             weights, kv = torch_runtime_bytes(arch, width, slots, length)
             part = f"{role} {weights / GIB:.2f} GiB weights + {kv / GIB:.2f} GiB KV cache"
-            if spec.torch_runtime.device == "cpu" and dtype == "float32":
+            planned = next((p for p in plans if p.role == role), None)
+            if spec.torch_runtime.device == "cpu" and dtype == "float32" and planned is not None:
+                served = torch_weight_precision(planned.precision).value
+                part += f" + {planned.torch_linear_bytes / GIB:.2f} GiB of {served} linear weights for the CPU kernels"
+            elif spec.torch_runtime.device == "cpu" and dtype == "float32":
                 part += f" + {row_kernel_packed_bytes(arch) / GIB:.2f} GiB packed copy for the row kernel"
             parts.append(part)
     return (f"torch runtime ({spec.torch_runtime.device}, {dtype}): " + "; ".join(parts)
@@ -227,12 +245,12 @@ def plan_deployment(spec: BuildSpec, models: ResolvedModels | None = None) -> Pl
     if spec.medusa is not None and spec.medusa.num_heads > spec.limits.max_draft_len:
         notes.append(f"medusa: {spec.medusa.num_heads} heads propose up to max_draft_len = {spec.limits.max_draft_len} tokens")
     choices = _candidates(spec, models, gpu, notes)
-    notes.append(torch_runtime_note(spec, models))
     scored = [(c, evaluate(spec, models, gpu, c)) for c in choices]
     fitting = [(c, p) for c, p in scored if per_gpu_total(spec, p) <= gpu.memory_bytes]
     if not fitting:
         raise _no_fit(spec, gpu, scored)
     choice, plans = min(fitting, key=lambda cp: cp[0].rank)
+    notes.append(torch_runtime_note(spec, models, plans))
     reasons = _reasons(spec, gpu, choice, scored)
     return Plan(gpu=gpu, gpu_count=spec.gpu.count, tp=choice.tp, pp=spec.parallel.pp_size, kv_cache_dtype=choice.kv,
                 workspace_bytes=int(spec.workspace_gib * GIB), models=plans, reasons=tuple(reasons),

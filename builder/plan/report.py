@@ -23,7 +23,7 @@ def format_plan(plan: Plan) -> str:
     rows = [header]
     for m in plan.models:
         fp = m.footprint
-        chosen = m.precision.value + (" (auto)" if m.requested.value == "auto" else "")
+        chosen = m.precision_label + (" (auto)" if m.requested.value == "auto" else "")
         rows.append((m.role, _short(m.source), _params(m.params), chosen, _gib(fp.weights), _gib(fp.kv_cache),
                      _gib(fp.activations), _gib(fp.total), f"{m.decode_step_ms:.2f}"))
     rows.append(("workspace", "", "", "", "", "", "", _gib(plan.workspace_bytes), ""))

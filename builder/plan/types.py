@@ -46,11 +46,20 @@ class ModelPlan:
     requested: Precision
     footprint: Footprint  # per GPU
     decode_step_ms: float  # memory-bound lower bound of one pass
+    int4_group_size: int | None = None  # int4_awq: the AWQ group size (128, or 64 where widths need it)
+    torch_linear_bytes: int = 0  # target/draft: what the torch runtime's CPU slot engine holds for linears + LM head
+
+    @property
+    def precision_label(self) -> str:
+        """The precision as plans print it: ``int4_awq g64`` names the group size."""
+        return self.precision.value + (f" g{self.int4_group_size}" if self.int4_group_size else "")
 
     def to_dict(self) -> dict[str, Any]:
         fp = self.footprint
         return {"role": self.role, "source": self.source, "params": self.params, "precision": self.precision.value,
                 "requested_precision": self.requested.value,
+                **({"int4_group_size": self.int4_group_size} if self.int4_group_size else {}),
+                **({"torch_cpu_linear_bytes": self.torch_linear_bytes} if self.torch_linear_bytes else {}),
                 "per_gpu_bytes": {"weights": fp.weights, "kv_cache": fp.kv_cache, "activations": fp.activations,
                                   "total": fp.total},
                 "per_gpu_gib": {"weights": _gib(fp.weights), "kv_cache": _gib(fp.kv_cache),

@@ -36,8 +36,10 @@ def build_checkpoint(spec: BuildSpec, plan: Plan, role: str, model_spec: ModelSp
         attach_medusa_heads(model, spec.medusa)
     texts = load_calibration_texts(spec.calibration)
     loop = make_forward_loop(tokenizer, texts, spec.calibration.max_length, device)
-    quant = quantize_model(model, precision, kv, loop)
-    info = export_checkpoint(model, arch, precision, kv, out / "checkpoints" / role, plan.tp, plan.pp)
+    planned = plan.model(role)
+    group = planned.int4_group_size if planned is not None else None
+    quant = quantize_model(model, precision, kv, loop, group)
+    info = export_checkpoint(model, arch, precision, kv, out / "checkpoints" / role, plan.tp, plan.pp, group)
     medusa = None
     if role == "target" and spec.medusa is not None:
         from builder.stages.medusa_heads import record_medusa_tree
@@ -50,6 +52,7 @@ def build_checkpoint(spec: BuildSpec, plan: Plan, role: str, model_spec: ModelSp
         "dir": f"checkpoints/{role}", "architecture": info.config.get("architecture"), "dtype": info.dtype,
         "precision": precision.value, "kv_cache_dtype": kv.value,
         "quant_algo": quantization.get("quant_algo"), "kv_cache_quant_algo": quantization.get("kv_cache_quant_algo"),
+        **({"int4_group_size": quantization.get("group_size")} if group else {}),
         "ranks": len(info.files), "calibration_samples": len(texts) if quant.quantized else 0,
         "quantization_seconds": round(quant.seconds, 2), "export_seconds": round(info.seconds, 2),
         "modelopt_version": quant.modelopt_version, **({"medusa": medusa} if medusa else {}),

@@ -43,7 +43,7 @@ def export_dtype(arch: ModelArchitecture, precision: Precision) -> str:
 
 
 def export_checkpoint(model: Any, arch: ModelArchitecture, precision: Precision, kv: KVCacheDtype,
-                      export_dir: Path, tp: int, pp: int) -> CheckpointInfo:
+                      export_dir: Path, tp: int, pp: int, int4_group: int | None = None) -> CheckpointInfo:
     """Write the TensorRT-LLM checkpoint of a (quantized) torch model and check it."""
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
@@ -59,14 +59,14 @@ def export_checkpoint(model: Any, arch: ModelArchitecture, precision: Precision,
                                        inference_pipeline_parallel=pp)
     except (RuntimeError, ValueError, NotImplementedError, AssertionError, KeyError) as exc:
         raise BuildError(f"modelopt could not export the TensorRT-LLM checkpoint: {exc}") from exc
-    config, files = check_checkpoint(export_dir, precision, kv, tp, pp)
+    config, files = check_checkpoint(export_dir, precision, kv, tp, pp, int4_group)
     return CheckpointInfo(export_dir, files, config, dtype, time.perf_counter() - start)
 
 
 def check_checkpoint(export_dir: Path, precision: Precision, kv: KVCacheDtype, tp: int,
-                     pp: int) -> tuple[dict[str, Any], tuple[Path, ...]]:
+                     pp: int, int4_group: int | None = None) -> tuple[dict[str, Any], tuple[Path, ...]]:
     """The checkpoint's config and rank files; raises :class:`BuildError` when it is not
-    what was planned."""
+    what was planned (``int4_group``: the planned AWQ group size)."""
     config_path = export_dir / "config.json"
     if not config_path.is_file():
         raise BuildError(f"export wrote no config.json in {export_dir}")
@@ -83,4 +83,6 @@ def check_checkpoint(export_dir: Path, precision: Precision, kv: KVCacheDtype, t
     want = (QUANT_ALGOS[precision], KV_ALGOS[kv])
     if got != want:
         raise BuildError(f"exported quantization {got} is not the planned {want}")
+    if int4_group is not None and quant.get("group_size") != int4_group:
+        raise BuildError(f"exported INT4 group size {quant.get('group_size')} is not the planned {int4_group}")
     return config, files

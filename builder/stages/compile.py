@@ -121,7 +121,9 @@ def write_script(builds: list[EngineBuild], out_dir: Path, plan: Plan) -> Path:
         'cd "$(dirname "$0")"',
         "",
     ]
-    body = [b.shell() + "\n" for b in builds]
+    groups = {m.role: m.int4_group_size for m in plan.models if m.int4_group_size}
+    body = [(f"# {b.role}: INT4-AWQ in groups of {groups[b.role]} input channels (the checkpoint's "
+             f"quantization.group_size)\n" if b.role in groups else "") + b.shell() + "\n" for b in builds]
     path = out_dir / SCRIPT_NAME
     path.write_text("\n".join(header) + "\n".join(body))
     path.chmod(0o755)

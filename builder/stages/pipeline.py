@@ -36,6 +36,7 @@ from builder.plan.spec import BuildSpec, ModelSpec
 from builder.stages.torch_weights import TorchServing, relative_to_file, save_torch_weights, torch_serving
 
 if TYPE_CHECKING:
+    from triton_backend.core.config import WeightPrecision
     from triton_backend.engines.trtllm.config import TrtllmConfig
 
 logger = logging.getLogger(__name__)
@@ -162,20 +163,66 @@ def _stage_repository(ctx: BuildContext) -> None:
     engines = _compiled_engines(ctx, file_dir)
     # a Medusa engine takes its tree at run time: the one its checkpoint's max_draft_len was sized for
     choices = ctx.checkpoints.get("target", {}).get("medusa", {}).get("medusa_choices") if engines else None
+    checkpoints, load_weights = _torch_weights_sources(ctx, file_dir)
     deployment = DeploymentConfig(
         target=weights["target"], draft=weights.get("draft"), medusa=medusa, medusa_choices=choices,
-        runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype),
+        target_checkpoint=checkpoints.get("target"), draft_checkpoint=checkpoints.get("draft"),
+        runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype, weights=load_weights,
+                              int4_group_size=_int4_group(ctx), quantize_lm_head=False),  # the head 16-bit, as exported
         speculation=SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=ctx.spec.limits.max_draft_len)),
         engine_runtime=EngineRuntime.TRTLLM if engines is not None else EngineRuntime.TORCH, trtllm=engines)
     render_model_repository(deployment, repo, serving)
     ctx.repository = {"dir": "model_repo", "model": serving.model_name,
-                      "deployment": (file_dir / serving.deployment_file).relative_to(ctx.out).as_posix()}
+                      "deployment": (file_dir / serving.deployment_file).relative_to(ctx.out).as_posix(),
+                      "torch_linear_weights": _linear_sources(ctx, checkpoints, load_weights)}
     if engines is not None:
         ctx.notices.append("the model repository serves the compiled TensorRT-LLM engines (engine_runtime trtllm); "
                            "loading it needs TensorRT-LLM (the GPU image)")
     elif ctx.spec.medusa is not None and ctx.medusa_heads is None:
         ctx.notices.append("Medusa heads are in the TensorRT-LLM target checkpoint; the torch runtime's repository "
                            "serves the target with n-gram drafting (its heads file has no specbuild metadata)")
+
+
+def _torch_weights_sources(ctx: BuildContext, file_dir: Path) -> tuple[dict[str, str], WeightPrecision]:
+    """Where the torch runtime's compact linears come from: per role, the exported checkpoint (its
+    own tensors; single-rank checkpoints) and, for roles without one, the precision the float weights
+    are quantized to at load (one ``runtime.weights`` for both models: float32 where they differ)."""
+    from triton_backend.core.config import WeightPrecision
+
+    assert ctx.serving is not None and ctx.plan is not None
+    checkpoints: dict[str, str] = {}
+    at_load: set[WeightPrecision] = set()
+    for role, served in ctx.serving.weights.items():
+        if served is WeightPrecision.FLOAT32:
+            at_load.add(served)
+        elif role in ctx.checkpoints and ctx.plan.tp * ctx.plan.pp == 1:
+            checkpoints[role] = relative_to_file(ctx.out / ctx.checkpoints[role]["dir"], file_dir)
+        else:
+            at_load.add(served)
+    if len(at_load) > 1:
+        ctx.notices.append("torch runtime: the models quantized at load plan different precisions "
+                           f"({', '.join(sorted(w.value for w in at_load))}); both are served in float32")
+    return checkpoints, at_load.pop() if len(at_load) == 1 else WeightPrecision.FLOAT32
+
+
+def _linear_sources(ctx: BuildContext, checkpoints: dict[str, str], load_weights: WeightPrecision) -> dict[str, str]:
+    """What the manifest says each model's torch-runtime linears are, and where they come from."""
+    assert ctx.serving is not None
+    out = {}
+    for role, served in ctx.serving.weights.items():
+        if role in checkpoints:
+            out[role] = f"{served.value} from {ctx.checkpoints[role]['dir']}"
+        elif served is load_weights and served.value != "float32":
+            out[role] = f"{served.value}, quantized at load"
+        else:
+            out[role] = "float32"
+    return out
+
+
+def _int4_group(ctx: BuildContext) -> int:
+    assert ctx.plan is not None
+    groups = {m.int4_group_size for m in ctx.plan.models if m.int4_group_size}
+    return groups.pop() if len(groups) == 1 else 0
 
 
 def _compiled_engines(ctx: BuildContext, file_dir: Path) -> TrtllmConfig | None:

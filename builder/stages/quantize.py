@@ -46,12 +46,29 @@ def _append(cfg: dict[str, Any], entries: list[dict[str, Any]]) -> None:
             quant_cfg[entry["quantizer_name"]] = entry.get("cfg", {"enable": entry.get("enable", True)})
 
 
-def quant_config(precision: Precision, kv: KVCacheDtype) -> dict[str, Any]:
-    """The modelopt config for these weights and this KV cache."""
+def _set_int4_group(cfg: dict[str, Any], group: int) -> None:
+    """AWQ's block size along the input (``block_sizes[-1]``) in the weight quantizer's entry."""
+    quant_cfg = cfg["quant_cfg"]
+    entries = quant_cfg if isinstance(quant_cfg, list) else [{"quantizer_name": k, "cfg": v} for k, v in quant_cfg.items()]
+    found = False
+    for entry in entries:
+        settings = entry.get("cfg")
+        if entry.get("quantizer_name") == "*weight_quantizer" and isinstance(settings, dict) and "block_sizes" in settings:
+            settings["block_sizes"] = {**settings["block_sizes"], -1: group}
+            found = True
+    if not found:
+        raise BuildError("modelopt's INT4-AWQ config has no weight-quantizer block size to set")
+
+
+def quant_config(precision: Precision, kv: KVCacheDtype, int4_group: int | None = None) -> dict[str, Any]:
+    """The modelopt config for these weights and this KV cache (INT4-AWQ in groups of ``int4_group``
+    input channels, the plan's choice; modelopt's default 128 when not given)."""
     import modelopt.torch.quantization as mtq
 
     if precision.is_quantized:
         cfg = copy.deepcopy(getattr(mtq, _WEIGHT_CONFIGS[precision]))
+        if precision is Precision.INT4_AWQ and int4_group is not None:
+            _set_int4_group(cfg, int4_group)
     elif precision.is_float:
         cfg = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
     else:
@@ -64,7 +81,7 @@ def quant_config(precision: Precision, kv: KVCacheDtype) -> dict[str, Any]:
 
 
 def quantize_model(model: Any, precision: Precision, kv: KVCacheDtype,
-                   forward_loop: Callable[[Any], None]) -> QuantizationResult:
+                   forward_loop: Callable[[Any], None], int4_group: int | None = None) -> QuantizationResult:
     """Quantize ``model`` in place (fake-quant modules with calibrated scales)."""
     import modelopt
     import modelopt.torch.quantization as mtq
@@ -72,7 +89,7 @@ def quantize_model(model: Any, precision: Precision, kv: KVCacheDtype,
     start = time.perf_counter()
     if not needs_quantization(precision, kv):
         return QuantizationResult(precision, kv, False, 0.0, modelopt.__version__)
-    cfg = quant_config(precision, kv)
+    cfg = quant_config(precision, kv, int4_group)
     logger.info("quantizing %s to %s (KV cache %s) with modelopt %s", type(model).__name__, precision.value,
                 kv.value, modelopt.__version__)
     try:

@@ -1,9 +1,11 @@
 """What the torch runtime (the CPU default) serves from a build, and the weights it loads.
 
-The torch runtime computes in float32, float16 or bfloat16; it has no INT4/INT8/FP8 kernels.
-``dtype: auto`` picks float32 on CPU (16-bit matmuls are slower there) and the planned
-16-bit precision on CUDA. A quantized precision is served from the original (unquantized)
-weights, and the manifest says so for each model.
+The torch runtime computes in float32, float16 or bfloat16. ``dtype: auto`` picks float32 on CPU
+and the planned 16-bit precision on CUDA. On CPU in float32 (one thread) its slot engine holds each
+model's linears in the planned precision (:func:`builder.plan.memory.torch_weight_precision`: int4
+for int4_awq, weight-only int8 for int8_sq, 16-bit for fp16/bf16, float32 for fp8, which has no
+kernel here): the exported checkpoint's own tensors when the build wrote one (TP = PP = 1), else the
+float weights quantized at load. The manifest says what each model is served as.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.plan.memory import torch_weight_precision
 from builder.plan.types import Plan
 from builder.plan.spec import BuildSpec, Precision, TorchDtype
+from triton_backend.core.config import WeightPrecision
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +32,11 @@ class TorchServing:
     device: str
     dtype: str  # float32, float16 or bfloat16
     notes: dict[str, str] = field(default_factory=dict)  # per role: how the planned precision is served
+    weights: dict[str, WeightPrecision] = field(default_factory=dict)  # per role (target, draft): its linears
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "dtype": self.dtype, "notes": dict(self.notes)}
+        return {"device": self.device, "dtype": self.dtype, "notes": dict(self.notes),
+                "linear_weights": {role: w.value for role, w in self.weights.items()}}
 
 
 def torch_serving(spec: BuildSpec, plan: Plan) -> TorchServing:
@@ -42,17 +48,25 @@ def torch_serving(spec: BuildSpec, plan: Plan) -> TorchServing:
         dtype = "float32"
     else:
         dtype = _TORCH_DTYPES.get(target, "float16")
-    notes = {}
+    kernels = device == "cpu" and dtype == "float32"  # the slot engine's CPU kernels hold compact weights
+    notes, weights = {}, {}
     for model in plan.models:
         planned = model.precision
-        if planned.is_quantized:
-            notes[model.role] = (f"planned {planned.value}: the torch runtime has no {planned.value} kernels, so it "
+        served = torch_weight_precision(planned) if kernels else WeightPrecision.FLOAT32
+        if model.role in ("target", "draft"):
+            weights[model.role] = served
+        if served is not WeightPrecision.FLOAT32:
+            notes[model.role] = (f"planned {planned.value}: the CPU slot engine holds {served.value} linear weights "
+                                 f"(float32 accumulation" + (", activations unquantized" if planned is Precision.INT8_SQ
+                                                             else "") + ")")
+        elif planned.is_quantized:
+            notes[model.role] = (f"planned {planned.value}: the torch runtime has no {planned.value} kernels here, so it "
                                  f"serves the original weights in {dtype} (the TensorRT-LLM engine runs {planned.value})")
         elif _TORCH_DTYPES[planned] != dtype:
             notes[model.role] = f"planned {planned.value}: the torch runtime on {device} serves {dtype} weights"
         else:
             notes[model.role] = f"served in {dtype}, as planned"
-    return TorchServing(device, dtype, notes)
+    return TorchServing(device, dtype, notes, weights)
 
 
 def save_torch_weights(source: str, out_dir: Path, dtype: str) -> Path:

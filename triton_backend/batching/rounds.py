@@ -27,7 +27,7 @@ import torch
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
-from triton_backend.speculation.drafters.eagle import EagleDrafter, EagleSession
+from triton_backend.speculation.drafters.eagle import EagleSession, FeatureDrafter
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.drafters.medusa import MedusaSession
 from triton_backend.speculation.drafters.ngram import NgramSession
@@ -165,7 +165,7 @@ class PlannedRow:
             # product with the other rows' (a head call per row would cost a pass's head each)
             fused = len(tokens) == len(self.proposal) + 1
             return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
-                            return_hidden=True, return_logits=fused)
+                            return_hidden=True, return_logits=fused, capture=seq.eagle.capture_layers or ())
         if seq.medusa is not None:
             parents = self.proposal.parents if self.proposal.parents is not None else []
             return BatchRow(seq.slot, start, tokens, num_logits=1 + len(parents), tree_parents=parents,
@@ -189,7 +189,7 @@ def propose_eagle_rows(planned: Sequence[PlannedRow]) -> int:
     for group in groups.values():
         t0 = time.perf_counter()
         drafter = group[0][0].seq.drafter
-        assert isinstance(drafter, EagleDrafter)
+        assert isinstance(drafter, FeatureDrafter)
         seqs = [r.seq for r, _ in group]
         proposals = drafter.propose_trees([s.eagle for s in seqs], [s.tokens for s in seqs], [sh for _, sh in group],
                                           [s.processor for s in seqs], [s.rng for s in seqs])
@@ -264,7 +264,7 @@ def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> Accept
     elif seq.eagle is not None:
         assert out.hidden is not None
         start = seq._start()
-        accepted = accept_eagle(seq, seq.eagle, engine.head_logits, out.hidden, proposal, start, out.logits)
+        accepted = accept_eagle(seq, seq.eagle, engine.head_logits, out.hidden, proposal, start, out.logits, out.features)
         engine.keep_tree_path(seq.slot, start + 1, accepted.path)
         seq.valid = start + 1 + len(accepted.path)
     else:

@@ -29,7 +29,7 @@ from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.client import ClientDraft
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
-from triton_backend.speculation.drafters.eagle import EagleDrafter
+from triton_backend.speculation.drafters.eagle import FeatureDrafter
 from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing, SlotsExhaustedError
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
 from triton_backend.engines.torch.hf_engine import TorchEngine, common_prefix_length
@@ -154,7 +154,7 @@ class BatchScheduler:
                              if isinstance(drafter, DraftModelDrafter) else None)
         eagle = decoder.drafters.get(SpeculationMode.EAGLE)
         # one drafter cache for every EAGLE row, a row per target slot: a round drafts all rows in one call
-        self.eagle_kv = eagle.new_cache(self.target.num_slots) if isinstance(eagle, EagleDrafter) else None
+        self.eagle_kv = eagle.new_cache(self.target.num_slots) if isinstance(eagle, FeatureDrafter) else None
         self.planner = DraftPlanner(self.config.policy, cost_model)
         self.rounds = 0
         self.shared_prefix_tokens = 0  # prompt tokens copied from another slot instead of prefilled

@@ -414,11 +414,34 @@ def migrate_flat_speculation(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class WeightPrecision(str, enum.Enum):
+    """What the slot engine's linear layers (and LM head) hold: float32, 16-bit (float16,
+    bfloat16) or weight-only int8 (a scale per output channel) / int4 (a scale per group of input
+    channels), always accumulated in float32 (``engines/torch/weight_gemm.py``)."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    @property
+    def is_quantized(self) -> bool:
+        return self in (WeightPrecision.INT8, WeightPrecision.INT4)
+
+
+INT4_GROUP_SIZES = (32, 64, 128)
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """How the torch runtime runs: device, dtype, torch threads, how many rows the CPU
     float32 linear layers are prepacked for (0: not packed; see ``engines/packed_linear.py``),
-    and the slot engine's KV cache (``max_batch_size`` slots x ``max_seq_len`` positions)."""
+    and the slot engine's KV cache (``max_batch_size`` slots x ``max_seq_len`` positions).
+    ``weights``: the precision of the slot engine's linear weights (activations stay ``dtype``,
+    float32 for anything but float32 weights); float weights are quantized at load (round to
+    nearest) unless the engine is given a checkpoint's quantized tensors. ``int4_group_size``: 0
+    picks 128 where every input width divides by it, else 64 (the planner's rule)."""
 
     device: str = "cpu"
     dtype: str = "float32"
@@ -430,8 +453,20 @@ class RuntimeConfig:
     batch_invariant: bool = False  # pad one-row passes too: every row bit-identical batched or alone
     row_kernel: bool = True  # CPU float32, one thread: the row-invariant matmul kernel (engines/row_gemm.py) where it builds
     torch_engine: str = "auto"  # auto: the compact Llama forward where it covers the model, else hf
+    weights: WeightPrecision = WeightPrecision.FLOAT32
+    int4_group_size: int = 0
+    quantize_lm_head: bool = True  # quantizing at load: the LM head too (false: float16, as a checkpoint stores it)
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "weights", WeightPrecision(self.weights))
+        except ValueError:
+            raise ConfigError(f"weights must be one of {[w.value for w in WeightPrecision]}, got {self.weights!r}") from None
+        _config(self.int4_group_size == 0 or self.int4_group_size in INT4_GROUP_SIZES,
+                f"int4_group_size must be 0 (auto) or one of {INT4_GROUP_SIZES}, got {self.int4_group_size!r}")
+        _config(isinstance(self.quantize_lm_head, bool), "quantize_lm_head must be true or false")
+        _config(self.weights is WeightPrecision.FLOAT32 or self.dtype == "float32",
+                f"{self.weights.value} weights compute in float32: dtype must be float32, got {self.dtype!r}")
         _config(_is_int(self.max_batch_size) and 1 <= self.max_batch_size <= 4096,
                  f"max_batch_size (KV-cache slots) must be in [1, 4096], got {self.max_batch_size!r}")
         _config(_is_int(self.max_seq_len) and 1 <= self.max_seq_len <= 1 << 20,
@@ -446,5 +481,5 @@ class RuntimeConfig:
 
 
 __all__ = ["CrossRequestConfig", "CrossRequestContinuation", "DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
-           "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "migrate_flat_speculation",
-           "MAX_TOP_LOG_PROBS", "TopLogProbs"]
+           "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "WeightPrecision", "INT4_GROUP_SIZES",
+           "migrate_flat_speculation", "MAX_TOP_LOG_PROBS", "TopLogProbs"]

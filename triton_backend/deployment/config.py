@@ -15,6 +15,7 @@ from typing import Any
 
 from triton_backend.core.config import RuntimeConfig, SpeculationConfig
 from triton_backend.core.config_io import read_config, to_plain
+from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
 from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
@@ -26,9 +27,16 @@ class DeploymentConfig:
     ``draft_layers``: instead of a separate draft, a self-speculative draft made of these
     target layers. ``ngram``: offer n-gram lookup. ``medusa``: a Medusa heads file (see
     :mod:`triton_backend.speculation.drafters.medusa_model`) for the target; ``medusa_choices`` overrides its tree.
-    ``eagle``: an EAGLE drafter file or folder (see :mod:`triton_backend.speculation.drafters.eagle_model`).
+    ``eagle``: an EAGLE drafter: an EAGLE-1 file or folder (see
+    :mod:`triton_backend.speculation.drafters.eagle_model`) or an EAGLE-3 folder (see
+    :mod:`triton_backend.speculation.drafters.eagle3_model`); ``eagle_format`` says which
+    (None: read from the drafter's files, :func:`~triton_backend.core.drafter_format.detect_eagle_format`).
     ``engine_runtime``: ``torch`` serves ``target``/``draft`` with torch; ``trtllm`` serves the
-    compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer)."""
+    compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer).
+    ``target_checkpoint``/``draft_checkpoint``: a TensorRT-LLM checkpoint folder (TP = PP = 1) whose
+    linear weights the torch runtime serves as exported (int4, int8, 16-bit; see
+    ``engines/torch/trtllm_weights.py``); ``target``/``draft`` still give config, tokenizer and the
+    float tensors. Without one, ``runtime.weights`` quantizes the float weights at load."""
 
     target: str = DEFAULT_REFERENCE
     draft: str | None = None
@@ -37,17 +45,24 @@ class DeploymentConfig:
     medusa: str | None = None
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
     eagle: str | None = None
+    eagle_format: EagleFormat | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     engine_runtime: EngineRuntime = EngineRuntime.TORCH
     trtllm: TrtllmConfig | None = None
+    target_checkpoint: str | None = None
+    draft_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_runtime", EngineRuntime.parse(self.engine_runtime))
+        if self.eagle_format is not None:
+            object.__setattr__(self, "eagle_format", EagleFormat.parse(self.eagle_format))
         if self.engine_runtime is EngineRuntime.TRTLLM and self.trtllm is None:
             raise ConfigError("engine_runtime trtllm needs a trtllm section naming the compiled engines")
         if self.draft is not None and self.draft_layers is not None:
             raise ConfigError("give either a draft model or draft_layers, not both")
+        if self.draft_checkpoint is not None and self.draft is None:
+            raise ConfigError("draft_checkpoint needs the draft model it belongs to (draft)")
         if self.draft_layers is not None:
             object.__setattr__(self, "draft_layers", tuple(int(i) for i in self.draft_layers))
         if self.medusa_choices is not None:
@@ -57,6 +72,12 @@ class DeploymentConfig:
                 object.__setattr__(self, "medusa_choices", normalise_choices(self.medusa_choices))
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"bad medusa_choices: {exc}") from None
+
+    def resolved_eagle_format(self) -> EagleFormat | None:
+        """The EAGLE drafter's format: the field, else read from its files; None without one."""
+        if self.eagle is None:
+            return None
+        return self.eagle_format or detect_eagle_format(self.eagle)
 
     def to_json(self) -> str:
         return json.dumps(to_plain(self), indent=2, sort_keys=True)
@@ -71,7 +92,7 @@ class DeploymentConfig:
         layers = data.get("draft_layers")
         if layers is not None and not (isinstance(layers, (list, tuple)) and all(_is_index(i) for i in layers)):
             raise ConfigError(f"draft_layers must be a list of layer indices, got {layers!r}")
-        for name in ("target", "draft", "medusa", "eagle"):
+        for name in ("target", "draft", "medusa", "eagle", "target_checkpoint", "draft_checkpoint"):
             if name in data and not isinstance(data[name], str) and not (name != "target" and data[name] is None):
                 raise ConfigError(f"{name} must be a model name or path, got {data[name]!r}")
         return read_config(cls, data, "deployment")

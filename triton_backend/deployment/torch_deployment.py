@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from triton_backend.core.config import SpeculationMode
+from triton_backend.core.drafter_format import EagleFormat
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
@@ -26,7 +28,8 @@ logger = logging.getLogger(__name__)
 def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         return build_trtllm_decoder(config)
-    target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name)
+    target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name,
+                                    checkpoint=config.target_checkpoint)
     from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
 
     install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
@@ -34,7 +37,8 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.draft is not None:
         draft_tokenizer = load_tokenizer(config.draft)
         draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
-                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids))
+                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids),
+                                         checkpoint=config.draft_checkpoint)
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(draft_engine, target=target, target_tokenizer=tokenizer,
                                                             draft_tokenizer=draft_tokenizer)
     elif config.draft_layers is not None:
@@ -48,12 +52,23 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
 
         drafters[SpeculationMode.MEDUSA] = MedusaDrafter.from_file(config.medusa, target, config.medusa_choices)
     if config.eagle is not None:
-        from triton_backend.speculation.drafters.eagle import EagleDrafter
-
-        drafters[SpeculationMode.EAGLE] = EagleDrafter.from_file(config.eagle, target)
+        drafters[SpeculationMode.EAGLE] = _eagle_drafter(config, target)
     if config.ngram:
         drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n,
                                                        cross_request_index(config.speculation.ngram.cross_request))
     install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)
+
+
+def _eagle_drafter(config: DeploymentConfig, target: Any) -> Drafter:
+    """The deployment's EAGLE drafter, EAGLE-1 or EAGLE-3 as its files (or ``eagle_format``) say."""
+    assert config.eagle is not None
+    if config.resolved_eagle_format() is EagleFormat.EAGLE3:
+        from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter
+
+        logger.info("EAGLE-3 drafter %s", config.eagle)
+        return Eagle3Drafter.from_folder(config.eagle, target)
+    from triton_backend.speculation.drafters.eagle import EagleDrafter
+
+    return EagleDrafter.from_file(config.eagle, target)

@@ -53,3 +53,14 @@ class CausalLMEngine(Protocol):
 
     def num_parameters(self) -> int:
         """Parameter count (for relative cost estimates)."""
+
+
+@runtime_checkable
+class FeatureSession(Protocol):
+    """A session whose tree pass also returns target layers' outputs (an EAGLE-3 drafter's
+    features): the slot engine's :class:`~triton_backend.engines.torch.llama_engine.SlotSession`."""
+
+    def tree_features(self, tokens: Sequence[int], tree_tokens: Sequence[int], parents: Sequence[int],
+                      capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`EngineSession.tree_hidden` ``[1 + n, hidden]`` and, from the same pass, the
+        ``capture`` layers' outputs at those rows, concatenated ``[1 + n, len(capture) * hidden]``."""

@@ -50,6 +50,10 @@ class BatchRow:
     ``return_logits=False`` (with ``return_hidden``): skip the LM head for this row (its
     output's ``logits`` is None); a tree verifier then pays the head only for the rows it
     visits, through :meth:`BatchedEngine.head_logits`.
+    ``capture``: target layers whose outputs (layer ``i``'s output: Hugging Face's
+    ``hidden_states[i + 1]``) the row's output returns, concatenated in this order, for the
+    same last ``num_logits`` tokens (an EAGLE-3 drafter's fused features); ``()``: none, and
+    the pass costs nothing more. Logits and hidden states do not depend on it.
     """
 
     slot: int
@@ -59,6 +63,7 @@ class BatchRow:
     tree_parents: Sequence[int] | None = None
     return_hidden: bool = False
     return_logits: bool = True
+    capture: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -77,6 +82,7 @@ class BatchRow:
 class RowOutput:
     logits: torch.Tensor | None  # [num_logits, vocab] float32; None only when the row asked for none
     hidden: torch.Tensor | None = None  # [num_logits, hidden] last hidden states, when asked
+    features: torch.Tensor | None = None  # [num_logits, len(capture) * hidden] the capture layers' outputs, when asked
 
 
 @runtime_checkable

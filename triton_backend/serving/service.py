@@ -103,7 +103,8 @@ def load_deployment(path: Path) -> DeploymentConfig:
 
     trtllm = config.trtllm.with_paths(resolve) if config.trtllm is not None else None  # engine folders too
     return replace(config, target=resolve(config.target) or config.target, draft=resolve(config.draft),
-                   medusa=resolve(config.medusa), eagle=resolve(config.eagle), trtllm=trtllm)
+                   medusa=resolve(config.medusa), eagle=resolve(config.eagle), trtllm=trtllm,
+                   target_checkpoint=resolve(config.target_checkpoint), draft_checkpoint=resolve(config.draft_checkpoint))
 
 
 class ResponseSink(Protocol):

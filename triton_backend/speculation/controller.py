@@ -229,7 +229,7 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
     a model drafter's acceptance measured over the deployment's requests,
     :mod:`triton_backend.speculation.shared_prior`), a Medusa round's cost counting its tree's
     nodes, n-gram lookup's per-match decision hooked into ``session``."""
-    from triton_backend.speculation.drafters.eagle import EagleDrafter
+    from triton_backend.speculation.drafters.eagle import FeatureDrafter
     from triton_backend.speculation.drafters.medusa import MedusaDrafter
     from triton_backend.speculation.drafters.ngram import NgramSession
 
@@ -244,7 +244,7 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
     kind = DrafterKind.NGRAM if mode is SpeculationMode.NGRAM else DrafterKind.DRAFT
     shared = _shared(drafter, kind, learned_prior) if kind is not DrafterKind.NGRAM else None
     tree = None
-    if isinstance(drafter, EagleDrafter) and mode is not SpeculationMode.NGRAM and config.eagle.tree:
+    if isinstance(drafter, FeatureDrafter) and mode is not SpeculationMode.NGRAM and config.eagle.tree:
         tree = TreeModel(config.eagle.max_tree_nodes, config.eagle.tree_top_k, config.draft_length.num_draft_tokens)
     controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model, shared=shared,
                                        tree=tree)

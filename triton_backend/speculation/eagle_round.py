@@ -21,7 +21,7 @@ import torch
 
 from triton_backend.speculation.drafters.base import DraftProposal
 from triton_backend.speculation.drafters.eagle import EagleSession
-from triton_backend.engines.base import EngineSession
+from triton_backend.engines.base import EngineSession, FeatureSession
 from triton_backend.speculation.rounds import RoundOutcome
 from triton_backend.speculation.run_state import Accepted, RunState
 from triton_backend.speculation.tree_plan import TreeRecord
@@ -38,35 +38,39 @@ def eagle_parents(known: int, proposal: DraftProposal) -> list[int]:
 
 
 def accept_eagle(run: RunState, drafter: EagleSession, head: Head, hidden: torch.Tensor, proposal: DraftProposal,
-                 start: int, logits: torch.Tensor | None = None) -> Accepted:
+                 start: int, logits: torch.Tensor | None = None, features: torch.Tensor | None = None) -> Accepted:
     """Verify an EAGLE pass whose rows start at the drafter's root ``start`` (``hidden``:
     ``[1 + known + n, H]``) and hand the drafter the target's features at every position
-    kept. ``logits``: the last ``n + 1`` rows' logits when the pass computed them (a batch
-    pass puts them in its one LM-head product), else ``head`` makes them from ``hidden``.
-    ``path``: the pass's nodes to keep after the root (the committed tokens the drafter
-    lacked, then the accepted drafts)."""
+    kept: ``features`` ``[1 + known + n, F]`` (an EAGLE-3 drafter's capture-layer outputs from
+    the same pass), else ``hidden`` itself (EAGLE-1). ``logits``: the last ``n + 1`` rows'
+    logits when the pass computed them (a batch pass puts them in its one LM-head product),
+    else ``head`` makes them from ``hidden``. ``path``: the pass's nodes to keep after the
+    root (the committed tokens the drafter lacked, then the accepted drafts)."""
     known = len(run.tokens) - 1 - start  # committed tokens after the drafter's root, before the last one
     if logits is not None and logits.shape[0] != len(proposal) + 1:
         raise ValueError(f"{logits.shape[0]} logits rows for a proposal of {len(proposal)} drafts")
+    if (features is None) != (drafter.capture_layers is None):
+        raise ValueError("an EAGLE-3 drafter needs the capture layers' features (and an EAGLE-1 drafter none)")
+    feats = hidden if features is None else features
     if proposal.parents is not None:
-        return _accept_tree(run, drafter, head, hidden, proposal, start, known, logits)
+        return _accept_tree(run, drafter, head, hidden, feats, proposal, start, known, logits)
     if logits is None:
         logits = head(hidden[known:])
     accepted = run.verify_chain(logits, proposal)  # [k + 1, vocab]: penalties per row, log probs
     kept = known + accepted.accepted
-    drafter.observe(start, hidden[: kept + 1])
+    drafter.observe(start, feats[: kept + 1])
     return Accepted(accepted.block, accepted.drafted, accepted.accepted, list(range(kept)))
 
 
-def _accept_tree(run: RunState, drafter: EagleSession, head: Head, hidden: torch.Tensor, proposal: DraftProposal,
-                 start: int, known: int, logits: torch.Tensor | None) -> Accepted:
+def _accept_tree(run: RunState, drafter: EagleSession, head: Head, hidden: torch.Tensor, feats: torch.Tensor,
+                 proposal: DraftProposal, start: int, known: int, logits: torch.Tensor | None) -> Accepted:
     """A drafted tree's verification (greedy, or the multi-draft rule with the drafter's ``q``)."""
     parents = proposal.parents or []
     # every row's logits in one head product (a tree of up to ~12 nodes shares one kernel sweep)
     rows = (head(hidden[known:]) if logits is None else logits).__getitem__
     result = verify_tree(run, rows, proposal.tokens, parents, proposal.probs, typical=False)
     path = list(result.path)
-    drafter.observe(start, hidden[list(range(known + 1)) + [known + 1 + i for i in path]])
+    drafter.observe(start, feats[list(range(known + 1)) + [known + 1 + i for i in path]])
     block = [proposal.tokens[i] for i in path] + [result.next_token]
     record = TreeRecord.of(parents, proposal.ranks, path) if proposal.ranks is not None else None
     return Accepted(block, max(node_depths(parents), default=0), len(path), list(range(known)) + [known + i for i in path],
@@ -94,8 +98,15 @@ class EagleRound:
         start = drafter.feature_end  # <= len(run.tokens) - 1
         known = len(run.tokens) - 1 - start
         nodes = run.tokens[start + 1:] + proposal.tokens
-        hidden = self.session.tree_hidden(run.tokens[: start + 1], nodes, eagle_parents(known, proposal))
-        accepted = accept_eagle(run, drafter, self.session.head_logits, hidden, proposal, start)
+        parents = eagle_parents(known, proposal)
+        features = None
+        if drafter.capture_layers is None:
+            hidden = self.session.tree_hidden(run.tokens[: start + 1], nodes, parents)
+        elif isinstance(self.session, FeatureSession):  # EAGLE-3: the capture layers' outputs from the same pass
+            hidden, features = self.session.tree_features(run.tokens[: start + 1], nodes, parents, drafter.capture_layers)
+        else:
+            raise TypeError(f"an EAGLE-3 drafter needs a session that returns capture-layer outputs, not {self.session!r}")
+        accepted = accept_eagle(run, drafter, self.session.head_logits, hidden, proposal, start, features=features)
         self.session.keep_tree_path(accepted.path)
         return accepted.outcome(t1 - t0, time.perf_counter() - t1)
 

@@ -208,7 +208,7 @@ def measure_eagle_draft_seconds(drafter: Any, engine: Any) -> tuple[float, float
         engine.forward([BatchRow(slot=slot, start=0, tokens=context)])
         device = drafter.device
         generator = torch.Generator().manual_seed(0)
-        features = torch.randn(1, CONTEXT, int(drafter.embed.shape[1]), generator=generator).to(device, drafter.dtype)
+        features = torch.randn(1, CONTEXT, int(drafter.feature_size), generator=generator).to(device, drafter.dtype)
         tokens = torch.tensor([context], dtype=torch.long, device=device)
         kv = drafter.new_cache(1, CONTEXT + NEW_PAIRS + DRAFT_K)
         greedy = [LogitsProcessor()]
@@ -235,7 +235,7 @@ def measure_eagle_draft_seconds(drafter: Any, engine: Any) -> tuple[float, float
 def measured_eagle_draft_cost(drafter: Any, engine: Any, settings: str = "", cache_dir: Path | None = None) -> float | None:
     """The drafter's cost per drafted token in target steps: this machine's cached measurement,
     else measured now and cached; None when the measurement is not believable (a busy machine)."""
-    identity = f"eagle:{sum(p.numel() for p in drafter.net.parameters())}:{int(drafter.head.shape[0])}:{drafter.kernel_name}"
+    identity = drafter.cost_identity()
     path = _cache_path(cache_dir, engine, settings + identity)
     cached = _read_cache(path, lambda data: float(data["draft_cost"]))
     if cached is not None:
@@ -257,12 +257,12 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
     """At load: each EAGLE drafter's ``relative_cost`` (what the gain rule prices a drafted
     token at) becomes its measured cost per drafted token on this machine. Other drafters, and
     targets outside the batched engine contract, keep their parameter ratios."""
-    from triton_backend.speculation.drafters.eagle import EagleDrafter
+    from triton_backend.speculation.drafters.eagle import FeatureDrafter
 
     if not isinstance(target, BatchedEngine):
         return
     for drafter in drafters.values():
-        if isinstance(drafter, EagleDrafter):
+        if isinstance(drafter, FeatureDrafter):
             try:
                 cost = measured_eagle_draft_cost(drafter, target, settings, cache_dir)
             except SlotsExhaustedError:

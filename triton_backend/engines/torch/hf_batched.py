@@ -83,6 +83,8 @@ class HFBatchedEngine:
             raise ContextLengthError(f"sequence of {end} tokens exceeds the model context of {self.max_context}")
         if row.start > state.length:
             raise ValueError(f"row starts at {row.start} but slot {row.slot} holds only {state.length} positions")
+        if row.capture:
+            raise ValueError("the Hugging Face-wrapped engine returns no capture-layer outputs (the slot engine does)")
         self._crop(state, row.start)
         input_ids = torch.tensor([list(row.tokens)], dtype=torch.long, device=self.engine.device)
         with torch.inference_mode():

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear, compact_linear, compact_linears, linear_names
+from triton_backend.engines.torch.weight_gemm import WeightFormat, load_weight_gemm
 from triton_backend.engines.batch import BatchRow, RowOutput
 from triton_backend.engines.torch.kv_cache import SlotKVCache
 from triton_backend.engines.torch.llama_forward import LlamaForward, RowPlan, run_layers
@@ -43,13 +45,42 @@ def _row_kernel(runtime: RuntimeConfig, device: torch.device) -> RowGemm | None:
     return load_row_gemm()
 
 
+def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[str, CompactLinear]:
+    """The model's decoder linears in ``runtime.weights`` (round to nearest), and its LM head in the
+    same precision when ``runtime.quantize_lm_head``, else in float16 (as TensorRT-LLM checkpoints keep it)."""
+    tensors = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
+    with torch.no_grad():
+        compact = compact_linears(tensors, linear_names(len(model.base_model.layers), head=False), runtime.weights,
+                                  runtime.int4_group_size)
+        head = model.get_output_embeddings()
+        if isinstance(head, torch.nn.Linear):
+            quantized = runtime.quantize_lm_head or not runtime.weights.is_quantized
+            group = next(iter(compact.values())).weight.group  # the decoder's int4 group (0 for other formats)
+            compact[HEAD] = compact_linear(head.weight.detach(), runtime.weights if quantized else WeightPrecision.FLOAT16,
+                                           group)
+    return compact
+
+
+def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
+    """The precision of the decoder linears (the LM head may differ: a checkpoint keeps it 16-bit)."""
+    formats = {c.weight.format for name, c in compact.items() if name != HEAD}
+    if len(formats) != 1:
+        raise ValueError(f"the decoder linears mix weight formats: {sorted(f.name for f in formats)}")
+    return {WeightFormat.INT8: WeightPrecision.INT8, WeightFormat.INT4: WeightPrecision.INT4,
+            WeightFormat.FLOAT16: WeightPrecision.FLOAT16, WeightFormat.BFLOAT16: WeightPrecision.BFLOAT16}[formats.pop()]
+
+
 class LlamaEngine:
     """A Llama-family model on the compact forward with ``runtime.max_batch_size`` slots of
     ``runtime.max_seq_len`` positions. ``model`` (the Hugging Face module whose parameters the
     forward shares) stays reachable for its config, LM head and reference forwards."""
 
     def __init__(self, model: PreTrainedModel, *, name: str = "model", runtime: RuntimeConfig | None = None,
-                 eos_token_ids: Sequence[int] | None = None, max_context: int | None = None) -> None:
+                 eos_token_ids: Sequence[int] | None = None, max_context: int | None = None,
+                 compact: Mapping[str, CompactLinear] | None = None) -> None:
+        """``compact``: linears already in a compact precision (a checkpoint's quantized tensors,
+        :mod:`~triton_backend.engines.torch.trtllm_weights`); else ``runtime.weights`` other than
+        float32 quantizes the model's float weights here."""
         runtime = runtime or RuntimeConfig()
         configure_threads(runtime.num_threads)
         self.runtime = runtime
@@ -57,12 +88,22 @@ class LlamaEngine:
         self.model = model.to(device=self.device, dtype=_DTYPES[runtime.dtype]).eval()
         self.name = name
         pack = runtime.packed_gemm_rows if self.device.type == "cpu" else 0
+        row_gemm = _row_kernel(runtime, self.device)
+        if compact is None and runtime.weights is not WeightPrecision.FLOAT32:
+            compact = _quantize_at_load(self.model, runtime)
+        weight_gemm = load_weight_gemm() if compact and row_gemm is not None else None
+        if compact and weight_gemm is None:
+            logger.warning("%s: no compact-weight kernel here (%s): its %s weights run decoded to float32 on torch's "
+                           "kernels (same values, float speed)", name, self.device, _precision_of(compact).value)
         self.forward_impl = LlamaForward.from_module(self.model, pack_rows=pack, invariant=runtime.batch_invariant,
-                                                     row_gemm=_row_kernel(runtime, self.device))
+                                                     row_gemm=row_gemm, compact=compact, weight_gemm=weight_gemm)
+        self.weights = _precision_of(compact) if compact else WeightPrecision.FLOAT32  # what the decoder linears hold
         # all-decode batches attend in one padded product unless rows must be bit-identical to alone
         self.batched_decode = not (runtime.batch_invariant or self.forward_impl.row_invariant)
         kernel = self.forward_impl.kernel
         self.kernel_name = kernel.name if kernel is not None else "torch"  # which matmul kernels run (logged, cache keys)
+        if weight_gemm is not None:
+            self.kernel_name += f"+{weight_gemm.name}"
         shape = self.forward_impl.shape
         self.hidden_size = shape.hidden_size
         head = model.get_output_embeddings()
@@ -88,6 +129,11 @@ class LlamaEngine:
 
     def kv_cache_bytes(self) -> int:
         return self.cache.nbytes()
+
+    def linear_weight_bytes(self) -> int:
+        """What the engine holds for its linear layers beside the module's parameters: float32
+        panels of the row kernel, or the compact weights (int8/int4 values and scales, 16-bit values)."""
+        return self.forward_impl.packed_bytes()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -118,17 +164,22 @@ class LlamaEngine:
         if not rows:
             return []
         ids, positions, plans, out_index = self._plan(rows)
+        capture = frozenset(i for r in rows for i in r.capture)
+        if any(not 0 <= i < self.forward_impl.shape.num_layers for i in capture):
+            raise ValueError(f"capture layers {sorted(capture)} outside the target's {self.forward_impl.shape.num_layers}")
         with torch.inference_mode():
-            hidden = run_layers(self.forward_impl, self.cache, ids, positions, plans, out_index,
-                                batched_decode=self.batched_decode)
+            hidden, captured = run_layers(self.forward_impl, self.cache, ids, positions, plans, out_index,
+                                          batched_decode=self.batched_decode, capture=capture)
             wanted = [i for i, r in enumerate(rows) if r.return_logits]
             logits = self._row_logits(rows, hidden, wanted)
         self.forward_calls += 1
         outputs, at = [], 0
         for i, row in enumerate(rows):
-            h = hidden[at:at + row.num_logits]
-            outputs.append(RowOutput(logits=logits.get(i), hidden=h if row.return_hidden else None))
-            at += row.num_logits
+            end = at + row.num_logits
+            features = torch.cat([captured[li][at:end] for li in row.capture], -1) if row.capture else None
+            outputs.append(RowOutput(logits=logits.get(i), hidden=hidden[at:end] if row.return_hidden else None,
+                                     features=features))
+            at = end
         return outputs
 
     def _row_logits(self, rows: Sequence[BatchRow], hidden: torch.Tensor, wanted: list[int]) -> dict[int, torch.Tensor]:
@@ -240,7 +291,7 @@ class SlotSession:
         return i
 
     def _row(self, tokens: Sequence[int], num_last: int, tree: Sequence[int] = (), parents: Sequence[int] | None = None,
-             *, hidden: bool = False, logits: bool = True) -> RowOutput:
+             *, hidden: bool = False, logits: bool = True, capture: tuple[int, ...] = ()) -> RowOutput:
         n = len(tokens)
         if n + len(tree) > self._engine.max_context:
             raise ContextLengthError(f"sequence of {n + len(tree)} tokens exceeds the model context of "
@@ -249,7 +300,7 @@ class SlotSession:
         keep = min(self._shared_prefix(tokens), n - num_last)
         new = list(tokens[keep:]) + list(tree)
         row = BatchRow(self._acquire(), keep, new, num_logits=num_last + len(tree), tree_parents=parents,
-                       return_hidden=hidden, return_logits=logits)
+                       return_hidden=hidden, return_logits=logits, capture=capture)
         out = self._engine.forward([row])[0]
         del self._cached[keep:]
         self._cached.extend(tokens[keep:])
@@ -271,6 +322,14 @@ class SlotSession:
         """Last hidden states ``[1 + n, hidden]`` for the last committed token and each tree
         node, in one pass with tree attention; the nodes stay in the slot until :meth:`keep_tree_path`."""
         return self._row(tokens, 1, tree_tokens, list(parents), hidden=True, logits=False).hidden
+
+    def tree_features(self, tokens: Sequence[int], tree_tokens: Sequence[int], parents: Sequence[int],
+                      capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`tree_hidden` and, from the same pass, the ``capture`` layers' outputs at the
+        same rows, concatenated: ``([1 + n, hidden], [1 + n, len(capture) * hidden])``."""
+        out = self._row(tokens, 1, tree_tokens, list(parents), hidden=True, logits=False, capture=tuple(capture))
+        assert out.hidden is not None and out.features is not None
+        return out.hidden, out.features
 
     def tree_logits(self, tokens: Sequence[int], tree_tokens: Sequence[int],
                     parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,9 @@ from torch import nn
 
 from triton_backend.engines.torch.kv_cache import SlotKVCache
 from triton_backend.engines.torch.packed_linear import MAX_CHUNKS, packed_matmul, packed_weight, packing_available
+from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear
 from triton_backend.engines.torch.row_gemm import BoundGemm, RowGemm
+from triton_backend.engines.torch.weight_gemm import BoundWeightGemm, WeightGemm, dequantize
 
 logger = logging.getLogger(__name__)
 
@@ -108,31 +110,51 @@ def rope_tables(config: Any, head_dim: int, length: int, device: torch.device) -
 class RowLinear:
     """``y = x W^T + b`` over ``[M, in]``, every row computed by the same kernel family
     (see the module docstring): the row-invariant kernel when given, else torch's kernels with
-    rows padded (optionally on MKL-prepacked weights for ``4 .. rows * MAX_CHUNKS`` rows)."""
+    rows padded (optionally on MKL-prepacked weights for ``4 .. rows * MAX_CHUNKS`` rows).
+    A ``compact`` weight (16-bit, int8, int4; :mod:`~triton_backend.engines.torch.compact_weights`)
+    runs on ``weight_gemm`` (row-invariant too), or where that is absent on torch's kernels over
+    its float32 decoding; its ``input_scale`` multiplies ``x`` first."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack_rows: int, invariant: bool,
-                 row_gemm: RowGemm | None = None) -> None:
-        self.weight = weight.detach()
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, *, pack_rows: int, invariant: bool,
+                 row_gemm: RowGemm | None = None, compact: CompactLinear | None = None,
+                 weight_gemm: WeightGemm | None = None) -> None:
+        self.compact = compact
+        self.input_scale = None if compact is None or compact.input_scale is None else compact.input_scale.float().contiguous()
         self.bias = None if bias is None else bias.detach()
+        self._run: BoundGemm | BoundWeightGemm | None = None
+        if compact is not None and weight_gemm is not None:
+            self.weight, self.row_gemm = None, None
+            self.bias = None if self.bias is None else self.bias.float().contiguous()
+            self._run = weight_gemm.bind(compact.weight, self.bias)
+            self.row_invariant, self.min_rows, self.pack_rows, self.packed = True, 1, 0, None
+            return
+        if compact is not None:  # no compact kernel here: torch's kernels on the decoded weight (same values)
+            weight = dequantize(compact.weight)
+        assert weight is not None
+        self.weight = weight.detach()
         self.row_gemm = row_gemm if (row_gemm is not None and self.weight.device.type == "cpu"
                                      and self.weight.dtype == torch.float32) else None
-        self._run: BoundGemm | None = None
         if self.row_gemm is not None:
             self.weight = self.weight.contiguous()
             self.bias = None if self.bias is None else self.bias.float().contiguous()
             self._run = self.row_gemm.bind(self.weight, self.bias)
             pack_rows = 0
+        self.row_invariant = self._run is not None
         self.min_rows = 1 if not invariant else INVARIANT_ROWS
         self.pack_rows = pack_rows if (pack_rows and self.weight.device.type == "cpu"
                                        and self.weight.dtype == torch.float32 and packing_available()) else 0
-        self.packed = packed_weight(weight, self.pack_rows) if self.pack_rows else None
+        self.packed = packed_weight(self.weight, self.pack_rows) if self.pack_rows else None
 
     def packed_bytes(self) -> int:
-        """Memory of this layer's packed weight copy (row-kernel panels or MKL's packing), if any."""
+        """Memory of this layer's packed weight copy (row-kernel panels, a compact weight or MKL's packing), if any."""
+        if isinstance(self._run, BoundWeightGemm):
+            return self.compact.nbytes()
         packed = self._run.packed if self._run is not None else self.packed
         return 0 if packed is None else packed.numel() * packed.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale
         if self._run is not None:
             return self._run(x)
         m = x.shape[0]
@@ -194,7 +216,10 @@ class LlamaForward:
     """The weights (shared with the module they came from, never copied) and the math."""
 
     def __init__(self, config: Any, tensors: dict[str, torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor] | None,
-                 *, pack_rows: int = 0, invariant: bool = False, row_gemm: RowGemm | None = None) -> None:
+                 *, pack_rows: int = 0, invariant: bool = False, row_gemm: RowGemm | None = None,
+                 compact: Mapping[str, CompactLinear] | None = None, weight_gemm: WeightGemm | None = None) -> None:
+        """``compact``: linears (HF names without ``.weight``; ``lm_head`` for the head) held in a
+        compact precision instead of their float ``tensors`` (which may then be absent)."""
         reason = unsupported_reason(config)
         if reason is not None:
             raise ValueError(f"the compact Llama forward does not cover this model: {reason}")
@@ -203,9 +228,11 @@ class LlamaForward:
         self.embed = tensors["model.embed_tokens.weight"].detach()
         self.norm = tensors["model.norm.weight"].detach()
 
+        compact = compact or {}
+
         def lin(name: str) -> RowLinear:
-            return RowLinear(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), pack_rows=pack_rows, invariant=invariant,
-                             row_gemm=row_gemm)
+            return RowLinear(tensors.get(f"{name}.weight"), tensors.get(f"{name}.bias"), pack_rows=pack_rows,
+                             invariant=invariant, row_gemm=row_gemm, compact=compact.get(name), weight_gemm=weight_gemm)
 
         self.layers = []
         for i in range(shape.num_layers):
@@ -217,22 +244,33 @@ class LlamaForward:
         self._head_module = head
         head_weight = tensors.get("lm_head.weight", self.embed if getattr(config, "tie_word_embeddings", False) else None)
         self.head = None if head is not None else RowLinear(head_weight, None, pack_rows=pack_rows, invariant=invariant,
-                                                            row_gemm=row_gemm)
+                                                            row_gemm=row_gemm, compact=compact.get(HEAD),
+                                                            weight_gemm=weight_gemm)
         self.device, self.dtype = self.embed.device, self.embed.dtype
         self.scale = shape.head_dim ** -0.5
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.row_invariant = bool(self.layers) and self.layers[0].q.row_gemm is not None
-        self.kernel = row_gemm if self.row_invariant else None  # its attention too: per query, one fixed order
         linears = [l for layer in self.layers for l in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
-        extra = sum(l.packed_bytes() for l in linears + ([self.head] if self.head is not None else [])) / 2**20
-        if self.row_invariant:
+        self.row_invariant = row_gemm is not None and bool(linears) and all(l.row_invariant for l in linears)
+        self.kernel = row_gemm if self.row_invariant else None  # its attention too: per query, one fixed order
+        self.linears = linears + ([self.head] if self.head is not None else [])
+        extra = self.packed_bytes() / 2**20
+        if self.row_invariant and compact:
+            logger.info("compact forward: %d linear layers in compact weights (%.0f MB) on the row-invariant CPU kernels",
+                        len(compact), extra)
+        elif self.row_invariant:
             logger.info("compact forward: linear layers on the row-invariant CPU kernel (weights in panels: +%.0f MB)", extra)
         elif pack_rows and self.layers and self.layers[0].q.packed is not None:
             logger.info("compact forward: linear layers prepacked for %d-row GEMMs (+%.0f MB)", pack_rows, extra)
 
+    def packed_bytes(self) -> int:
+        """What the linear layers (and the LM head) hold beside the module's parameters: row-kernel
+        panels, compact weights (with their scales) or MKL's packed copies."""
+        return sum(l.packed_bytes() for l in self.linears)
+
     @classmethod
     def from_module(cls, model: nn.Module, *, pack_rows: int = 0, invariant: bool = False,
-                    row_gemm: RowGemm | None = None) -> "LlamaForward":
+                    row_gemm: RowGemm | None = None, compact: Mapping[str, CompactLinear] | None = None,
+                    weight_gemm: WeightGemm | None = None) -> "LlamaForward":
         """Over a loaded Hugging Face Llama/Qwen2 model's own parameters (shared). A layer-skip
         draft (see ``model_loading.layer_skip_draft``) works too: its layers are renumbered."""
         tensors = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
@@ -243,7 +281,8 @@ class LlamaForward:
         config = model.config
         if len(model.base_model.layers) != config.num_hidden_layers:  # a layer-skip draft shares the config
             config = _with_layers(config, len(model.base_model.layers))
-        return cls(config, tensors, custom_head, pack_rows=pack_rows, invariant=invariant, row_gemm=row_gemm)
+        return cls(config, tensors, custom_head, pack_rows=pack_rows, invariant=invariant, row_gemm=row_gemm,
+                   compact=compact, weight_gemm=weight_gemm)
 
     def rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < length:
@@ -271,9 +310,13 @@ class RowPlan:
 
 
 def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positions: torch.Tensor,
-               rows: list[RowPlan], out_index: torch.Tensor, *, batched_decode: bool = True) -> torch.Tensor:
+               rows: list[RowPlan], out_index: torch.Tensor, *, batched_decode: bool = True,
+               capture: frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The decoder stack over ``ids`` ``[T]`` at RoPE ``positions`` ``[T]``; writes every new
-    token's keys/values into its slot; returns final-normed hidden states ``[len(out_index), H]``.
+    token's keys/values into its slot; returns final-normed hidden states ``[len(out_index), H]``
+    and, for each layer ``i`` in ``capture``, its output at ``out_index`` ``[len(out_index), H]``
+    (Hugging Face's ``hidden_states[i + 1]``: the residual stream after the layer, final-normed
+    for the last layer). Capturing only reads the stream: the hidden states are the same bits.
     ``batched_decode``: attend all-decode batches in one padded batched product (faster; its
     rows may differ from a row alone in the last bits)."""
     shape = fwd.shape
@@ -283,6 +326,7 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
     sin = signed_sin(sin)
     x = F.embedding(ids, fwd.embed)
     decode_batch = batched_decode and len(rows) > 1 and all(r.n == 1 for r in rows)
+    captured: dict[int, torch.Tensor] = {}
     if fwd.kernel is not None:  # tree rows' visibility, once per pass
         visible = [(r.mask == 0).to(torch.uint8).contiguous() if r.tree else None for r in rows]
         scratch = torch.empty(max(r.start + r.n for r in rows), dtype=torch.float32)
@@ -303,7 +347,12 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         x = x + layer.o(attn.reshape(t, shape.num_heads * shape.head_dim))
         h = rms_norm(x, layer.mlp_norm, shape.rms_eps)
         x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
-    return rms_norm(x[out_index], fwd.norm, shape.rms_eps)
+        if capture and li in capture and li < len(fwd.layers) - 1:
+            captured[li] = x[out_index]
+    hidden = rms_norm(x[out_index], fwd.norm, shape.rms_eps)
+    if len(fwd.layers) - 1 in capture:
+        captured[len(fwd.layers) - 1] = hidden
+    return hidden, captured
 
 
 def _attend(fwd: LlamaForward, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

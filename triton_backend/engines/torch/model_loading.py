@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 import triton_backend.engines.torch.draft_arch  # noqa: F401  (registers the reduced-vocabulary draft architecture)
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.llama_forward import unsupported_reason
 from triton_backend.engines.torch.hf_engine import TorchEngine
@@ -107,28 +107,39 @@ def eos_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:
 
 
 def make_torch_engine(model: PreTrainedModel, *, name: str = "model", runtime: RuntimeConfig | None = None,
-                      eos_token_ids: Sequence[int] | None = None,
-                      max_context: int | None = None) -> LlamaEngine | TorchEngine:
+                      eos_token_ids: Sequence[int] | None = None, max_context: int | None = None,
+                      checkpoint: str | Path | None = None) -> LlamaEngine | TorchEngine:
     """The torch runtime's engine for ``model``: the slot engine (compact Llama forward, static
     KV cache) where it covers the architecture, else the Hugging Face-wrapped engine (logged).
-    ``runtime.torch_engine`` forces one (``llama`` refuses a model it does not cover)."""
+    ``runtime.torch_engine`` forces one (``llama`` refuses a model it does not cover). ``checkpoint``:
+    a TensorRT-LLM checkpoint whose linear weights the slot engine serves (its float tensors are
+    copied into ``model``); compact weights (a checkpoint, ``runtime.weights``) need the slot engine."""
     runtime = runtime or RuntimeConfig()
     reason = unsupported_reason(model.config) if runtime.torch_engine != "hf" else "runtime.torch_engine = hf"
     if reason is None:
-        return LlamaEngine(model, name=name, runtime=runtime, eos_token_ids=eos_token_ids, max_context=max_context)
+        compact = None
+        if checkpoint is not None:
+            from triton_backend.engines.torch.trtllm_weights import apply_checkpoint, read_checkpoint
+
+            compact = apply_checkpoint(model, read_checkpoint(checkpoint, model.config))
+        return LlamaEngine(model, name=name, runtime=runtime, eos_token_ids=eos_token_ids, max_context=max_context,
+                           compact=compact)
     if runtime.torch_engine == "llama":
         raise ModelLoadError(f"runtime.torch_engine = llama, but the compact forward does not cover {name}: {reason}")
+    if checkpoint is not None or runtime.weights is not WeightPrecision.FLOAT32:
+        raise ModelLoadError(f"{name}: {runtime.weights.value} weights / a checkpoint's weights run on the slot engine "
+                             f"only, which does not cover this model: {reason}")
     logger.info("%s runs on the Hugging Face-wrapped engine (%s)", name, reason)
     return TorchEngine(model, name=name, runtime=runtime, eos_token_ids=eos_token_ids, max_context=max_context)
 
 
-def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *,
-                name: str | None = None) -> tuple[LlamaEngine | TorchEngine, Any]:
+def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *, name: str | None = None,
+                checkpoint: str | Path | None = None) -> tuple[LlamaEngine | TorchEngine, Any]:
     """A torch engine (see :func:`make_torch_engine`) and its tokenizer."""
     tokenizer = load_tokenizer(source)
     model = load_model(source, runtime)
     engine = make_torch_engine(model, name=name or Path(str(source)).name, runtime=runtime,
-                               eos_token_ids=eos_ids(model, tokenizer))
+                               eos_token_ids=eos_ids(model, tokenizer), checkpoint=checkpoint)
     logger.info("loaded %r", engine)
     return engine, tokenizer
 

@@ -74,7 +74,7 @@ def _kernel_dir() -> Path:
     return cache_dir() / "kernels"
 
 
-def _build(target: Path, flags: list[str]) -> None:
+def _build(target: Path, flags: list[str], source_file: Path = _SOURCE_FILE) -> None:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++) on PATH")
@@ -83,7 +83,7 @@ def _build(target: Path, flags: list[str]) -> None:
         os.chmod(target.parent, target.parent.stat().st_mode & ~0o022)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        done = subprocess.run([compiler, *flags, str(_SOURCE_FILE), "-o", str(out)], capture_output=True, text=True,
+        done = subprocess.run([compiler, *flags, str(source_file), "-o", str(out)], capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
@@ -122,25 +122,36 @@ def verify_library(library: Path) -> str | None:
     return None
 
 
+def build_flags(isa: str) -> list[str]:
+    """The compiler flags of an ``isa`` build (no fast-math, no FP contraction; the ISA's vector extensions)."""
+    return _FLAGS + _ISA_FLAGS[isa]
+
+
 def kernel_digest(isa: str) -> str:
     """The hash of the source and flags an ``isa`` build compiles (its library's file name)."""
     return hashlib.sha256((_SOURCE + " ".join(_FLAGS + _ISA_FLAGS[isa])).encode()).hexdigest()[:16]
 
 
-def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
-    flags = _FLAGS + _ISA_FLAGS[isa]
-    target = _kernel_dir() / f"row_gemm-{isa}-{kernel_digest(isa)}.so"
-    try:
-        problem = verify_library(target) if target.is_file() else "not built yet"
+def compiled_library(stem: str, source_file: Path, flags: list[str], digest: str) -> ctypes.CDLL:
+    """The library built from ``source_file`` with ``flags`` (``$SPECBUILD_CACHE_DIR/kernels/<stem>-<digest>.so``),
+    built on first use and hash-checked before it is opened (:func:`verify_library`). Raises
+    ``OSError``, ``RuntimeError`` or ``subprocess.SubprocessError`` where it cannot be built or trusted."""
+    target = _kernel_dir() / f"{stem}-{digest}.so"
+    problem = verify_library(target) if target.is_file() else "not built yet"
+    if problem is not None:
+        if target.is_file():
+            logger.warning("rebuilding %s: %s", target.name, problem)
+        _build(target, flags, source_file)
+        logger.info("built the CPU kernel library %s", target)
+        problem = verify_library(target)
         if problem is not None:
-            if target.is_file():
-                logger.warning("rebuilding the row kernel: %s", problem)
-            _build(target, flags)
-            logger.info("built the row-invariant CPU matmul kernel: %s", target)
-            problem = verify_library(target)
-            if problem is not None:
-                raise RuntimeError(f"the row kernel cannot be loaded safely: {problem}")
-        lib = ctypes.CDLL(str(target))
+            raise RuntimeError(f"{target.name} cannot be loaded safely: {problem}")
+    return ctypes.CDLL(str(target))
+
+
+def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
+    try:
+        lib = compiled_library(f"row_gemm-{isa}", _SOURCE_FILE, _FLAGS + _ISA_FLAGS[isa], kernel_digest(isa))
         fn, pack, attention = lib.specbuild_panel_gemm, lib.specbuild_pack_panels, lib.specbuild_row_attention
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
@@ -166,13 +177,16 @@ class BoundGemm:
         self._w, self._b = packed.data_ptr(), None if bias is None else bias.data_ptr()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        k, n = self.k, self.n
-        if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"row_gemm needs x [M, {k}] float32 on CPU, got {tuple(x.shape)} {x.dtype} {x.device}")
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], n, dtype=torch.float32)
-        if x.shape[0]:
-            self._fn(x.data_ptr(), x.shape[0], k, self._w, self._b, n, y.data_ptr())
+        # the few checks that keep the kernel inside its buffers, in their cheapest form (~200 calls a decode step)
+        shape = x.shape
+        if len(shape) != 2 or shape[1] != self.k or x.dtype is not torch.float32 or not x.is_cpu:
+            raise ValueError(f"row_gemm needs x [M, {self.k}] float32 on CPU, got {tuple(shape)} {x.dtype} {x.device}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m:
+            self._fn(x.data_ptr(), m, self.k, self._w, self._b, self.n, y.data_ptr())
         return y
 
 
@@ -238,4 +252,4 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["BoundGemm", "RowGemm", "cpu_isa", "kernel_digest", "load_row_gemm"]
+__all__ = ["BoundGemm", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "load_row_gemm"]

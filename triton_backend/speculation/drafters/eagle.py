@@ -1,7 +1,10 @@
-"""Drafting with an EAGLE drafter (:mod:`triton_backend.speculation.drafters.eagle_model`) on a torch target.
+"""Drafting with an EAGLE drafter on a torch target: the family's core (:class:`FeatureDrafter`,
+:class:`EagleSession`) and the EAGLE-1 drafter (:mod:`triton_backend.speculation.drafters.eagle_model`);
+the EAGLE-3 drafter is :mod:`triton_backend.speculation.drafters.eagle3`.
 
 The drafter's state per sequence is its layer's KV cache over pairs ``(feature_j,
-token_{j+1})`` where ``feature_j`` is the TARGET's last hidden state at position ``j``.
+token_{j+1})`` where ``feature_j`` is the TARGET's last hidden state at position ``j``
+(EAGLE-3: its capture layers' outputs there, concatenated).
 After each target pass the round (:mod:`triton_backend.speculation.eagle_round`) hands the session the
 target's features at the positions it just verified and kept (:meth:`EagleSession.observe`);
 at the next proposal they are fed in one step, whose last output is the drafter's guess of
@@ -18,6 +21,7 @@ session is that core with ``B = 1``.
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 import torch
@@ -37,46 +41,47 @@ def target_kernel(target: Any) -> RowGemm | None:
     return target.forward_impl.kernel if isinstance(target, LlamaEngine) else None
 
 
-class EagleDrafter:
-    """An EAGLE drafter sharing the target's embedding and LM head."""
+class FeatureDrafter(ABC):
+    """The EAGLE family's drafting core, shared by the EAGLE-1 drafter (:class:`EagleDrafter`)
+    and the EAGLE-3 one (:mod:`triton_backend.speculation.drafters.eagle3`): chains, dynamic trees,
+    one batched call for many sessions (:class:`EagleSession`). A subclass says which target
+    features it reads (:attr:`capture_layers`), how its net feeds them and steps on its own
+    output, and how its head ranks candidate tokens (``vocab``: candidate index -> target id,
+    None: the whole vocabulary; ``q`` is zero outside the candidates)."""
 
     name = "eagle"
+    capture_layers: tuple[int, ...] | None = None  # target layers whose outputs it reads; None: the last hidden state
+    feature_size: int  # width of one position's target feature
+    vocab_size: int  # the target's
+    vocab: torch.Tensor | None  # [C] candidate index -> target token id, or None
+    embed: torch.Tensor  # [vocab, H] the target's input embedding
+    dtype: torch.dtype
+    device: torch.device
+    relative_cost: float
+    kernel_name: str
 
-    def __init__(self, checkpoint: EagleCheckpoint, target: Any) -> None:
-        """``target``: a torch-runtime engine (its ``model``, ``device``, ``vocab_size``)."""
-        info = checkpoint.info
-        config = target.model.config
-        if info.hidden_size != int(config.hidden_size) or info.vocab_size != target.vocab_size:
-            raise ModelLoadError(f"EAGLE drafter (hidden {info.hidden_size}, vocab {info.vocab_size}) does not fit the "
-                                 f"target (hidden {config.hidden_size}, vocab {target.vocab_size})")
-        self.info = info
-        self.dtype, self.device = target.model.dtype, target.device
-        self.net = checkpoint.net.to(device=self.device, dtype=self.dtype).eval()
-        self.embed = target.model.get_input_embeddings().weight.detach()
-        self.vocab = checkpoint.candidate_vocab.to(self.device) if checkpoint.candidate_vocab is not None else None
-        head = target.model.get_output_embeddings().weight.detach()
-        self.head = head[self.vocab] if self.vocab is not None else head
-        layer = sum(p.numel() for p in self.net.parameters())
-        self.relative_cost = (layer + self.head.numel()) / max(1, target.num_parameters())
-        kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
-        self._head_gemm: BoundGemm | None = None
-        if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers
-            self.net = copy.deepcopy(self.net)
-            self.net.use_kernel(kernel)
-            self._head_gemm = kernel.bind(self.head.contiguous())
-        self.kernel_name = kernel.name if kernel is not None else "torch"  # part of its cached draft cost's key
-
-    @classmethod
-    def from_file(cls, path: str, target: Any) -> "EagleDrafter":
-        return cls(load_eagle(path), target)
-
+    @abstractmethod
     def new_cache(self, rows: int, capacity: int = 256) -> EagleKV:
-        return EagleKV.empty(self.info, rows, capacity, self.dtype, self.device)
+        """An empty drafter cache of ``rows`` rows."""
 
-    def _small_logits(self, features: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, candidates]
-        if self._head_gemm is not None:
-            return self._head_gemm(features.contiguous())
-        return (features @ self.head.t()).float()
+    @abstractmethod
+    def cost_identity(self) -> str:
+        """What identifies this drafter's cost on a machine (a cache key)."""
+
+    @abstractmethod
+    def _feed_net(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
+                  slots: torch.Tensor | None) -> torch.Tensor:
+        """Target features ``[B, T, feature_size]`` and the next tokens' embeddings ``[B, T, H]``
+        at positions ``starts[b] + t`` -> the drafter's outputs ``[B, T, H]``."""
+
+    @abstractmethod
+    def _step_net(self, hidden: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
+                  slots: torch.Tensor | None, tree: TreeStep | None = None) -> torch.Tensor:
+        """One step on the drafter's own outputs ``[B, T, H]`` (chain positions or tree nodes)."""
+
+    @abstractmethod
+    def _small_logits(self, features: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, candidates] float32
+        """Candidate logits of the drafter's outputs."""
 
     def _greedy(self, small: torch.Tensor) -> torch.Tensor:  # [B, candidates] -> token ids [B]
         best = small.argmax(-1)
@@ -88,7 +93,7 @@ class EagleDrafter:
     def _expand(self, small: torch.Tensor) -> torch.Tensor:  # [B, candidates] -> [B, vocab]
         if self.vocab is None:
             return small
-        full = torch.full((small.shape[0], self.info.vocab_size), float("-inf"), device=small.device)
+        full = torch.full((small.shape[0], self.vocab_size), float("-inf"), device=small.device)
         full[:, self.vocab] = small
         return full
 
@@ -120,7 +125,7 @@ class EagleDrafter:
             drafted.append(token)
             qs.append(q)
             if step + 1 < k:
-                feature = self.net(feature[:, None], self.embed[token][:, None], position, kv, slots)[:, 0]
+                feature = self._step_net(feature[:, None], self.embed[token][:, None], position, kv, slots)[:, 0]
                 position = position + 1
         probs = torch.stack(qs, 1) if sampling else None
         return torch.stack(drafted, 1), probs
@@ -133,7 +138,7 @@ class EagleDrafter:
         if features.ndim != 3 or tokens.shape != features.shape[:2] or not len(processors) == len(generators) == tokens.shape[0]:
             raise ValueError("features [B, T, H], tokens [B, T] and one processor and generator per row expected")
         rows = torch.arange(tokens.shape[0], device=self.device)
-        out = self.net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
+        out = self._feed_net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
         return out[rows, counts - 1]
 
     @torch.inference_mode()
@@ -150,7 +155,7 @@ class EagleDrafter:
         committed = (starts + counts).tolist()
 
         def step(inputs: torch.Tensor, ids: torch.Tensor, placement: TreeStep, rows: list[int]) -> torch.Tensor:
-            return self.net(inputs, self.embed[ids], starts[rows], kv, slots[rows], tree=placement)
+            return self._step_net(inputs, self.embed[ids], starts[rows], kv, slots[rows], placement)
 
         return grow_trees(roots, committed, shapes, processors, generators, head=self._small_logits, vocab=self.vocab,
                           expand=self._expand, step=step)
@@ -201,6 +206,59 @@ class EagleDrafter:
         return EagleSession(self)
 
 
+class EagleDrafter(FeatureDrafter):
+    """An EAGLE(-1) drafter reading the target's last hidden state, sharing the target's
+    embedding and LM head."""
+
+    def __init__(self, checkpoint: EagleCheckpoint, target: Any) -> None:
+        """``target``: a torch-runtime engine (its ``model``, ``device``, ``vocab_size``)."""
+        info = checkpoint.info
+        config = target.model.config
+        if info.hidden_size != int(config.hidden_size) or info.vocab_size != target.vocab_size:
+            raise ModelLoadError(f"EAGLE drafter (hidden {info.hidden_size}, vocab {info.vocab_size}) does not fit the "
+                                 f"target (hidden {config.hidden_size}, vocab {target.vocab_size})")
+        self.info = info
+        self.feature_size, self.vocab_size = info.hidden_size, info.vocab_size
+        self.dtype, self.device = target.model.dtype, target.device
+        self.net = checkpoint.net.to(device=self.device, dtype=self.dtype).eval()
+        self.embed = target.model.get_input_embeddings().weight.detach()
+        self.vocab = checkpoint.candidate_vocab.to(self.device) if checkpoint.candidate_vocab is not None else None
+        head = target.model.get_output_embeddings().weight.detach()
+        self.head = head[self.vocab] if self.vocab is not None else head
+        layer = sum(p.numel() for p in self.net.parameters())
+        self.relative_cost = (layer + self.head.numel()) / max(1, target.num_parameters())
+        kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
+        self._head_gemm: BoundGemm | None = None
+        if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers
+            self.net = copy.deepcopy(self.net)
+            self.net.use_kernel(kernel)
+            self._head_gemm = kernel.bind(self.head.contiguous())
+        self.kernel_name = kernel.name if kernel is not None else "torch"  # part of its cached draft cost's key
+
+    @classmethod
+    def from_file(cls, path: str, target: Any) -> "EagleDrafter":
+        return cls(load_eagle(path), target)
+
+    def new_cache(self, rows: int, capacity: int = 256) -> EagleKV:
+        return EagleKV.empty(self.info, rows, capacity, self.dtype, self.device)
+
+    def cost_identity(self) -> str:
+        return f"eagle:{sum(p.numel() for p in self.net.parameters())}:{int(self.head.shape[0])}:{self.kernel_name}"
+
+    def _feed_net(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
+                  slots: torch.Tensor | None) -> torch.Tensor:
+        return self.net(features, embeds, starts, kv, slots)
+
+    def _step_net(self, hidden: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
+                  slots: torch.Tensor | None, tree: TreeStep | None = None) -> torch.Tensor:
+        return self.net(hidden, embeds, starts, kv, slots, tree=tree)
+
+    def _small_logits(self, features: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, candidates]
+        if self._head_gemm is not None:
+            return self._head_gemm(features.contiguous())
+        return (features @ self.head.t()).float()
+
+
 class EagleSession:
     """One sequence: the drafter's KV cache, its committed length, and target features not fed yet.
 
@@ -208,13 +266,19 @@ class EagleSession:
     target's features (kept as a list of chunks, no per-round copy); the drafter's layer runs
     again only at the next proposal, over the whole backlog in one pass."""
 
-    def __init__(self, drafter: EagleDrafter) -> None:
+    def __init__(self, drafter: FeatureDrafter) -> None:
         self._drafter = drafter
         self._kv: EagleKV | None = None
         self._cached = 0  # drafter positions holding the target's features
         self._pending: list[torch.Tensor] = []  # [n_i, H] chunks: target features at positions _cached ..
         self._pending_len = 0
         self._row = 0  # this sequence's row in _kv
+
+    @property
+    def capture_layers(self) -> tuple[int, ...] | None:
+        """The target layers whose outputs :meth:`observe` takes (an EAGLE-3 drafter's fused
+        features); None: the target's last hidden state (EAGLE-1)."""
+        return self._drafter.capture_layers
 
     @property
     def feature_end(self) -> int:

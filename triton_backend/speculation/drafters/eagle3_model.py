@@ -34,11 +34,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from triton_backend.core.drafter_format import EAGLE3_ARCHITECTURE
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.llama_forward import rotate
 from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, _MLP, _RMSNorm
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
+ARCHITECTURE = EAGLE3_ARCHITECTURE
 WEIGHTS = "model.safetensors"
 
 
@@ -228,10 +229,11 @@ class Eagle3Net(nn.Module):
         return self.lm_head(self.norm(g))
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
-                tree: TreeStep | None = None) -> torch.Tensor:
+                tree: TreeStep | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
         """Inference: ``hidden`` ``[B, T, H]`` (``fc`` of the target's fused features, or the
         drafter's own ``g``) and the following tokens' embeddings ``[B, T, H]`` at positions
-        ``starts[b] + t``; cache row ``b`` holds positions ``< starts[b]``. Returns ``g`` ``[B, T, H]``.
+        ``starts[b] + t``; row ``b`` uses cache row ``slots[b]`` (default ``b``), which holds
+        positions ``< starts[b]``. Returns ``g`` ``[B, T, H]``.
         ``tree``: the inputs are draft-tree nodes (placed and masked as in the EAGLE-1 net)."""
         attn_mod = self.midlayer.self_attn
         b, t, _ = hidden.shape
@@ -243,10 +245,11 @@ class Eagle3Net(nn.Module):
             positions, index, end, visible = tree.positions, tree.index, tree.end, tree.visible
         q, k, v = attn_mod.qkv(self.layer_input(hidden, embeds), positions)
         kv.reserve(end)
-        rows = torch.arange(b, device=hidden.device)[:, None]
+        slots = torch.arange(b, device=hidden.device) if slots is None else slots
+        rows = slots[:, None]
         kv.k[rows, :, index] = k.transpose(1, 2).to(kv.k.dtype)
         kv.v[rows, :, index] = v.transpose(1, 2).to(kv.v.dtype)
-        attn = attn_mod.attend(q, kv.k[:b, :, :end], kv.v[:b, :, :end], visible)
+        attn = attn_mod.attend(q, kv.k[slots, :, :end], kv.v[slots, :, :end], visible)
         return self.block_out(hidden, attn)
 
 

@@ -227,6 +227,14 @@ class _KernelLinear(nn.Module):
         return self._gemm(x.reshape(-1, x.shape[-1])).view(*lead, self._gemm.n)
 
 
+def use_row_kernel(net: nn.Module, kernel: RowGemm) -> None:
+    """Run every ``nn.Linear`` of ``net`` on ``kernel`` (see :class:`_KernelLinear`), in place."""
+    for module in list(net.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, _KernelLinear(child, kernel))
+
+
 class EagleNet(nn.Module):
     def __init__(self, info: EagleInfo) -> None:
         super().__init__()
@@ -242,10 +250,7 @@ class EagleNet(nn.Module):
     def use_kernel(self, kernel: RowGemm) -> None:
         """Run every linear layer on ``kernel`` (float32 CPU weights; see :class:`_KernelLinear`).
         Draft quality only: the products round differently from torch's, exactness is the verifier's."""
-        for module in list(self.modules()):
-            for name, child in list(module.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(module, name, _KernelLinear(child, kernel))
+        use_row_kernel(self, kernel)
 
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor,
                 kv: EagleKV, slots: torch.Tensor | None = None, tree: TreeStep | None = None) -> torch.Tensor:

@@ -1,0 +1,50 @@
+"""`specbuild bench --precisions`: plain decoding of quantized weights against float32 in one
+process, its table and headline keys (following --out / --headline like every bench key), and
+the README rows that name its goals."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder.bench.docs_render import HEADLINE_ROWS, render_headline
+from builder.cli.main import main as cli_main
+from builder.headline import HEADLINE_PATH, read_headline
+from triton_backend.engines.torch import row_gemm
+
+KEYS = {"int4_plain_x_fp32", "int8_plain_x_fp32", "int4_greedy_agreement", "int8_greedy_agreement"}
+
+
+@pytest.mark.skipif(row_gemm.cpu_isa() is None, reason="the CPU kernels need x86-64 with AVX2 + FMA")
+def test_precision_bench_writes_its_keys_where_out_says(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from build_fixtures import make_tiny_llama
+    from triton_backend.core.reference_model import ensure_reference_model
+
+    tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), layers=1)
+    before = HEADLINE_PATH.read_bytes()
+    args = ["bench", "--target", str(tiny), "--precisions", "int8,int4", "--repeats", "1", "--max-tokens", "3",
+            "--agreement-prompts", "2", "--out", str(tmp_path / "x")]
+    assert cli_main(args) == 0
+    written = json.loads((tmp_path / "x" / "headline.json").read_text())
+    assert set(written) == KEYS and all(0 < written[k] <= 1 for k in KEYS if "agreement" in k)
+    result = json.loads((tmp_path / "x" / "precision_cpu.json").read_text())
+    assert [r["precision"] for r in result["rows"]] == ["fp32", "int8", "int4"]
+    assert result["rows"][2]["linear_mib"] < result["rows"][1]["linear_mib"] < result["rows"][0]["linear_mib"]
+    assert HEADLINE_PATH.read_bytes() == before
+    assert cli_main([*args[:4], "float32", *args[5:]]) != 0  # float32 is the baseline, not a precision to compare
+
+
+def test_goals_are_registered_and_render_before_the_first_run() -> None:
+    rows = {r.key: r for r in HEADLINE_ROWS}
+    assert rows["int4_plain_x_fp32"].goal == 2.5 and rows["int8_plain_x_fp32"].goal == 1.6
+    assert rows["int4_greedy_agreement"].goal is None and rows["int8_greedy_agreement"].goal is None
+    figures = {k: v for k, v in read_headline().items() if k not in KEYS}
+    table = render_headline(figures)
+    assert "| int4 weights: plain tok/s, 1 row, over float32 (`int4_plain_x_fp32`) | not measured yet | >= 2.50 | - |" in table
+    measured = render_headline({**figures, "int4_plain_x_fp32": 2.6, "int4_greedy_agreement": 0.81})
+    assert "(`int4_plain_x_fp32`) | 2.60 | >= 2.50 | yes |" in measured
+    assert "(`int4_greedy_agreement`) | 0.810 | reported | - |" in measured

@@ -1,0 +1,148 @@
+"""The compact-weight CPU kernel (engines/torch/weight_gemm.py): int8, int4, float16 and bfloat16
+weights give, bit for bit, what the float32 row kernel gives on the even and on the odd columns of
+their decoded weights, summed (the kernel's two chains); every row is
+the same bits whatever the batch; both ISA builds agree; round-to-nearest quantization and the
+panel packing round-trip; bad inputs are refused; the C++ compiles clean."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from triton_backend.engines.torch import row_gemm as row_gemm_module
+from triton_backend.engines.torch import weight_gemm as wg
+from triton_backend.engines.torch.quantize_weights import dequantize_int4, quantize_int4, quantize_int8
+
+ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
+pytestmark = pytest.mark.skipif(not ISAS, reason="the CPU kernels need x86-64 with AVX2 + FMA")
+FORMATS = ["int8", "int4-32", "int4-64", "float16", "bfloat16"]
+
+
+def packed(fmt: str, w: torch.Tensor) -> tuple[wg.PackedWeight, torch.Tensor, torch.Tensor | None]:
+    """``(packed, decoded float32 weight the chain multiplies, int8 channel scales or None)``."""
+    if fmt == "int8":
+        q, s = quantize_int8(w)
+        return wg.pack_int8(q, s), q.float(), s
+    if fmt.startswith("int4"):
+        group = int(fmt.split("-")[1])
+        q, s = quantize_int4(w, group)
+        return wg.pack_int4(q, s, group), dequantize_int4(q, s), None
+    dtype = getattr(torch, fmt)
+    return wg.pack_float(w.to(dtype)), w.to(dtype).float(), None
+
+
+def two_chains(row, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The kernel's order on the float32 row kernel: one chain over the even k, one over the odd k, summed."""
+    even = row(x[:, 0::2].contiguous(), w[:, 0::2].contiguous())
+    return even + row(x[:, 1::2].contiguous(), w[:, 1::2].contiguous()) if w.shape[1] > 1 else even
+
+
+@pytest.fixture(params=ISAS)
+def kernels(request, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_ROW_KERNEL_ISA", request.param)
+    row, compact = row_gemm_module.load_row_gemm(), wg.load_weight_gemm()
+    assert row is not None and compact is not None and compact.isa == request.param
+    return row, compact
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k,n", [(64, 48), (192, 37), (576, 200), (75, 33)])
+def test_equals_the_row_kernel_on_the_decoded_weight(kernels, fmt, k, n):
+    if fmt.startswith("int4") and k % int(fmt.split("-")[1]):
+        pytest.skip("int4 groups must divide k")
+    row, compact = kernels
+    gen = torch.Generator().manual_seed(k + n)
+    w, b = torch.randn(n, k, generator=gen) * 0.05, torch.randn(n, generator=gen)
+    weight, decoded, scales = packed(fmt, w)
+    layer = compact.bind(weight, b)
+    for m in (1, 2, 3, 8, 13, 30):
+        x = torch.randn(m, k, generator=gen)
+        got = layer(x)
+        chains = two_chains(row, x, decoded)
+        want = chains * scales + b if scales is not None else chains + b
+        assert torch.equal(got, want), (fmt, m)
+        ref = x.double() @ wg.dequantize(weight).double().T + b.double()
+        assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_row_is_bit_identical_whatever_the_batch(kernels, fmt):
+    _, compact = kernels
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 576, generator=gen)
+    layer = compact.bind(packed(fmt, w)[0])
+    x = torch.randn(40, 576, generator=gen)
+    full = layer(x)
+    for m in (1, 2, 3, 4, 7, 9, 12, 13, 17):
+        for i in range(0, 40 - m, 11):
+            assert torch.equal(layer(x[i:i + m]), full[i:i + m]), (m, i)
+
+
+@pytest.mark.skipif(ISAS != ["avx2", "avx512"], reason="needs a CPU with AVX-512 (both builds)")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_both_builds_give_the_same_bits(monkeypatch, fmt):
+    built = {}
+    for isa in ISAS:
+        monkeypatch.setenv("SPECBUILD_ROW_KERNEL_ISA", isa)
+        built[isa] = wg.load_weight_gemm()
+    gen = torch.Generator().manual_seed(11)
+    weight = packed(fmt, torch.randn(70, 1536, generator=gen))[0]
+    for m in (1, 3, 8, 13):
+        x = torch.randn(m, 1536, generator=gen)
+        assert torch.equal(built["avx2"].bind(weight)(x), built["avx512"].bind(weight)(x)), m
+
+
+def test_quantization_is_round_to_nearest_and_packing_round_trips():
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(45, 128, generator=gen)
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    assert float(((q.float() * s[:, None] - w).abs() - s[:, None] / 2).max()) <= 1e-6
+    assert torch.equal(wg.unpack(wg.pack_int8(q, s)), q.float())
+    q4, s4 = quantize_int4(w, 32)
+    assert int(q4.min()) >= -8 and int(q4.max()) <= 7 and s4.shape == (45, 4)
+    bound = s4.repeat_interleave(32, dim=1) / 2
+    assert float(((dequantize_int4(q4, s4) - w).abs() - bound).max()) <= 1e-6
+    assert torch.equal(wg.unpack(wg.pack_int4(q4, s4, 32)), dequantize_int4(q4, s4))
+    half = w.to(torch.bfloat16)
+    assert torch.equal(wg.unpack(wg.pack_float(half)), half.float())
+    assert wg.pack_int4(q4, s4, 32).nbytes() == 64 * 128 // 2 + 64 * 4 * 4  # padded to 2 panels of 32
+
+
+def test_bad_inputs_are_refused(kernels):
+    _, compact = kernels
+    q = torch.zeros(8, 64, dtype=torch.int8)
+    with pytest.raises(ValueError, match="group"):
+        wg.pack_int4(q, torch.ones(8, 3), 24)
+    with pytest.raises(ValueError, match="even"):
+        wg.pack_int4(torch.zeros(8, 63, dtype=torch.int8), torch.ones(8, 3), 21)
+    with pytest.raises(ValueError, match=r"\[-8, 7\]"):
+        wg.pack_int4(q + 9, torch.ones(8, 2), 32)
+    with pytest.raises(ValueError, match="int8"):
+        wg.pack_int8(q.float(), torch.ones(8))
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        wg.pack_float(torch.zeros(8, 64))
+    layer = compact.bind(wg.pack_int8(q, torch.ones(8)))
+    with pytest.raises(ValueError, match=r"x \[M, 64\]"):
+        layer(torch.randn(2, 63))
+    with pytest.raises(ValueError, match="float32"):
+        layer(torch.randn(2, 64, dtype=torch.float64))
+    assert layer(torch.randn(0, 64)).shape == (0, 8)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_source_is_a_real_file_that_compiles_without_warnings(isa):
+    source = Path(wg.__file__).with_name("weight_gemm.cpp")
+    flags = row_gemm_module._FLAGS + row_gemm_module._ISA_FLAGS[isa] + wg._EXTRA_FLAGS
+    assert wg.kernel_digest(isa) == hashlib.sha256((source.read_text() + " ".join(flags)).encode()).hexdigest()[:16]
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler on PATH")
+    done = subprocess.run([compiler, *flags, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", str(source)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

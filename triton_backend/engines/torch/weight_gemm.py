@@ -1,0 +1,210 @@
+"""Row-invariant CPU matmuls on compact weights: int8 (per output channel scale), int4 (group-wise
+scales) and 16-bit (float16, bfloat16), accumulated in float32.
+
+The row kernel (:mod:`~triton_backend.engines.torch.row_gemm`) streams float32 weights; a one-row decode
+step is bound by that stream (~540 MB for SmolLM2-135M with its LM head). This kernel reads the same
+panels (32 output columns, k-major) in a compact type and decodes each weight in registers (int4:
+``float(q) * group scale``; int8 and 16-bit exactly). Every output is two fused multiply-add chains,
+over the even and over the odd ``k`` in ascending order, then their sum (two chains: at one row a
+single chain's FMA latency, not the compact weights' traffic, bounded a decode step), whatever the
+number of rows, so rows are bit-identical batched or alone; the result equals the float32 row kernel
+run on the even and on the odd columns of the decoded weights, summed (int8: then times the channel
+scale), bit for bit (tests/test_weight_gemm.py).
+Why not torch's or another library's kernels: measured in docs/quantized-weights.md.
+
+The C++ source, ``weight_gemm.cpp`` beside this module, is built and hash-checked like the row kernel's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import hashlib
+import logging
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from triton_backend.engines.torch.row_gemm import PANEL, build_flags, compiled_library, cpu_isa
+
+logger = logging.getLogger(__name__)
+
+_SOURCE_FILE = Path(__file__).with_name("weight_gemm.cpp")
+_SOURCE = _SOURCE_FILE.read_text()
+_EXTRA_FLAGS = ["-mf16c"]
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+class WeightFormat(enum.IntEnum):
+    """A packed weight's element type (the C source's ``Format``)."""
+
+    INT8 = 1
+    INT4 = 2
+    FLOAT16 = 3
+    BFLOAT16 = 4
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A ``[n, k]`` weight in the kernel's panels: ``data`` uint8 ``[panels, k, row bytes]``;
+    ``scales`` float32: int8 ``[n]`` per output channel, int4 ``[panels, k / group, 32]``, else None."""
+
+    format: WeightFormat
+    n: int
+    k: int
+    data: torch.Tensor
+    scales: torch.Tensor | None = None
+    group: int = 0
+
+    def nbytes(self) -> int:
+        """What the kernel holds for this weight (panels and scales)."""
+        scales = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
+        return self.data.numel() * self.data.element_size() + scales
+
+
+def _panels(w: torch.Tensor) -> torch.Tensor:
+    """``[n, k]`` -> ``[panels, k, 32]`` (rows past ``n`` zero)."""
+    n, k = w.shape
+    padded = -(-n // PANEL) * PANEL
+    if padded > n:
+        w = torch.cat([w, w.new_zeros(padded - n, k)])
+    return w.view(padded // PANEL, PANEL, k).transpose(1, 2).contiguous()
+
+
+def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
+    """``q`` int8 ``[n, k]``, ``scales`` ``[n]``: the weight ``q * scales[:, None]``."""
+    n, k = q.shape
+    if q.dtype != torch.int8 or scales.shape != (n,):
+        raise ValueError(f"pack_int8 needs int8 [n, k] and scales [n], got {q.dtype} {tuple(q.shape)}, {tuple(scales.shape)}")
+    return PackedWeight(WeightFormat.INT8, n, k, _panels(q).view(torch.uint8), scales.float().contiguous())
+
+
+def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int) -> PackedWeight:
+    """``q`` int8 ``[n, k]`` in ``[-8, 7]``, ``scales`` ``[n, k / group]``: the weight
+    ``q * scales`` repeated over each group of ``group`` input channels."""
+    n, k = q.shape
+    if q.dtype != torch.int8 or group <= 0 or group % 2 or k % group or scales.shape != (n, k // group):
+        raise ValueError(f"pack_int4 needs int8 [n, k] with k a multiple of the (even) group {group} and scales "
+                         f"[n, k / group], got {tuple(q.shape)}, {tuple(scales.shape)}")
+    if q.numel() and (int(q.min()) < -8 or int(q.max()) > 7):
+        raise ValueError("int4 values must lie in [-8, 7]")
+    p = _panels(q).to(torch.int16)
+    nibbles = (p[..., :PANEL // 2] & 0xF) | ((p[..., PANEL // 2:] & 0xF) << 4)
+    return PackedWeight(WeightFormat.INT4, n, k, nibbles.to(torch.uint8).contiguous(),
+                        _panels(scales.float()).contiguous(), group)
+
+
+def pack_float(w: torch.Tensor) -> PackedWeight:
+    """A float16 or bfloat16 ``[n, k]`` weight, as it is (read in 16 bits, accumulated in float32)."""
+    fmt = {torch.float16: WeightFormat.FLOAT16, torch.bfloat16: WeightFormat.BFLOAT16}.get(w.dtype)
+    if fmt is None or w.dim() != 2:
+        raise ValueError(f"pack_float needs a float16 or bfloat16 [n, k] weight, got {w.dtype} {tuple(w.shape)}")
+    n, k = w.shape
+    return PackedWeight(fmt, n, k, _panels(w).view(torch.uint8))
+
+
+def unpack(weight: PackedWeight) -> torch.Tensor:
+    """The float32 ``[n, k]`` weight the kernel computes with (int4: ``float(q) * scale``, one
+    rounding; int8: ``q``, the channel scale applied after the chain, see :func:`dequantize`)."""
+    panels = weight.data.shape[0]
+    if weight.format is WeightFormat.INT4:
+        b = weight.data.to(torch.int16)
+        low, high = (b & 0xF), (b >> 4) & 0xF
+        q = torch.cat([low, high], dim=-1)  # [panels, k, 32]
+        q = torch.where(q >= 8, q - 16, q).float()
+        scales = weight.scales.repeat_interleave(weight.group, dim=1)  # [panels, k, 32]
+        full = q * scales
+    elif weight.format is WeightFormat.INT8:
+        full = weight.data.view(torch.int8).float()
+    else:
+        dtype = torch.float16 if weight.format is WeightFormat.FLOAT16 else torch.bfloat16
+        full = weight.data.view(dtype).float()
+    return full.transpose(1, 2).reshape(panels * PANEL, weight.k)[:weight.n].contiguous()
+
+
+def dequantize(weight: PackedWeight) -> torch.Tensor:
+    """The float32 ``[n, k]`` weight the packed one stands for (for torch's kernels where this
+    kernel cannot run; int8's channel scale folded in, so not bit-identical to the kernel)."""
+    w = unpack(weight)
+    return w * weight.scales[:, None] if weight.format is WeightFormat.INT8 else w
+
+
+def kernel_digest(isa: str) -> str:
+    return hashlib.sha256((_SOURCE + " ".join(build_flags(isa) + _EXTRA_FLAGS)).encode()).hexdigest()[:16]
+
+
+class BoundWeightGemm:
+    """One linear layer on the kernel: ``x [M, k] -> x W^T + bias [M, n]`` (float32). Holds the
+    packed weight and the bias, whose memory the kernel reads through raw pointers."""
+
+    def __init__(self, fn: Callable[..., int], weight: PackedWeight, bias: torch.Tensor | None) -> None:
+        if bias is not None and (bias.shape != (weight.n,)):
+            raise ValueError(f"bias must be [{weight.n}], got {tuple(bias.shape)}")
+        self.weight = weight
+        self.bias = None if bias is None else bias.float().contiguous()
+        self.n, self.k = weight.n, weight.k
+        self._fn = fn
+        self._args = (int(weight.format), weight.data.data_ptr(),
+                      None if weight.scales is None else weight.scales.data_ptr(), weight.group,
+                      None if self.bias is None else self.bias.data_ptr())
+
+    def nbytes(self) -> int:
+        return self.weight.nbytes()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # the few checks that keep the kernel inside its buffers, in their cheapest form (~200 calls a decode step)
+        shape = x.shape
+        if len(shape) != 2 or shape[1] != self.k or x.dtype is not torch.float32 or not x.is_cpu:
+            raise ValueError(f"weight_gemm needs x [M, {self.k}] float32 on CPU, got {tuple(shape)} {x.dtype} {x.device}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m:
+            fmt, w, s, g, b = self._args
+            if self._fn(fmt, x.data_ptr(), m, self.k, w, s, g, b, self.n, y.data_ptr()) != 0:
+                raise ValueError(f"weight_gemm refused format {self.weight.format.name} with k {self.k}, group {g}")
+        return y
+
+
+class WeightGemm:
+    """The loaded kernel: :meth:`bind` a :class:`PackedWeight` (and bias) to a callable layer."""
+
+    def __init__(self, lib: ctypes.CDLL, isa: str) -> None:
+        self.isa = isa
+        self.name = f"weight_gemm-{isa}-{kernel_digest(isa)}"
+        fn = lib.specbuild_weight_gemm
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [ctypes.c_int, p, i64, i64, p, p, i64, p, i64, p]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def bind(self, weight: PackedWeight, bias: torch.Tensor | None = None) -> BoundWeightGemm:
+        return BoundWeightGemm(self._fn, weight, bias)
+
+
+def load_weight_gemm() -> WeightGemm | None:
+    """The compact-weight kernel, built on first use; ``None`` where it cannot run here (logged)."""
+    isa = cpu_isa()
+    if isa is None:
+        logger.info("compact-weight CPU kernel unavailable (needs x86-64 with AVX2 + FMA)")
+        return None
+    with _lock:
+        if isa not in _loaded:
+            try:
+                _loaded[isa] = compiled_library(f"weight_gemm-{isa}", _SOURCE_FILE,
+                                                build_flags(isa) + _EXTRA_FLAGS, kernel_digest(isa))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                logger.warning("compact-weight CPU kernel unavailable (%s)", exc)
+                _loaded[isa] = None
+    lib = _loaded[isa]
+    return None if lib is None else WeightGemm(lib, isa)
+
+
+__all__ = ["BoundWeightGemm", "PackedWeight", "WeightFormat", "WeightGemm", "dequantize", "kernel_digest",
+           "load_weight_gemm", "pack_float", "pack_int4", "pack_int8", "unpack"]

@@ -1,0 +1,88 @@
+"""Serving an EAGLE-3 drafter (:mod:`triton_backend.speculation.drafters.eagle3_model`: the layout
+``specbuild train-eagle3`` writes and published EAGLE-3 checkpoints use) on the slot engine.
+
+The drafter reads the outputs of the target layers its config names
+(``eagle_config.eagle_aux_hidden_state_layer_ids``), concatenated per position ``[3H]``,
+which the target's verification pass returns from the same pass (``BatchRow.capture``,
+:meth:`~triton_backend.engines.torch.llama_engine.SlotSession.tree_features`). Fed pairs are
+``fc``-fused; every later step reads the drafter's own output ``g``, exactly as
+``builder.train.eagle3``'s training-time test does. The head ranks the draft vocabulary;
+draft id ``d`` is target id ``d + d2t[d]``, and ``q`` (exact sampling) is the drafter's
+distribution over target ids, zero outside the draft vocabulary. Sessions, chains, trees and
+batching are the EAGLE family's (:class:`~triton_backend.speculation.drafters.eagle.FeatureDrafter`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from triton_backend.core.errors import ModelLoadError
+from triton_backend.engines.torch.llama_engine import LlamaEngine
+from triton_backend.speculation.drafters.eagle import FeatureDrafter, target_kernel
+from triton_backend.speculation.drafters.eagle3_model import Eagle3Net, load_eagle3
+from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, use_row_kernel
+
+
+class Eagle3Drafter(FeatureDrafter):
+    """An EAGLE-3 drafter over fused low/mid/high target features, with its own LM head over
+    a reduced draft vocabulary (the target's embedding is shared)."""
+
+    def __init__(self, net: Eagle3Net, target: Any) -> None:
+        """``target``: the slot engine (:class:`LlamaEngine`: its passes return the capture layers' outputs)."""
+        info = net.info
+        if not isinstance(target, LlamaEngine):
+            raise ModelLoadError(f"an EAGLE-3 drafter needs the slot engine's target (its capture-layer outputs); "
+                                 f"{target!r} is not one (runtime.torch_engine must not be hf)")
+        config = target.model.config
+        layers = int(config.num_hidden_layers)
+        target_hidden = info.target_hidden_size or info.hidden_size
+        if info.hidden_size != int(config.hidden_size) or info.vocab_size != target.vocab_size \
+                or target_hidden != int(config.hidden_size):
+            raise ModelLoadError(f"EAGLE-3 drafter (hidden {info.hidden_size}, target hidden {target_hidden}, vocab "
+                                 f"{info.vocab_size}) does not fit the target (hidden {config.hidden_size}, vocab "
+                                 f"{target.vocab_size})")
+        if any(not 0 <= i < layers for i in info.capture_layers):
+            raise ModelLoadError(f"EAGLE-3 capture layers {info.capture_layers} outside the target's {layers} layers")
+        self.info = info
+        self.capture_layers = tuple(info.capture_layers)
+        self.feature_size, self.vocab_size = info.feature_size, info.vocab_size
+        self.dtype, self.device = target.model.dtype, target.device
+        self.net = net.to(device=self.device, dtype=self.dtype).eval()
+        self.embed = target.model.get_input_embeddings().weight.detach()
+        self.vocab = (torch.arange(info.draft_vocab_size, device=self.device) + self.net.d2t).to(torch.long)
+        params = sum(p.numel() for p in self.net.parameters())
+        self.relative_cost = params / max(1, target.num_parameters())
+        kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
+        if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers
+            self.net = copy.deepcopy(self.net)
+            use_row_kernel(self.net, kernel)
+        self.kernel_name = kernel.name if kernel is not None else "torch"
+
+    @classmethod
+    def from_folder(cls, path: str, target: Any) -> "Eagle3Drafter":
+        layers = int(target.model.config.num_hidden_layers)
+        return cls(load_eagle3(path, num_target_layers=layers), target)
+
+    def new_cache(self, rows: int, capacity: int = 256) -> EagleKV:
+        return EagleKV.empty(self.info, rows, capacity, self.dtype, self.device)  # type: ignore[arg-type]  # same KV fields
+
+    def cost_identity(self) -> str:
+        return f"eagle3:{sum(p.numel() for p in self.net.parameters())}:{self.info.draft_vocab_size}:{self.kernel_name}"
+
+    def _feed_net(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
+                  slots: torch.Tensor | None) -> torch.Tensor:
+        # features [B, T, 3H] -> fc -> [B, T, H]; the layer's output g [B, T, H]
+        return self.net(self.net.fc(features), embeds, starts, kv, slots=slots)
+
+    def _step_net(self, hidden: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
+                  slots: torch.Tensor | None, tree: TreeStep | None = None) -> torch.Tensor:
+        return self.net(hidden, embeds, starts, kv, tree=tree, slots=slots)  # [B, T, H] own outputs in
+
+    def _small_logits(self, features: torch.Tensor) -> torch.Tensor:  # g [B, H] -> [B, draft_vocab]
+        return self.net.logits(features.contiguous()).float()
+
+
+__all__ = ["Eagle3Drafter"]
