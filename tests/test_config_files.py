@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from triton_backend.core.config import (
-    DraftLengthConfig, FallbackConfig, FallbackRule, MedusaConfig, NgramConfig, SpeculationConfig, SpeculationMode,
+    CrossRequestConfig, CrossRequestContinuation, DraftLengthConfig, FallbackConfig, FallbackRule, MedusaConfig, NgramConfig, SpeculationConfig, SpeculationMode,
     TreeAcceptance,
 )
 from triton_backend.core.config_io import descriptions, read_config
@@ -64,6 +64,10 @@ def test_an_old_deployment_file_loads_as_the_same_deployment(tmp_path: Path) -> 
     (tmp_path / "deployment.json").write_text(json.dumps(old))
     assert DeploymentConfig.load(tmp_path / "deployment.json") == new
     assert DeploymentConfig.from_dict(json.loads(new.to_json())) == new  # the nested spelling round-trips
+    cross = SpeculationConfig(ngram=NgramConfig(cross_request=CrossRequestConfig(
+        enabled=True, max_tokens=4096, continuation=CrossRequestContinuation.RECENT)))
+    opted_in = DeploymentConfig(speculation=cross)
+    assert DeploymentConfig.from_dict(json.loads(opted_in.to_json())) == opted_in  # the opt-in round-trips too
 
 
 @pytest.mark.parametrize("section, message", [

@@ -67,10 +67,14 @@ def test_sampling_params_accept_or_raise_a_typed_error(kwargs: dict[str, Any]) -
         assert all(isinstance(s, str) and s for s in params.stop)
 
 
+CROSS_REQUEST = st.fixed_dictionaries({}, optional={  # ngram.cross_request
+    name: st.one_of(ANY, st.sampled_from(["frequent", "recent", 64, 4096]))
+    for name in ("enabled", "max_tokens", "min_match", "continuation", "nonsense")})
 SECTION = st.one_of(ANY, st.fixed_dictionaries({}, optional={
-    name: st.one_of(ANY, st.sampled_from(["gain", "threshold", "exact", "typical"]))
+    name: st.one_of(ANY, st.sampled_from(["gain", "threshold", "exact", "typical"]), CROSS_REQUEST)
     for name in ("num_draft_tokens", "min_draft_tokens", "adaptive", "enabled", "rule", "threshold", "window",
-                 "min_n", "max_n", "tree_acceptance", "typical_alpha", "tree", "max_tree_nodes", "tree_top_k", "nonsense")}))
+                 "min_n", "max_n", "cross_request", "tree_acceptance", "typical_alpha", "tree", "max_tree_nodes",
+                 "tree_top_k", "nonsense")}))
 
 
 @FUZZ

@@ -180,8 +180,9 @@ def test_match_length_policy_follows_the_match_and_its_history():
 
 def test_a_repeated_short_match_is_judged_apart_from_a_unique_one():
     policy = MatchLengthPolicy(8, GainSettings(probe_interval=1000), PassCostModel.default())
-    assert policy.key(1, 1) == (1, False) and policy.key(1, 4) == (1, True)
-    assert policy.key(12, 4) == (10, False)  # long matches are not split
+    assert policy.key(1, 1) == (1, False, False) and policy.key(1, 4) == (1, True, False)
+    assert policy.key(12, 4) == (10, False, False)  # long matches are not split
+    assert policy.key(1, 4, cross=True) == (1, True, True)  # a cross-request match: buckets of its own
     assert policy.draft_length(1, 8, occurrences=5) == 0  # a common token: no bet from the prior
     assert policy.draft_length(1, 8, occurrences=1) > 0  # a unique one pays on the cheap default table
     while (k := policy.draft_length(1, 8, occurrences=1)) > 0:  # unique one-token matches fail in this request

@@ -15,6 +15,8 @@ Every row's greedy output is checked against plain's. Example::
     .venv/bin/python scripts/analysis/spec_ratio.py --rows plain,eagle,eagle-params  # measured draft cost vs parameter ratio
     .venv/bin/python scripts/analysis/spec_ratio.py --set check --rows plain,ngram:8,eagle,auto:8  # auto beside its sources
     .venv/bin/python scripts/analysis/spec_ratio.py --set check --rows plain,eagle-chain,eagle-tree  # EAGLE chains vs trees
+    .venv/bin/python scripts/analysis/spec_ratio.py --prompts benchmarks/repeated_prompts.json \
+        --rows plain,ngram:8,ngram-x:8  # n-gram lookup with the cross-request index (fills as the row's requests run)
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from pathlib import Path
 
 from builder.bench.config import BenchPrompt
 from builder.bench.rows import OursRow, PeerRow, Row, RowResult
-from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig, SpeculationConfig,
+from triton_backend.core.config import (CrossRequestConfig, CrossRequestContinuation, DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig, SpeculationConfig,
                                         SpeculationMode)
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
+from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.speculation.drafters.suffix_index import CrossRequestIndex, cross_request_index
 from triton_backend.speculation.policy import current_cost_model
 from triton_backend.speculation.tree_plan import ROW_SLOPE
 
@@ -61,6 +65,30 @@ class DraftCostRow(OursRow):
             drafter.relative_cost = measured
 
 
+@dataclass
+class CrossRequestRow(OursRow):
+    """n-gram lookup with a cross-request index of its own, filled by this row's earlier
+    requests (the prompts run one after another), swapped in while the row runs."""
+
+    index: CrossRequestIndex | None = None
+
+    def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
+        drafters = self.decoder.drafters
+        plain = drafters[SpeculationMode.NGRAM]
+        drafters[SpeculationMode.NGRAM] = NgramDrafter(plain.min_n, plain.max_n, self.index)
+        try:
+            return super().run(prompt, max_tokens, ignore_eos)
+        finally:
+            drafters[SpeculationMode.NGRAM] = plain
+            if self.index is not None:
+                self.index.flush()  # indexed before the next request, as on a server between two requests
+
+
+def _file_prompts(path: Path, per_workload: int) -> dict[str, list[str]]:
+    data = json.loads(path.read_text())
+    return {workload: texts[:per_workload] for workload, texts in data["workloads"].items()}
+
+
 def _prompts(which: str, per_workload: int) -> dict[str, list[str]]:
     copy = json.loads(COPY_PROMPTS.read_text())
     lines = [line.strip() for line in HELDOUT.read_text().splitlines() if line.strip()]
@@ -80,6 +108,13 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
         elif name == "ngram":
             rows.append(OursRow(f"ngram k={arg}", decoder, SpeculationConfig(method=SpeculationMode.NGRAM,
                                                                              draft_length=DraftLengthConfig(num_draft_tokens=int(arg)))))
+        elif name in ("ngram-x", "ngram-x-recent", "auto-x"):  # with the cross-request index (frequent / recent)
+            config = CrossRequestConfig(enabled=True, continuation=CrossRequestContinuation.RECENT
+                                        if name.endswith("recent") else CrossRequestContinuation.FREQUENT)
+            method = SpeculationMode.AUTO if name == "auto-x" else SpeculationMode.NGRAM
+            rows.append(CrossRequestRow(f"{name} k={arg}", decoder, SpeculationConfig(
+                method=method, draft_length=DraftLengthConfig(num_draft_tokens=int(arg))),
+                index=cross_request_index(config)))
         elif name == "medusa":
             rows.append(OursRow("medusa", decoder, SpeculationConfig(method=SpeculationMode.MEDUSA)))
         elif name in ("eagle", "eagle-params"):  # the measured draft cost; the parameter ratio
@@ -149,7 +184,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=("tune", "check"), default="tune")
     parser.add_argument("--rows", default="plain,ngram:4,ngram:8,medusa")
-    parser.add_argument("--workloads", default="chat,code,copy")
+    parser.add_argument("--workloads", default=None, help="default: chat,code,copy (or every workload of --prompts)")
+    parser.add_argument("--prompts", type=Path, default=None,
+                        help="a prompt file ({'workloads': {name: [prompt, ...]}}) instead of --set; its prompts "
+                             "run interleaved across workloads, in file order")
     parser.add_argument("--per-workload", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -181,15 +219,19 @@ def main() -> None:
     rows = _rows(args.rows, decoder, peer)
     tok = decoder.tokenizer
     prompts: list[BenchPrompt] = []
-    wanted = args.workloads.split(",")
-    for workload, texts in _prompts(args.set, args.per_workload).items():
-        if workload not in wanted:
-            continue
-        for i, text in enumerate(texts):
-            templated = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
-            prompts.append(BenchPrompt(workload, i, templated, decoder.encode(templated)))
+    sets = _prompts(args.set, args.per_workload) if args.prompts is None else _file_prompts(args.prompts, args.per_workload)
+    wanted = args.workloads.split(",") if args.workloads else list(sets)
+    sets = {w: texts for w, texts in sets.items() if w in wanted}
+    for i in range(max(map(len, sets.values()))):  # interleaved: one of each workload in turn
+        for workload, texts in sets.items():
+            if i < len(texts):
+                templated = tok.apply_chat_template([{"role": "user", "content": texts[i]}], add_generation_prompt=True,
+                                                    tokenize=False)
+                prompts.append(BenchPrompt(workload, i, templated, decoder.encode(templated)))
     for row in rows:
         row.run(prompts[0], 8, False)
+        if isinstance(row, CrossRequestRow) and row.index is not None:
+            row.index.clear()  # the measured requests start from an empty index
     meter = PassMeter(decoder)
     seconds: dict[tuple[str, str], float] = defaultdict(float)
     tokens: dict[tuple[str, str], int] = defaultdict(int)
@@ -237,6 +279,11 @@ def main() -> None:
             acc = d[1] / d[0] if d[0] else float("nan")
             per_pass = t / d[2] if d[2] else float("nan")
             print(f"| {workload} | {row.name} | {x:.2f} | {xc:.2f} | {acc:.2f} | {per_pass:.2f} |")
+    for row in rows:
+        if isinstance(row, CrossRequestRow) and row.index is not None:
+            st = row.index.stats
+            print(f"{row.name}: index {row.index.size} tokens; rounds drafted from it {st['rounds']}, "
+                  f"acceptance {st['accepted'] / max(1, st['drafted']):.2f} ({st['accepted']}/{st['drafted']})")
     if mismatches:
         print("MISMATCHES:", mismatches)
 

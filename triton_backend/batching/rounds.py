@@ -80,7 +80,7 @@ class BatchSequence(RunState):
             match = session.peek(self.tokens, self.controller.max_k)
             if match is None:
                 return RowOption(prefix_probs=())
-            return policy.option(match.length, len(match.continuation), match.occurrences)
+            return policy.option(match.length, len(match.continuation), match.occurrences, match.cross)
         return self.controller.row_option()
 
     def plan_draft(self, k: int) -> None:
@@ -129,6 +129,8 @@ class BatchSequence(RunState):
             self.draft_slot = None
         if self.drafter_session is not None:
             self.drafter_session.release()
+        if self.auto is not None:
+            self.auto.ngram.release()
 
 
 @dataclass

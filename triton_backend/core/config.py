@@ -75,7 +75,7 @@ def _require(cond: bool, message: str) -> None:
 
 def _config(cond: bool, message: str) -> None:
     if not cond:
-        raise ConfigError(message)
+        raise ConfigError(message if len(message) <= 300 else message[:297] + "...")  # a huge value, echoed: cut
 
 
 def _is_int(value: object) -> bool:
@@ -249,18 +249,51 @@ class FallbackConfig:
         _config(_is_int(self.probe_interval) and 1 <= self.probe_interval <= 4096, "probe_interval must be in [1, 4096]")
 
 
+class CrossRequestContinuation(str, enum.Enum):
+    """Which follower the cross-request index drafts after a match, one token at a time."""
+
+    FREQUENT = "frequent"  # the follower seen most often after the matched text (ties: the latest)
+    RECENT = "recent"  # the follower seen most recently
+
+
+@dataclass(frozen=True)
+class CrossRequestConfig:
+    """N-gram lookup across requests (opt-in): a suffix index over the deployment's recent
+    prompts and outputs. Outputs stay exact (it only proposes drafts), but a request's latency
+    can reveal whether another request's text matched its own, as with prefix caching: enable it
+    only where requests may share that much."""
+
+    enabled: bool = setting(False, "true: also draft from the suffix index of recent requests (off by default)")
+    max_tokens: int = setting(32768, "tokens of recent requests kept (prompts and outputs); the oldest go first")
+    min_match: int = setting(2, "shortest suffix match (tokens) the index drafts from")
+    continuation: CrossRequestContinuation = setting(CrossRequestContinuation.FREQUENT,
+                                                     "frequent or recent: the follower drafted after a match")
+
+    def __post_init__(self) -> None:
+        _config(isinstance(self.enabled, bool), "cross_request enabled must be true or false")
+        _config(_is_int(self.max_tokens) and 64 <= self.max_tokens <= 1 << 24,
+                f"cross_request max_tokens must be in [64, {1 << 24}], got {self.max_tokens!r}")
+        _config(_is_int(self.min_match) and 1 <= self.min_match <= 32,
+                f"cross_request min_match must be in [1, 32], got {self.min_match!r}")
+        object.__setattr__(self, "continuation", _enum_value(CrossRequestContinuation, self.continuation,
+                                                             "cross_request continuation"))
+
+
 @dataclass(frozen=True)
 class NgramConfig:
     """N-gram / prompt lookup (``method: ngram``): draft what followed the latest match of the
-    context's last n tokens."""
+    context's last n tokens (and, opted in, of the deployment's recent requests)."""
 
     method: ClassVar[SpeculationMode] = SpeculationMode.NGRAM
     min_n: int = setting(1, "shortest suffix matched (tokens)")
     max_n: int = setting(3, "longest suffix matched (tokens); longer matches are tried first")
+    cross_request: CrossRequestConfig = setting(doc="lookup across the deployment's recent requests (opt-in)",
+                                                factory=CrossRequestConfig)
 
     def __post_init__(self) -> None:
         _config(_is_int(self.min_n) and _is_int(self.max_n) and 1 <= self.min_n <= self.max_n,
                 "need 1 <= ngram min_n <= max_n")
+        _config(isinstance(self.cross_request, CrossRequestConfig), "ngram cross_request must be a CrossRequestConfig")
 
 
 @dataclass(frozen=True)
@@ -447,6 +480,6 @@ class RuntimeConfig:
         _config(_is_int(self.num_threads) and self.num_threads >= 1, "num_threads must be >= 1")
 
 
-__all__ = ["DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
+__all__ = ["CrossRequestConfig", "CrossRequestContinuation", "DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
            "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "WeightPrecision", "INT4_GROUP_SIZES",
            "migrate_flat_speculation", "MAX_TOP_LOG_PROBS", "TopLogProbs"]

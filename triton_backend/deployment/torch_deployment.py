@@ -14,6 +14,7 @@ from triton_backend.core.drafter_format import EagleFormat
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
+from triton_backend.speculation.drafters.suffix_index import cross_request_index
 from triton_backend.speculation.drafters.base import Drafter
 from triton_backend.engines.trtllm.config import EngineRuntime
 from triton_backend.speculation.decoding import Decoder
@@ -53,7 +54,8 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.eagle is not None:
         drafters[SpeculationMode.EAGLE] = _eagle_drafter(config, target)
     if config.ngram:
-        drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n)
+        drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n,
+                                                       cross_request_index(config.speculation.ngram.cross_request))
     install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)

@@ -56,7 +56,7 @@ class AutoSource:
         if match is None:
             return 0, None
         available = len(match.continuation)
-        bucket = self.policy.policies[self.policy.key(match.length, match.occurrences)]
+        bucket = self.policy.policy_for(match.length, match.occurrences, match.cross)
         option = bucket.option(bucket.estimate.conditional()[:available])
         return bucket.next_draft_length(limit=available), option
 

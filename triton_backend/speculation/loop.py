@@ -79,6 +79,8 @@ class SpeculativeDecoder:
             session.release()
             if run.drafter_session is not None:
                 run.drafter_session.release()
+            if run.auto is not None:
+                run.auto.ngram.release()
 
 
 class ChainRound:

@@ -432,14 +432,16 @@ MATCH_PRIOR: dict[int, Prior] = {1: (0.26, 0.66), 2: (0.58, 0.77), 3: (0.63, 0.7
                                  10: (0.88, 0.9), 16: (0.96, 0.93)}
 REPEATED_MATCH_PRIOR: dict[int, Prior] = {1: (0.1, 0.7)}
 
-MatchKey = tuple[int, bool]  # (length bucket, a short match whose n-gram occurs more than once)
+MatchKey = tuple[int, bool, bool]  # (length bucket, a short match whose n-gram occurs more than once, cross-request)
 
 
 class MatchLengthPolicy:
     """The gain rule for n-gram lookup: one :class:`GainPolicy` per match bucket (length, and
     for short matches whether the n-gram is repeated), so the proposal's length follows how
     long the match is and how matches of that kind fared in this request; a long match is a
-    free signal to speculate again after short ones failed."""
+    free signal to speculate again after short ones failed. Matches from the cross-request
+    index (:mod:`~triton_backend.speculation.drafters.suffix_index`) have buckets of their own,
+    made on first use with the same priors, so the two sources' acceptance is learnt apart."""
 
     def __init__(self, max_k: int, settings: GainSettings, cost_model: PassCostModel | None = None,
                  priors: Mapping[int, Prior] | None = None,
@@ -452,26 +454,39 @@ class MatchLengthPolicy:
         priors = dict(priors)
         repeated = dict(repeated_priors or {})
         self.buckets = tuple(sorted(priors))
-        table: dict[MatchKey, Prior] = {(b, False): priors[b] for b in self.buckets}
-        table.update({(b, True): p for b, p in repeated.items() if b in priors})
-        self.policies = {key: GainPolicy(DrafterKind.NGRAM, max_k, 0.0, dataclasses.replace(settings, prior=prior),
-                                         cost_model) for key, prior in table.items()}
+        self._priors: dict[tuple[int, bool], Prior] = {(b, False): priors[b] for b in self.buckets}
+        self._priors.update({(b, True): p for b, p in repeated.items() if b in priors})
+        self._max_k, self._settings, self._cost_model = max_k, settings, cost_model
+        self.policies: dict[MatchKey, GainPolicy] = {(*key, False): self._make(prior) for key, prior in self._priors.items()}
+        self.source_totals = {False: [0, 0, 0], True: [0, 0, 0]}  # cross-request? -> drafted, accepted, rounds
         self._last: MatchKey | None = None  # the bucket of the last proposal, when it drafted
         self._planned: int | None = None  # a batch plan's length for the next proposal
         self.paused = False
 
+    def _make(self, prior: Prior) -> GainPolicy:
+        return GainPolicy(DrafterKind.NGRAM, self._max_k, 0.0, dataclasses.replace(self._settings, prior=prior),
+                          self._cost_model)
+
     def bucket(self, match_length: int) -> int:
         return max((b for b in self.buckets if b <= match_length), default=self.buckets[0])
 
-    def key(self, match_length: int, occurrences: int = 1) -> MatchKey:
+    def key(self, match_length: int, occurrences: int = 1, cross: bool = False) -> MatchKey:
         bucket = self.bucket(match_length)
-        repeated = occurrences > 1 and (bucket, True) in self.policies
-        return bucket, repeated
+        repeated = occurrences > 1 and (bucket, True) in self._priors
+        return bucket, repeated, cross
 
-    def option(self, match_length: int, available: int, occurrences: int = 1) -> RowOption:
+    def policy_for(self, match_length: int, occurrences: int = 1, cross: bool = False) -> GainPolicy:
+        """The gain policy of this match's bucket (a cross-request bucket is made on first use)."""
+        key = self.key(match_length, occurrences, cross)
+        policy = self.policies.get(key)
+        if policy is None:
+            policy = self.policies[key] = self._make(self._priors[key[:2]])
+        return policy
+
+    def option(self, match_length: int, available: int, occurrences: int = 1, cross: bool = False) -> RowOption:
         """This match's row for a batch plan: the running acceptance of its bucket, at most
         ``available`` positions (the continuation the match offers)."""
-        policy = self.policies[self.key(match_length, occurrences)]
+        policy = self.policy_for(match_length, occurrences, cross)
         return policy.option(policy.estimate.conditional()[:max(0, available)])
 
     def plan_next(self, k: int) -> None:
@@ -480,13 +495,13 @@ class MatchLengthPolicy:
         in its match bucket as usual."""
         self._planned = k if k > 0 else None
 
-    def draft_length(self, match_length: int, available: int, occurrences: int = 1) -> int:
-        key = self.key(match_length, occurrences)
+    def draft_length(self, match_length: int, available: int, occurrences: int = 1, cross: bool = False) -> int:
+        key = self.key(match_length, occurrences, cross)
         planned, self._planned = self._planned, None
         if planned is not None:
             k = min(planned, available)
         else:
-            k = self.policies[key].next_draft_length(limit=available)
+            k = self.policy_for(match_length, occurrences, cross).next_draft_length(limit=available)
         self._last = key if k > 0 else None
         self.paused = k == 0
         return k
@@ -499,6 +514,10 @@ class MatchLengthPolicy:
     def record(self, drafted: int, accepted: int) -> None:
         if self._last is not None and drafted > 0:
             self.policies[self._last].record(drafted, accepted)
+            totals = self.source_totals[self._last[2]]
+            totals[0] += drafted
+            totals[1] += accepted
+            totals[2] += 1
         self._last = None
 
 

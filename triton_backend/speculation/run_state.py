@@ -74,10 +74,11 @@ class RunState:
         self.use_drafter = drafter is not None
         # auto: the n-gram match beside the model drafter, chosen per round (auto_source.py)
         self.auto = None
-        if ngram is not None and drafter is not None:
-            ngram_session = ngram.new_session()
-            if isinstance(ngram_session, NgramSession):
-                self.auto = self.controller.attach_auto(ngram_session)
+        ngram_session = ngram.new_session() if ngram is not None and drafter is not None else self.drafter_session
+        if isinstance(ngram_session, NgramSession) and not learned:
+            ngram_session.private()  # seeded sampling: drafts from its own text alone, not the cross-request index
+        if ngram is not None and drafter is not None and isinstance(ngram_session, NgramSession):
+            self.auto = self.controller.attach_auto(ngram_session)
         self.commit = Commit(prompt_ids, params, eos_token_ids=target.eos_token_ids, tokenizer=tokenizer,
                              max_context=target.max_context,
                              method=mode.value if drafter else SpeculationMode.OFF.value, started=started)

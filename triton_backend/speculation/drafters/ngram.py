@@ -9,6 +9,11 @@ sequence to its latest end position, extended by the tokens committed since the 
 extended backwards to its full length (capped), the signal the gain rule uses: how many
 tokens the session proposes depends on how long the match is and how matches of that length
 fared so far in this request (:class:`~triton_backend.speculation.policy.MatchLengthPolicy`).
+
+A deployment may opt in to a second source (``ngram.cross_request``): a suffix index over its
+recent requests' prompts and outputs (:mod:`~triton_backend.speculation.drafters.suffix_index`).
+A session drafts from its own text first and from the index when that has no match or a
+shorter one; a finished request's committed tokens are queued for the index at release.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Sequence
 import torch
 
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.suffix_index import QUERY_WINDOW, CrossRequestIndex
 from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.speculation.policy import MatchLengthPolicy
 
@@ -30,6 +36,7 @@ class NgramMatch:
     length: int  # tokens the suffix shares with the earlier occurrence (>= n, capped)
     continuation: list[int]  # what followed that occurrence (up to k tokens)
     occurrences: int = 1  # earlier occurrences of the matched n-gram (a unique one is a stronger signal)
+    cross: bool = False  # found in the cross-request index, not in the request's own text
 
 
 class NgramIndex:
@@ -96,13 +103,40 @@ class NgramSession:
     def __init__(self, drafter: "NgramDrafter") -> None:
         self._index = NgramIndex(drafter.min_n, drafter.max_n)
         self.policy: MatchLengthPolicy | None = None  # set by the controller under the gain rule
+        self.cross: CrossRequestIndex | None = drafter.cross_request  # None: this request's own text only
+        self._private = False  # True: never drafts from the index (its text is still added)
+        self._cross_memo: tuple[int, int, NgramMatch | None] = (-1, 0, None)  # (length, k, match) of the last lookup
+
+    def private(self) -> None:
+        """Draft from this request's own text only (a seeded sampling request: its drafts, and
+        so its random stream, must not depend on other requests). Its text is still indexed."""
+        self._private = True
 
     def peek(self, tokens: Sequence[int], k: int) -> NgramMatch | None:
         """The match the next proposal would draft from (up to ``k`` tokens), without deciding
-        its length (a batch plan sizes it)."""
+        its length (a batch plan sizes it): the request's own longest match, or the
+        cross-request index's when that one is longer."""
         self._index.update(tokens)
-        found = self._index.lookup(k) if k > 0 else None
+        if k <= 0:
+            return None
+        found = self._index.lookup(k)
+        if self.cross is not None and not self._private and (
+                found is None or found.length < QUERY_WINDOW):
+            other = self._cross_lookup(k)
+            if other is not None and (found is None or not found.continuation or other.length > found.length):
+                found = other
         return found if found is not None and found.continuation else None
+
+    def _cross_lookup(self, k: int) -> NgramMatch | None:
+        length, memo_k, memo = self._cross_memo
+        seq = self._index.tokens
+        if length == len(seq) and memo_k == k:  # asked twice in one round (a batch plan, then the proposal)
+            return memo
+        assert self.cross is not None
+        hit = self.cross.lookup(seq, k)
+        match = None if hit is None else NgramMatch(hit.length, hit.continuation, hit.occurrences, cross=True)
+        self._cross_memo = (len(seq), k, match)
+        return match
 
     def propose(self, tokens: Sequence[int], k: int, processor: LogitsProcessor,
                 generator: torch.Generator | None) -> DraftProposal:
@@ -111,10 +145,14 @@ class NgramSession:
             return EMPTY_PROPOSAL
         drafts = found.continuation
         if self.policy is not None:
-            drafts = drafts[: self.policy.draft_length(found.length, len(drafts), found.occurrences)]
+            drafts = drafts[: self.policy.draft_length(found.length, len(drafts), found.occurrences, found.cross)]
         return DraftProposal(tokens=list(drafts)) if drafts else EMPTY_PROPOSAL
 
     def release(self) -> None:
+        if self.cross is not None and self._index.tokens:
+            self.cross.submit(self._index.tokens)
+            if self.policy is not None:
+                self.cross.record(*self.policy.source_totals[True])
         self._index = NgramIndex(self._index.min_n, self._index.max_n)
 
 
@@ -122,11 +160,12 @@ class NgramDrafter:
     name = "ngram"
     relative_cost = 0.0
 
-    def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
+    def __init__(self, min_n: int = 1, max_n: int = 3, cross_request: CrossRequestIndex | None = None) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n = min_n
         self.max_n = max_n
+        self.cross_request = cross_request  # the deployment's index of recent requests (opt-in), shared by its sessions
 
     def new_session(self) -> NgramSession:
         return NgramSession(self)
