@@ -22,7 +22,8 @@ from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.suffix_index import (QUEUE_DEPTH, CrossRequestIndex, SuffixAutomaton,
                                                               cross_request_index)
 from triton_backend.speculation.loop import SpeculativeDecoder
-from triton_backend.speculation.policy import GainSettings, MatchLengthPolicy
+from triton_backend.speculation.match_policy import MatchLengthPolicy
+from triton_backend.speculation.policy import GainSettings
 
 
 def _occurrences(docs: list[list[int]], s: list[int]) -> int:

@@ -12,7 +12,8 @@ import pytest
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SpeculationConfig
 from triton_backend.speculation.controller import SpeculationController
 from triton_backend.speculation.pass_cost import measure_pass_cost_model
-from triton_backend.speculation.policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+from triton_backend.speculation.match_policy import MatchLengthPolicy
+from triton_backend.speculation.policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, PassCostModel,
                                                RowOption, current_cost_model, install_cost_model, plan_round,
                                                prefix_probabilities)
 

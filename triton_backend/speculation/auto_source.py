@@ -6,7 +6,7 @@ lookup session. Every round the two sources are compared as the gain rule compar
 for one drafter: each source's best draft length and the expected committed tokens per unit of
 pass cost it gives (:func:`~triton_backend.speculation.policy.plan_round` on its row option), from
 the acceptance measured for that source in this request (the n-gram match's bucket of
-:class:`~triton_backend.speculation.policy.MatchLengthPolicy`; the model's
+:class:`~triton_backend.speculation.match_policy.MatchLengthPolicy`; the model's
 :class:`~triton_backend.speculation.policy.GainPolicy`). Lookup is free to propose, so a round with
 no match, or whose match does not pay, costs nothing; the model drafter keeps its own pause and
 probe logic (a paused model drafter is not asked for an option: no upkeep). The round is recorded
@@ -25,7 +25,8 @@ from typing import Sequence
 
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.ngram import NgramSession
-from triton_backend.speculation.policy import MatchLengthPolicy, RowOption, plan_round, rate_of
+from triton_backend.speculation.match_policy import MatchLengthPolicy
+from triton_backend.speculation.policy import RowOption, plan_round, rate_of
 
 
 class DraftSource(str, enum.Enum):

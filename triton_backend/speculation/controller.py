@@ -31,7 +31,8 @@ from triton_backend.speculation.drafters.base import DraftCost, DrafterSession
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.shared_prior import SharedAcceptance, shared_acceptance
 from triton_backend.speculation.tree_plan import TreeModel, TreeRecord
-from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, MatchLengthPolicy, PassCostModel,
+from triton_backend.speculation.match_policy import MatchLengthPolicy
+from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, PassCostModel,
                                                RowOption, current_cost_model, prefix_probabilities)
 
 if TYPE_CHECKING:

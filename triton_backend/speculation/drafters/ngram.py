@@ -8,7 +8,7 @@ sequence to its latest end position, extended by the tokens committed since the 
 (O(new tokens x n range) per round, never a scan of the whole context). A match is then
 extended backwards to its full length (capped), the signal the gain rule uses: how many
 tokens the session proposes depends on how long the match is and how matches of that length
-fared so far in this request (:class:`~triton_backend.speculation.policy.MatchLengthPolicy`).
+fared so far in this request (:class:`~triton_backend.speculation.match_policy.MatchLengthPolicy`).
 
 A deployment may opt in to a second source (``ngram.cross_request``): a suffix index over its
 recent requests' prompts and outputs (:mod:`~triton_backend.speculation.drafters.suffix_index`).
@@ -26,7 +26,7 @@ import torch
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.suffix_index import QUERY_WINDOW, CrossRequestIndex
 from triton_backend.core.sampling import LogitsProcessor
-from triton_backend.speculation.policy import MatchLengthPolicy
+from triton_backend.speculation.match_policy import MatchLengthPolicy
 
 MAX_MATCH_LENGTH = 64  # a match is measured backwards up to this many tokens
 
