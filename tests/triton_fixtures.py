@@ -56,15 +56,30 @@ def running_triton(work: Path, deployment: DeploymentConfig, serving: ServingCon
         server.stop()
 
 
+# One server and one in-process decoder for the whole test session. These fixtures are imported
+# into each test module that uses them, and pytest makes a separate session-scoped instance per
+# importing module (each kept to the end of the session): without this cache every such module
+# started its own Triton server (~1.6 GB with its model stubs) and built its own decoder, and a
+# full run held eight servers at once.
+_SHARED: dict[str, object] = {}
+
+
 @pytest.fixture(scope="session")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
-    with running_triton(tmp_path_factory.mktemp("triton"), DEPLOYMENT, SERVING) as running:
-        yield running
+def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunningTriton:
+    if "triton" not in _SHARED:
+        stack = contextlib.ExitStack()
+        _SHARED["triton"] = stack.enter_context(running_triton(tmp_path_factory.mktemp("triton"), DEPLOYMENT, SERVING))
+        request.config.add_cleanup(stack.close)
+    running = _SHARED["triton"]
+    assert isinstance(running, RunningTriton) and running.server.running, "the shared Triton server died"
+    return running
 
 
 @pytest.fixture(scope="session")
 def local_decoder():
     """The same deployment, in-process: what the server must reproduce exactly."""
-    from triton_backend.deployment.torch_deployment import build_decoder
+    if "decoder" not in _SHARED:
+        from triton_backend.deployment.torch_deployment import build_decoder
 
-    return build_decoder(DEPLOYMENT)
+        _SHARED["decoder"] = build_decoder(DEPLOYMENT)
+    return _SHARED["decoder"]
