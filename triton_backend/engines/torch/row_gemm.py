@@ -167,6 +167,15 @@ def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
     return fn, pack, attention
 
 
+def kernel_input(x: torch.Tensor, k: int, kernel: str) -> torch.Tensor:
+    """``x`` ``[M, k]`` float32 on CPU, contiguous: the few checks that keep a kernel inside its
+    buffers, in their cheapest form (~200 calls a decode step)."""
+    shape = x.shape
+    if len(shape) != 2 or shape[1] != k or x.dtype is not torch.float32 or not x.is_cpu:
+        raise ValueError(f"{kernel} needs x [M, {k}] float32 on CPU, got {tuple(shape)} {x.dtype} {x.device}")
+    return x if x.is_contiguous() else x.contiguous()
+
+
 class BoundGemm:
     """One linear layer on the row kernel: ``x [M, K] -> x weight^T + bias [M, N]``. Holds the
     packed weight and the bias, whose memory the kernel reads through raw pointers."""
@@ -177,13 +186,8 @@ class BoundGemm:
         self._w, self._b = packed.data_ptr(), None if bias is None else bias.data_ptr()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # the few checks that keep the kernel inside its buffers, in their cheapest form (~200 calls a decode step)
-        shape = x.shape
-        if len(shape) != 2 or shape[1] != self.k or x.dtype is not torch.float32 or not x.is_cpu:
-            raise ValueError(f"row_gemm needs x [M, {self.k}] float32 on CPU, got {tuple(shape)} {x.dtype} {x.device}")
-        if not x.is_contiguous():
-            x = x.contiguous()
-        m = shape[0]
+        x = kernel_input(x, self.k, "row_gemm")
+        m = x.shape[0]
         y = torch.empty(m, self.n, dtype=torch.float32)
         if m:
             self._fn(x.data_ptr(), m, self.k, self._w, self._b, self.n, y.data_ptr())
@@ -252,4 +256,4 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["BoundGemm", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "load_row_gemm"]
+__all__ = ["BoundGemm", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "kernel_input", "load_row_gemm"]

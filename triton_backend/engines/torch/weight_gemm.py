@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from triton_backend.engines.torch.row_gemm import PANEL, build_flags, compiled_library, cpu_isa
+from triton_backend.engines.torch.row_gemm import PANEL, build_flags, compiled_library, cpu_isa, kernel_input
 
 logger = logging.getLogger(__name__)
 
@@ -157,13 +157,8 @@ class BoundWeightGemm:
         return self.weight.nbytes()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # the few checks that keep the kernel inside its buffers, in their cheapest form (~200 calls a decode step)
-        shape = x.shape
-        if len(shape) != 2 or shape[1] != self.k or x.dtype is not torch.float32 or not x.is_cpu:
-            raise ValueError(f"weight_gemm needs x [M, {self.k}] float32 on CPU, got {tuple(shape)} {x.dtype} {x.device}")
-        if not x.is_contiguous():
-            x = x.contiguous()
-        m = shape[0]
+        x = kernel_input(x, self.k, "weight_gemm")
+        m = x.shape[0]
         y = torch.empty(m, self.n, dtype=torch.float32)
         if m:
             fmt, w, s, g, b = self._args
