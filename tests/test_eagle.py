@@ -123,6 +123,20 @@ def test_constant_drafter_stats_add_up():
     assert len(res.token_ids) == 30
 
 
+def _sample_pairs(decoder, prompt, params, spec, exact, n=2000):
+    """``n`` seeded samples' first two tokens against the exact joint ``exact``: the total-variation
+    distance, the outcomes ``exact`` gives no mass, and the tokens drafted."""
+    counts: dict = {}
+    drafted = 0
+    for seed in range(n):
+        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), spec)
+        key = tuple(result.token_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+        drafted += result.stats.drafted_tokens
+    tv = 0.5 * sum(abs(counts.get(s, 0) / n - exact.get(s, 0.0)) for s in set(exact) | set(counts))
+    return tv, set(counts) - set(exact), drafted
+
+
 def _exact_joint(target, prompt, horizon, processor):
     dist = {(): 1.0}
     for _ in range(horizon):
@@ -148,18 +162,12 @@ def test_sampling_matches_target_distribution(params, candidates):
     decoder = _decoder(target, drafter)
     prompt = [1, 2, 1, 3, 1]
     exact = _exact_joint(target, prompt, 2, LogitsProcessor(**params))
-    n, counts, drafted = 2000, {}, 0
     spec = SpeculationConfig(method="eagle", draft_length=DraftLengthConfig(num_draft_tokens=2),
                              fallback=FallbackConfig(enabled=False))
-    for seed in range(n):
-        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, **params), spec)
-        key = tuple(result.token_ids[:2])
-        counts[key] = counts.get(key, 0) + 1
-        drafted += result.stats.drafted_tokens
+    tv, impossible, drafted = _sample_pairs(decoder, prompt, params, spec, exact)
     assert drafted > 0
-    tv = 0.5 * sum(abs(counts.get(s, 0) / n - exact.get(s, 0.0)) for s in set(exact) | set(counts))
     assert tv < 0.07, tv  # sampling noise at n=2000 over <=64 outcomes is ~0.04
-    assert all(s in exact for s in counts)
+    assert not impossible
 
 
 @pytest.mark.slow
