@@ -19,7 +19,10 @@ from triton_backend.speculation.drafters.base import Drafter
 from triton_backend.engines.trtllm.config import EngineRuntime
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
-from triton_backend.engines.torch.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine
+from triton_backend.engines.torch.model_loading import (
+    eos_ids, layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine,
+)
+from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.deployment.trtllm_deployment import build_trtllm_decoder
 
 logger = logging.getLogger(__name__)
@@ -28,13 +31,21 @@ logger = logging.getLogger(__name__)
 def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         return build_trtllm_decoder(config)
-    target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name,
-                                    checkpoint=config.target_checkpoint)
+    self_engine = None
+    if config.self_draft is None:
+        target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name,
+                                        checkpoint=config.target_checkpoint)
+    else:
+        target, tokenizer, self_engine = _load_with_self_draft(config)
     from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
 
     install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
     drafters: dict[SpeculationMode, Drafter] = {}
-    if config.draft is not None:
+    if self_engine is not None:
+        assert config.self_draft is not None
+        drafters[SpeculationMode.DRAFT] = self_drafter(self_engine, target, config.self_draft,
+                                                       settings=repr(config.runtime))
+    elif config.draft is not None:
         draft_tokenizer = load_tokenizer(config.draft)
         draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
                                          runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids),
@@ -59,6 +70,21 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)
+
+
+def _load_with_self_draft(config: DeploymentConfig) -> tuple[Any, Any, Any]:
+    """(target engine, tokenizer, self-draft engine) over one loaded model: the draft's engine is
+    built first, from the float weights a quantized target's engine may release."""
+    assert config.self_draft is not None
+    name = Path(config.target).name
+    tokenizer = load_tokenizer(config.target)
+    model = load_model(config.target, config.runtime)
+    eos = eos_ids(model, tokenizer)
+    draft = self_draft_engine(model, config.runtime, config.self_draft, name=name, eos_token_ids=eos)
+    target = make_torch_engine(model, name=name, runtime=config.runtime, eos_token_ids=eos,
+                               checkpoint=config.target_checkpoint)
+    logger.info("loaded %r with its self draft %r", target, draft)
+    return target, tokenizer, draft
 
 
 def _eagle_drafter(config: DeploymentConfig, target: Any) -> Drafter:

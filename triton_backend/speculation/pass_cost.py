@@ -252,6 +252,52 @@ def measured_eagle_draft_cost(drafter: Any, engine: Any, settings: str = "", cac
     return cost
 
 
+# -- a draft model's step against the target's (the self draft) --------------------------------
+def measure_step_seconds(draft: Any, engine: Any) -> tuple[float, float]:
+    """(seconds per 1-row 1-token pass of ``draft``, the same of ``engine``), both batched engines
+    on a short context: the fastest of a few each, timed in turn so a busy machine slows both alike."""
+    slots = [(draft, draft.allocate())]
+    try:
+        slots.append((engine, engine.allocate()))
+        for eng, slot in slots:
+            eng.forward([BatchRow(slot=slot, start=0, tokens=[(13 * i + 5) % eng.vocab_size for i in range(CONTEXT)])])
+        drafts, steps = [], []
+        for i in range(WARMUP + 2 * REPEATS):
+            d, s = _time_pass(draft, [slots[0][1]], 1), _time_pass(engine, [slots[1][1]], 1)
+            if i >= WARMUP:
+                drafts.append(d)
+                steps.append(s)
+        return min(drafts), min(steps)
+    finally:
+        for eng, slot in slots:
+            eng.release(slot)
+
+
+def measured_step_cost(draft: Any, engine: Any, settings: str = "", cache_dir: Path | None = None) -> float | None:
+    """A draft model's 1-token step in target steps (what one drafted token costs): this machine's
+    cached measurement, else measured now and cached; None when either is outside the batched
+    engine contract or the measurement is not believable (a busy machine)."""
+    if not (isinstance(draft, BatchedEngine) and isinstance(engine, BatchedEngine)):
+        return None
+    identity = f"draft-step:{draft.name}:{getattr(draft, 'kernel_name', '')}"
+    path = _cache_path(cache_dir, engine, settings + identity)
+    cached = _read_cache(path, lambda data: float(data["draft_cost"]))
+    if cached is not None:
+        return cached
+    try:
+        per_token, step = measure_step_seconds(draft, engine)
+    except SlotsExhaustedError:
+        return None
+    cost = per_token / step
+    if not 0.0 < cost <= MAX_DRAFT_COST:
+        logger.warning("draft step of %.3f target steps is not believable; keeping the estimate", cost)
+        return None
+    logger.info("draft %s on %s: %.3f target steps per drafted token (%.2f ms per step, target %.2f ms)",
+                draft.name, engine.name, cost, 1e3 * per_token, 1e3 * step)
+    _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
+    return cost
+
+
 def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], settings: str = "",
                                  cache_dir: Path | None = None) -> None:
     """At load: each EAGLE drafter's ``relative_cost`` (what the gain rule prices a drafted
@@ -272,4 +318,5 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
 
 
 __all__ = ["NoisyMeasurementError", "machine_key", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
-           "measure_pass_cost_model", "measure_seconds", "measured_eagle_draft_cost"]
+           "measure_pass_cost_model", "measure_seconds", "measure_step_seconds", "measured_eagle_draft_cost",
+           "measured_step_cost"]

@@ -1,0 +1,143 @@
+"""The target as its own draft (``self_draft``: the loaded target's weights quantized at load,
+optionally fewer layers): its config and errors; on a tiny random Llama, greedy speculative output
+equal to plain float32 decoding alone and batched, with the draft sharing the target's embedding
+and holding int8/int4 linears; its cost measured against the target's step; on the real reference
+model (slow), the deployment built from ``self_draft`` equal to plain float32 decoding. Sampling
+through a draft model (exact rejection sampling, whatever the drafter) is covered statistically by
+tests/test_loop_tiny.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import tiny_llama
+from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.core.errors import ConfigError
+from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
+from triton_backend.deployment.self_draft import estimated_cost, self_draft_engine, self_drafter
+from triton_backend.engines.torch import row_gemm as row_gemm_module
+from triton_backend.engines.torch.model_loading import make_torch_engine
+from triton_backend.speculation.loop import SpeculativeDecoder
+
+from test_scheduler import submit_all
+
+needs_kernels = pytest.mark.skipif(row_gemm_module.cpu_isa() is None, reason="the CPU kernels need x86-64 with AVX2 + FMA")
+RUNTIME = RuntimeConfig(max_batch_size=4, max_seq_len=96)
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7], [9, 9, 8, 9, 9, 8], [3]]
+
+
+def test_config_reads_and_refuses_bad_values():
+    config = DeploymentConfig.from_dict({"self_draft": {"precision": "int4", "layers": [3, 0, 1]}})
+    assert config.self_draft == SelfDraftConfig(precision=WeightPrecision.INT4, layers=(0, 1, 3))
+    assert DeploymentConfig.from_dict({"self_draft": {}}).self_draft.precision is WeightPrecision.INT8
+    assert DeploymentConfig.from_dict(json_round_trip(config)) == config
+    bad = [({"self_draft": {"precision": "int3"}}, "precision"),
+           ({"self_draft": {"layers": [1, 2]}}, "layer 0"),
+           ({"self_draft": {"layers": []}}, "non-empty"),
+           ({"self_draft": {"layers": [0, -1]}}, "layer indices"),
+           ({"self_draft": {"depth": 3}}, "unknown"),
+           ({"self_draft": {}, "draft_layers": [0, 1]}, "one draft"),
+           ({"self_draft": {}, "draft": "smollm2-135m-instruct"}, "one draft"),
+           ({"self_draft": {}, "runtime": {"weights": "int8"}}, "target itself"),
+           ({"self_draft": {"precision": "float32"}}, "target itself")]
+    for data, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            DeploymentConfig.from_dict(data)
+    # a quantized target with a cheaper self draft, or the same precision over fewer layers, is fine
+    DeploymentConfig.from_dict({"self_draft": {"precision": "int4"}, "runtime": {"weights": "int8"}})
+    DeploymentConfig.from_dict({"self_draft": {"layers": [0, 1]}, "runtime": {"weights": "int8"}})
+
+
+def json_round_trip(config: DeploymentConfig) -> dict:
+    import json
+
+    return json.loads(config.to_json())
+
+
+def _tiny_pair(precision: WeightPrecision, layers: tuple[int, ...] | None = None, target_weights=WeightPrecision.FLOAT32):
+    model = tiny_llama(0, vocab=32, layers=4, hidden=64)  # int4: groups of 64
+    draft = self_draft_engine(model, RUNTIME, SelfDraftConfig(precision=precision, layers=layers), name="tiny",
+                              eos_token_ids=[])
+    target = make_torch_engine(model, name="tiny", runtime=RuntimeConfig(max_batch_size=4, max_seq_len=96,
+                                                                         weights=target_weights), eos_token_ids=[])
+    return target, draft
+
+
+@needs_kernels
+@pytest.mark.parametrize("precision,layers", [(WeightPrecision.INT8, None), (WeightPrecision.INT4, (0, 2, 3))])
+def test_greedy_self_draft_equals_plain_alone_and_batched(precision, layers):
+    target, draft = _tiny_pair(precision, layers)
+    assert draft.weights is precision and target.weights is WeightPrecision.FLOAT32
+    assert draft.forward_impl.embed.data_ptr() == target.forward_impl.embed.data_ptr()  # shared, not copied
+    assert draft.forward_impl.shape.num_layers == (4 if layers is None else len(layers))
+    drafter = self_drafter(draft, target, SelfDraftConfig(precision=precision, layers=layers), measure=False)
+    decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.DRAFT: drafter})
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4),
+                             fallback=FallbackConfig(enabled=False))
+    plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in PROMPTS]
+    drafted = accepted = 0
+    for prompt, expected in zip(PROMPTS, plain):
+        result = decoder.generate(prompt, params, spec)
+        assert result.token_ids == expected
+        drafted += result.stats.drafted_tokens
+        accepted += result.stats.accepted_tokens
+    assert drafted > 0 and accepted > 0
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4))
+    try:
+        clients = submit_all(scheduler, [(p, params, spec) for p in PROMPTS])
+        assert [c.tokens() for c in clients] == plain
+    finally:
+        scheduler.shutdown()
+
+
+@needs_kernels
+def test_self_draft_over_a_quantized_target_and_bad_layers():
+    target, draft = _tiny_pair(WeightPrecision.INT4, target_weights=WeightPrecision.INT8)
+    assert target.weights is WeightPrecision.INT8 and draft.weights is WeightPrecision.INT4
+    with pytest.raises(ConfigError, match="target itself"):
+        self_drafter(draft, target, SelfDraftConfig(precision=WeightPrecision.INT8), measure=False)
+    with pytest.raises(ConfigError, match=r"lie in \[0, 4\)"):
+        self_draft_engine(tiny_llama(0, vocab=32, layers=4, hidden=64), RUNTIME, SelfDraftConfig(layers=(0, 4)), name="tiny",
+                          eos_token_ids=[])
+
+
+@needs_kernels
+def test_draft_cost_is_measured_and_cached(tmp_path):
+    from triton_backend.speculation.pass_cost import measured_step_cost
+
+    target, draft = _tiny_pair(WeightPrecision.INT8)
+    cost = measured_step_cost(draft, target, cache_dir=tmp_path)
+    assert cost is not None and 0 < cost <= 3.0
+    assert measured_step_cost(draft, target, cache_dir=tmp_path) == cost  # read back, not measured again
+    with pytest.raises(ConfigError, match="do not divide"):  # int4 groups of 64 do not divide a width of 32
+        self_draft_engine(tiny_llama(0, vocab=32, layers=2), RUNTIME, SelfDraftConfig(precision="int4"), name="tiny",
+                          eos_token_ids=[])
+    assert estimated_cost(SelfDraftConfig(layers=(0, 1)), WeightPrecision.FLOAT32, 4) == pytest.approx(0.44 / 2)
+
+
+@pytest.mark.slow
+@needs_kernels
+def test_reference_self_draft_deployment_is_exact(reference, reference_prompts):
+    """The deployment built from ``self_draft`` (int8 over the float32 target): greedy output equal to
+    the float32 target's plain decoding, with most drafted tokens accepted."""
+    from triton_backend.deployment.torch_deployment import build_decoder
+
+    target, tokenizer = reference
+    plain_decoder = SpeculativeDecoder(target, tokenizer, drafters={})
+    decoder = build_decoder(DeploymentConfig(self_draft=SelfDraftConfig(), ngram=False,
+                                             runtime=RuntimeConfig(max_batch_size=2, max_seq_len=512)))
+    drafter = decoder.drafters[SpeculationMode.DRAFT]
+    assert drafter.engine.weights is WeightPrecision.INT8 and 0 < drafter.relative_cost < 1
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4),
+                             fallback=FallbackConfig(enabled=False))
+    drafted = accepted = 0
+    for prompt in reference_prompts[:3]:
+        plain = plain_decoder.generate(prompt, params, SpeculationConfig(method="off")).token_ids
+        result = decoder.generate(prompt, params, spec)
+        assert result.token_ids == plain, f"diverged on {prompt!r}"
+        drafted += result.stats.drafted_tokens
+        accepted += result.stats.accepted_tokens
+    assert accepted > 0.6 * drafted
