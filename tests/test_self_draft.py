@@ -141,3 +141,25 @@ def test_reference_self_draft_deployment_is_exact(reference, reference_prompts):
         drafted += result.stats.drafted_tokens
         accepted += result.stats.accepted_tokens
     assert accepted > 0.6 * drafted
+
+
+def test_run_flags_give_the_self_draft():
+    import argparse
+
+    from builder.ops.local_run import LocalRunConfig, add_run_arguments
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+
+    def deployment(*flags: str) -> DeploymentConfig:
+        return LocalRunConfig.from_args(parser.parse_args(list(flags))).deployment
+
+    assert deployment("--draft", "self").self_draft == SelfDraftConfig()
+    config = deployment("--draft", "self", "--draft-precision", "int4", "--draft-layers", "0-9")
+    assert config.self_draft == SelfDraftConfig(precision=WeightPrecision.INT4, layers=tuple(range(10)))
+    assert config.draft is None and config.draft_layers is None
+    assert deployment("--draft-layers", "0-3").draft_layers == (0, 1, 2, 3)  # a float layer-skip draft, as before
+    with pytest.raises(ConfigError, match="--draft self"):
+        deployment("--draft", "some/model", "--draft-precision", "int8")
+    with pytest.raises(ConfigError, match="target itself"):
+        deployment("--draft", "self", "--weights", "int8")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
 from triton_backend.core.config import (
-    DraftLengthConfig, FallbackConfig, MedusaConfig, RuntimeConfig, SamplingParams, SpeculationConfig,
+    DraftLengthConfig, FallbackConfig, MedusaConfig, RuntimeConfig, SamplingParams, SpeculationConfig, WeightPrecision,
 )
+from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.core.drafter_format import detect_eagle_format
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.speculation.decoding import GenerationResult
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
@@ -32,10 +34,27 @@ def parse_layers(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+SELF = "self"  # --draft self: the target as its own draft
+
+
+def draft_fields(draft: str | None, precision: str | None, layers: tuple[int, ...] | None) -> dict[str, Any]:
+    """The :class:`DeploymentConfig` draft fields of ``--draft`` / ``--draft-precision`` /
+    ``--draft-layers``: ``--draft self`` is a :class:`SelfDraftConfig` (int8 unless given)."""
+    if draft == SELF:
+        return {"self_draft": SelfDraftConfig(precision=precision or WeightPrecision.INT8, layers=layers)}
+    if precision is not None:
+        raise ConfigError("--draft-precision is the precision of --draft self (a draft model runs at --weights)")
+    return {"draft": draft, "draft_layers": layers}
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_REFERENCE, help="reference model name, HF directory or .gguf")
-    p.add_argument("--draft", default=None, help="draft model (HF directory or .gguf) sharing the target's tokenizer")
-    p.add_argument("--draft-layers", type=parse_layers, default=None, help="self-speculative draft from target layers, e.g. 0-5")
+    p.add_argument("--draft", default=None, help="draft model (HF directory or .gguf) sharing the target's tokenizer, "
+                   "or 'self': the target as its own draft at --draft-precision (docs/quantized-weights.md)")
+    p.add_argument("--draft-precision", default=None, choices=["float32", "float16", "bfloat16", "int8", "int4"],
+                   help="with --draft self: the draft's weight precision (default int8)")
+    p.add_argument("--draft-layers", type=parse_layers, default=None, help="self-speculative draft from target layers, "
+                   "e.g. 0-5 (with --draft self: the quantized draft keeps only these layers)")
     p.add_argument("--medusa", default=None, help="Medusa heads file (.safetensors from `specbuild train-medusa`)")
     p.add_argument("--tree-acceptance", default="exact", choices=["exact", "typical"],
                    help="Medusa tree verification when sampling: exact (distribution-preserving) or typical")
@@ -75,11 +94,11 @@ class LocalRunConfig:
                                                                        adaptive=a.adaptive),
                                         fallback=FallbackConfig(enabled=not a.no_fallback),
                                         medusa=MedusaConfig(tree_acceptance=a.tree_acceptance))
-        deployment = DeploymentConfig(target=a.target, draft=a.draft, draft_layers=a.draft_layers, medusa=a.medusa,
-                                      eagle=a.eagle, eagle_format=detect_eagle_format(a.eagle) if a.eagle else None,
-                                      target_checkpoint=a.checkpoint,
-                                      runtime=RuntimeConfig(device=a.device, num_threads=a.threads, weights=a.weights),
-                                      speculation=speculation)
+        runtime = RuntimeConfig(device=a.device, num_threads=a.threads, weights=a.weights)
+        deployment = DeploymentConfig(**draft_fields(a.draft, a.draft_precision, a.draft_layers), target=a.target,
+                                      medusa=a.medusa, eagle=a.eagle,
+                                      eagle_format=detect_eagle_format(a.eagle) if a.eagle else None,
+                                      target_checkpoint=a.checkpoint, runtime=runtime, speculation=speculation)
         sampling = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
                                   top_p=a.top_p, seed=a.seed, stop=tuple(a.stop))
         return cls(deployment=deployment, sampling=sampling, prompt=a.prompt, chat=not a.raw)
