@@ -41,3 +41,14 @@ def test_headline_figures_take_the_auto_row_and_eagle_tokens_per_pass():
     figures = headline_figures(summary)
     assert figures["auto_all_x_plain"] == 1.7 and figures["eagle_tokens_per_pass"] == 1.4
     assert figures["worst_speculative_row_x_plain"] == 0.97  # the auto and EAGLE rows count too
+
+
+def test_selfdraft_chat_figure_is_the_best_exact_self_draft_row_on_chat():
+    summary = _summary()
+    self_info = dict(kind="ours", method="draft", draft="self")
+    summary["rows"] += [_entry("chat", "self-int8 k=4", 1.45, precision="int8", identical_to_plain=True, **self_info),
+                        _entry("chat", "self-int4 k=4", 1.6, precision="int4", identical_to_plain=False, **self_info),
+                        _entry("copy", "self-int4 k=4", 1.9, precision="int4", identical_to_plain=True, **self_info),
+                        _entry("chat", "draft k<=4 adaptive", 1.7, kind="ours", method="draft", identical_to_plain=True)]
+    assert headline_figures(summary)["selfdraft_chat_x_plain"] == 1.45  # an output differing from plain never counts
+    assert "selfdraft_chat_x_plain" not in headline_figures(_summary())

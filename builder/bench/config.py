@@ -12,6 +12,7 @@ from triton_backend.core.reference_model import DEFAULT_REFERENCE
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.json"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 HEADLINE_NAME = "headline.json"
+SELF_DRAFT_PRECISIONS = ("int8", "int4", "float16", "bfloat16")  # cheaper than the float32 target
 
 
 def headline_file(out_dir: Path, choice: Path | None = None) -> Path:
@@ -40,6 +41,8 @@ class BenchConfig:
     auto: bool = True  # an ``auto`` row (n-gram or model drafter per round) when a model drafter is deployed
     auto_k: int | None = None  # its longest draft (None: the longest n-gram k)
     draft_k: tuple[int, ...] = (4,)
+    self_draft: tuple[str, ...] = ()  # weight precisions of the target as its own draft (adds self-draft rows)
+    self_draft_k: tuple[int, ...] = (4,)
     peer: bool = True  # Hugging Face generate rows
     triton: bool = False  # the same requests through a real Triton server
     compare_unpacked: bool = False  # plain and n-gram rows again without prepacked linear layers
@@ -51,6 +54,11 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.max_tokens <= 0 or self.repeats <= 0 or self.prompts_per_workload <= 0:
             raise ConfigError("max_tokens, repeats and prompts_per_workload must be positive")
+        bad = [p for p in self.self_draft if p not in SELF_DRAFT_PRECISIONS]
+        if bad:
+            raise ConfigError(f"self-draft precisions must be among {list(SELF_DRAFT_PRECISIONS)}, got {bad}")
+        if any(k < 1 for k in self.self_draft_k):
+            raise ConfigError("self-draft draft lengths must be positive")
         if not self.prompts_file.exists():
             raise ConfigError(f"prompt file {self.prompts_file} not found")
 

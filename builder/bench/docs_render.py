@@ -52,6 +52,7 @@ HEADLINE_ROWS = (
     HeadlineRow("eagle_acceptance_pos1", "EAGLE acceptance at draft position 1", 0.6),
     HeadlineRow("eagle_tokens_per_pass", "EAGLE tokens per target pass", 2.0),
     HeadlineRow("eagle_chat_x_plain", "EAGLE chat x plain", 1.3),
+    HeadlineRow("selfdraft_chat_x_plain", "self draft (target's weights in int8/int4) chat x plain", 1.4, pending=True),
     HeadlineRow("eagle_data_positions_per_s", "drafter data: positions/s, one process",
                 150.0, digits=1),
     HeadlineRow("eagle_data_positions_per_cpu_s", "drafter data: positions per CPU second, one process", 150.0, digits=1),

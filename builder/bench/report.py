@@ -13,6 +13,7 @@ from builder.bench.config import BenchRun, Sample
 from builder.headline import update_headline
 from builder.report_paths import portable
 from builder.bench.rows import is_speculative_row
+from builder.bench.self_draft import self_draft_headline
 from triton_backend.speculation.controller import expected_tokens_per_round
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def headline_figures(summary: dict) -> dict[str, float]:
     """The speculation headline: the worst of our speculative rows against plain over every
     workload, the best on copy and over all workloads, the best on copy against Hugging
     Face prompt lookup (the ratio of both rows' x-plain figures), the ``auto`` row over all
-    workloads and the EAGLE rows' tokens per target pass. Only what this run measured."""
+    workloads, the EAGLE rows' tokens per target pass and the self-draft rows' chat figure. Only what this run measured."""
     rows = [e for e in summary["rows"] if e.get("speedup_vs_plain") is not None]
     ours = [e for e in rows if is_speculative_row(e)]
     figures: dict[str, float] = {}
@@ -133,6 +134,7 @@ def headline_figures(summary: dict) -> dict[str, float]:
                     and e.get("tokens_per_target_pass")]
     if eagle_passes:
         figures["eagle_tokens_per_pass"] = max(eagle_passes)
+    figures.update(self_draft_headline(ours))
     best_copy = [e["speedup_vs_plain"] for e in ours if e["workload"] == "copy"]
     if best_copy:
         figures["best_copy_x_plain"] = max(best_copy)

@@ -85,6 +85,10 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     if SpeculationMode.EAGLE in decoder.drafters:
         rows += eagle_rows(config, decoder)
     rows += auto_row(config, decoder)
+    if config.self_draft:
+        from builder.bench.self_draft import self_draft_rows
+
+        rows += self_draft_rows(config, decoder)
     if config.peer:
         # the peer runs stock transformers: its own copy of the same weights (load_model never
         # prepacks; only our TorchEngine does)

@@ -12,6 +12,10 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="side-by-side speed/latency/acceptance of every method and the HF peer")
     p.add_argument("--target", default=BenchConfig.target)
@@ -37,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "drafter is given)")
     p.add_argument("--auto-k", type=int, default=None, help="the auto row's longest draft (default: the longest --ngram-k)")
     p.add_argument("--draft-k", type=_ints, default=(4,))
+    p.add_argument("--self-draft", type=_words, default=(),
+                   help="the target as its own draft at these weight precisions, e.g. int8,int4 (adds self-draft "
+                        "rows; the best exact chat speed-up -> headline selfdraft_chat_x_plain)")
+    p.add_argument("--self-draft-k", type=_ints, default=(4,), help="the self-draft rows' draft lengths")
     p.add_argument("--no-peer", action="store_true", help="skip the Hugging Face generate rows")
     p.add_argument("--triton", action="store_true", help="also send the requests through a real Triton server")
     p.add_argument("--compare-unpacked", action="store_true",
@@ -251,7 +259,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, eagle_tree_nodes=args.eagle_tree_nodes, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
-        ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, draft_k=args.draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
+        ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, draft_k=args.draft_k,
+        self_draft=args.self_draft, self_draft_k=args.self_draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
         num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
     )
     summary = summarize(run_bench(config))

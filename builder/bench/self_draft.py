@@ -1,0 +1,61 @@
+"""``specbuild bench --self-draft int8,int4``: rows whose draft is the target itself at a cheaper
+weight precision (:mod:`triton_backend.deployment.self_draft`), beside the other rows.
+
+Each precision's draft engine is built over the bench decoder's own float32 target (its loaded
+model quantized at load, no second load); its rows share the target engine with every other row,
+so their outputs are checked identical to the same ``plain`` row. ``selfdraft_chat_x_plain`` is
+the best self-draft row's chat speed-up over plain among those whose outputs were identical.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from builder.bench.config import BenchConfig
+from builder.bench.rows import OursRow, Row
+from triton_backend.core.config import DraftLengthConfig, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.deployment.config import SelfDraftConfig
+from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
+from triton_backend.speculation.loop import SpeculativeDecoder
+
+logger = logging.getLogger(__name__)
+
+HEADLINE_KEY = "selfdraft_chat_x_plain"
+
+
+def self_draft_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
+    """Per precision in ``config.self_draft`` and draft length in ``config.self_draft_k``: a row
+    drafting with the target at that precision (the gain rule pausing it where it does not pay)."""
+    rows: list[Row] = []
+    target = decoder.target
+    for precision in config.self_draft:
+        self_draft = SelfDraftConfig(precision=WeightPrecision(precision))
+        engine = self_draft_engine(target.model, target.runtime, self_draft, name=target.name,
+                                   eos_token_ids=sorted(target.eos_token_ids))
+        drafter = self_drafter(engine, target, self_draft, settings=repr(target.runtime))
+        own = SpeculativeDecoder(target, decoder.tokenizer, drafters={SpeculationMode.DRAFT: drafter})
+        for k in config.self_draft_k:
+            speculation = SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k))
+            rows.append(OursRow(f"self-{self_draft.precision.value} k={k}", own, speculation,
+                                {"kind": "ours", "method": "draft", "draft": "self", "precision": self_draft.precision.value,
+                                 "k": k, "strategy": "chain", "draft_cost": round(drafter.relative_cost, 4)}))
+    return rows
+
+
+def self_draft_headline(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``selfdraft_chat_x_plain``: the best chat speed-up over plain of the self-draft rows whose
+    outputs equal plain decoding's (none written when no such row ran)."""
+    chat = [e for e in rows if e.get("draft") == "self" and e["workload"] == "chat" and e.get("speedup_vs_plain") is not None]
+    differing = [e["row"] for e in chat if not e["identical_to_plain"]]
+    if differing:
+        logger.error("self-draft rows %s differ from plain decoding: not counted", differing)
+    exact = [e for e in chat if e["identical_to_plain"]]
+    if not exact:
+        return {}
+    best = max(exact, key=lambda e: e["speedup_vs_plain"])
+    logger.info("%s from the %s row", HEADLINE_KEY, best["row"])
+    return {HEADLINE_KEY: float(best["speedup_vs_plain"])}
+
+
+__all__ = ["HEADLINE_KEY", "self_draft_headline", "self_draft_rows"]
