@@ -25,7 +25,10 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="?", default=None, help="build spec file (.yaml, .toml or .json); flags override it")
     p.add_argument("--target", default=None, help=f"target model (default {DEFAULT_REFERENCE}): reference name, HF "
                    "directory, .gguf file, or an architecture-only config (llama-3-70b, llama-3-8b, llama-3.2-1b)")
-    p.add_argument("--draft", default=None, help="draft model sharing the target's tokenizer")
+    p.add_argument("--draft", default=None, help="draft model sharing the target's tokenizer, or 'self': the target's "
+                   "own weights at --draft-precision (default auto: the best quantized precision that fits)")
+    p.add_argument("--draft-layers", type=int, default=None, help="with --draft self: the draft's layer count "
+                   "(evenly spaced from layer 0; torch runtime only)")
     p.add_argument("--precision", default=None, help="target precision: auto, fp16, bf16, fp8, int8_sq, int4_awq")
     p.add_argument("--draft-precision", default=None, help="draft precision (same choices)")
     p.add_argument("--medusa-heads", type=int, default=None, help="plan/build Medusa heads on the target (count)")
@@ -50,6 +53,10 @@ def spec_from_args(a: argparse.Namespace) -> BuildSpec:
     draft = base.draft
     if a.draft is not None:
         draft = replace(draft or ModelSpec(a.draft), source=a.draft)
+    if a.draft_layers is not None:
+        if draft is None:
+            raise BuildSpecError("--draft-layers needs --draft self (or the spec's self draft)")
+        draft = replace(draft, layers=a.draft_layers)
     if a.draft_precision is not None:
         if draft is None:
             raise BuildSpecError("--draft-precision needs a draft model (--draft or the spec's draft)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from builder.plan.architecture import ModelArchitecture, is_config_only, load_architecture
 from builder.errors import DoesNotFitError, PlanError, PrecisionError
@@ -142,6 +142,9 @@ def check_vocabularies(spec: BuildSpec, models: ResolvedModels, notes: list[str]
 
     if spec.draft is None or models.draft is None:
         return
+    if spec.draft.is_self:
+        notes.append("draft: the target itself (self draft): same tokenizer by construction")
+        return
     check_vocab_compatible(None, None, models.target.vocab_size, models.draft.vocab_size)  # sizes first: cheap
     target_tok = _tokenizer_or_none(spec.target.source)
     draft_tok = _tokenizer_or_none(spec.draft.source)
@@ -231,8 +234,26 @@ def torch_runtime_note(spec: BuildSpec, models: ResolvedModels, plans: tuple[Mod
 
 def resolve_models(spec: BuildSpec) -> ResolvedModels:
     target = load_architecture(spec.target.source)
-    draft = load_architecture(spec.draft.source) if spec.draft is not None else None
+    draft = None
+    if spec.draft is not None and spec.draft.is_self:
+        draft = self_draft_architecture(target, spec.draft.layers)
+    elif spec.draft is not None:
+        draft = load_architecture(spec.draft.source)
     return ResolvedModels(target, draft)
+
+
+def self_draft_architecture(target: ModelArchitecture, layers: int | None) -> ModelArchitecture:
+    """A self draft's architecture: the target's, with ``layers`` of its layers when given."""
+    if layers is None:
+        return target
+    if layers >= target.num_layers:
+        raise PlanError(f"draft: a self draft of {layers} layers needs fewer than the target's {target.num_layers}")
+    return replace(target, num_layers=layers)
+
+
+def self_draft_layers(num_layers: int, keep: int) -> tuple[int, ...]:
+    """The ``keep`` layers a self draft of a ``num_layers``-layer target runs: evenly spaced from layer 0."""
+    return tuple(sorted({i * num_layers // keep for i in range(keep)}))
 
 
 def plan_deployment(spec: BuildSpec, models: ResolvedModels | None = None) -> Plan:
@@ -267,8 +288,21 @@ def _candidates(spec: BuildSpec, models: ResolvedModels, gpu: GpuSpec, notes: li
         if spec.draft is not None and models.draft is not None:
             drafts = list(precision_options(spec.draft, models.draft, gpu, tp, "draft", notes))
         for target, kv, draft in itertools.product(targets, kvs, drafts):
+            if _pointless_self_draft(spec, target, draft):
+                continue
             choices.append(Choice(target=target, kv=kv, draft=draft, tp=tp))
+    if not choices and spec.draft is not None and spec.draft.is_self:
+        raise PrecisionError("draft: a self draft at the target's precision with all its layers is the target "
+                             "itself; give the draft a cheaper precision or fewer layers")
     return choices
+
+
+def _pointless_self_draft(spec: BuildSpec, target: Precision, draft: Precision | None) -> bool:
+    """A self draft over all layers must be cheaper than the target: ``auto`` takes only quantized
+    precisions other than the target's; any draft precision equal to the target's is left out."""
+    if spec.draft is None or not spec.draft.is_self or spec.draft.layers is not None or draft is None:
+        return False
+    return draft is target or (spec.draft.precision is Precision.AUTO and not draft.is_quantized)
 
 
 def _no_fit(spec: BuildSpec, gpu: GpuSpec, scored: list[tuple[Choice, tuple[ModelPlan, ...]]]) -> DoesNotFitError:

@@ -6,7 +6,7 @@ field is validated at construction and a bad value raises :class:`BuildSpecError
 Example (YAML)::
 
     target: {source: smollm2-135m-instruct, precision: auto}
-    draft: {source: /models/draft, precision: auto}
+    draft: {source: /models/draft, precision: auto}   # or: draft: self  /  {source: self, precision: int8_sq}
     gpu: {kind: h100-80gb, count: 1}
     limits: {max_batch_size: 8, max_input_len: 2048, max_output_len: 512, max_draft_len: 4}
     kv_cache_dtype: auto
@@ -92,17 +92,30 @@ def _check(cond: bool, message: str) -> None:
         raise BuildSpecError(message)
 
 
+SELF_DRAFT = "self"  # a draft's source: the target itself at the draft's precision (a folder named so: ./self)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model: a reference name, a HF directory, a .safetensors file's directory or a .gguf
-    file, or one of the builder's architecture-only configs (plan only)."""
+    file, or one of the builder's architecture-only configs (plan only). A draft's source may be
+    ``self``: the target's own weights at the draft's precision (``auto``: the best quantized one
+    that fits), ``layers`` of them when given (evenly spaced from layer 0; torch runtime only)."""
 
     source: str
     precision: Precision = Precision.AUTO
+    layers: int | None = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.source, str) and self.source.strip() != "", "a model needs a non-empty source")
         object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
+        if self.layers is not None:
+            _positive_int(self.layers, "layers")
+            _check(self.is_self, f"layers (a self draft's layer count) needs source {SELF_DRAFT!r}, got {self.source!r}")
+
+    @property
+    def is_self(self) -> bool:
+        return self.source == SELF_DRAFT
 
 
 @dataclass(frozen=True)
@@ -226,6 +239,7 @@ class BuildSpec:
         _check(not (self.draft is not None and self.medusa is not None),
                "give a draft model or Medusa heads, not both: TensorRT-LLM builds the target engine for one "
                "speculative decoding mode (draft_tokens_external or medusa)")
+        _check(not self.target.is_self, f"the target cannot be {SELF_DRAFT!r} (a draft's source)")
         _check(self.eagle is None or (self.draft is None and self.medusa is None),
                "give an EAGLE drafter alone: TensorRT-LLM builds the target engine for one speculative decoding mode")
 

@@ -73,9 +73,17 @@ class BuildContext:
     def roles(self) -> list[tuple[str, ModelSpec, ModelArchitecture]]:
         assert self.models is not None
         out = [("target", self.spec.target, self.models.target)]
-        if self.spec.draft is not None and self.models.draft is not None:
-            out.append(("draft", self.spec.draft, self.models.draft))
+        draft = self.spec.draft
+        if draft is not None and self.models.draft is not None:
+            # a self draft: the target's weights, exported once more at the draft's precision
+            out.append(("draft", ModelSpec(self.spec.target.source, draft.precision) if draft.is_self else draft,
+                        self.models.draft))
         return out
+
+    def weight_roles(self) -> list[str]:
+        """The roles with a folder of torch weights (a self draft serves the target's)."""
+        return [role for role, _, _ in self.roles() if not (role == "draft" and self.spec.draft is not None
+                                                              and self.spec.draft.is_self)]
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,11 @@ def prepare_output(options: BuildOptions) -> Path:
 
 
 def _stage_plan(ctx: BuildContext) -> None:
-    for model in (ctx.spec.target, ctx.spec.draft):
+    draft = ctx.spec.draft
+    if draft is not None and draft.is_self and draft.layers is not None and not ctx.options.torch_only:
+        raise BuildSpecError("a self draft of fewer layers runs on the torch runtime only: build it with --torch-only, "
+                             "or give the TensorRT-LLM self draft all the target's layers")
+    for model in (ctx.spec.target, None if draft is None or draft.is_self else draft):
         if model is not None and is_config_only(model.source):
             raise BuildSpecError(f"{model.source} is an architecture-only config (no weights): it can be planned "
                                  "with `specbuild plan`, not built")
@@ -122,7 +134,8 @@ def _stage_plan(ctx: BuildContext) -> None:
 def _stage_torch_weights(ctx: BuildContext) -> None:
     assert ctx.serving is not None
     for role, model, _ in ctx.roles():
-        save_torch_weights(model.source, ctx.out / "weights" / role, ctx.serving.dtype)
+        if role in ctx.weight_roles():
+            save_torch_weights(model.source, ctx.out / "weights" / role, ctx.serving.dtype)
     medusa = ctx.spec.medusa
     if medusa is not None and medusa.source is not None:
         from builder.stages.medusa_heads import copy_runtime_heads
@@ -158,14 +171,15 @@ def _stage_repository(ctx: BuildContext) -> None:
     repo = ctx.out / "model_repo"
     file_dir = repo / serving.model_name / VERSION
     file_dir.mkdir(parents=True, exist_ok=True)
-    weights = {role: relative_to_file(ctx.out / "weights" / role, file_dir) for role, _, _ in ctx.roles()}
+    weights = {role: relative_to_file(ctx.out / "weights" / role, file_dir) for role in ctx.weight_roles()}
     medusa = relative_to_file(ctx.medusa_heads, file_dir) if ctx.medusa_heads is not None else None
     engines = _compiled_engines(ctx, file_dir)
     # a Medusa engine takes its tree at run time: the one its checkpoint's max_draft_len was sized for
     choices = ctx.checkpoints.get("target", {}).get("medusa", {}).get("medusa_choices") if engines else None
     checkpoints, load_weights = _torch_weights_sources(ctx, file_dir)
     deployment = DeploymentConfig(
-        target=weights["target"], draft=weights.get("draft"), medusa=medusa, medusa_choices=choices,
+        target=weights["target"], draft=weights.get("draft"), self_draft=None if engines is not None else _self_draft(ctx),
+        medusa=medusa, medusa_choices=choices,
         target_checkpoint=checkpoints.get("target"), draft_checkpoint=checkpoints.get("draft"),
         runtime=RuntimeConfig(device=ctx.serving.device, dtype=ctx.serving.dtype, weights=load_weights,
                               int4_group_size=_int4_group(ctx), quantize_lm_head=False),  # the head 16-bit, as exported
@@ -193,6 +207,8 @@ def _torch_weights_sources(ctx: BuildContext, file_dir: Path) -> tuple[dict[str,
     checkpoints: dict[str, str] = {}
     at_load: set[WeightPrecision] = set()
     for role, served in ctx.serving.weights.items():
+        if role not in ctx.weight_roles():
+            continue  # a self draft quantizes the target's loaded weights itself
         if served is WeightPrecision.FLOAT32:
             at_load.add(served)
         elif role in ctx.checkpoints and ctx.plan.tp * ctx.plan.pp == 1:
@@ -205,12 +221,36 @@ def _torch_weights_sources(ctx: BuildContext, file_dir: Path) -> tuple[dict[str,
     return checkpoints, at_load.pop() if len(at_load) == 1 else WeightPrecision.FLOAT32
 
 
+def _self_draft(ctx: BuildContext) -> Any:
+    """The torch runtime's :class:`SelfDraftConfig` for a self-draft spec (None otherwise): the
+    draft's planned precision as the CPU kernels serve it (int8 where that is the target's own
+    over all layers), its layers evenly spaced from layer 0."""
+    from triton_backend.core.config import WeightPrecision
+    from triton_backend.deployment.config import SelfDraftConfig
+    from builder.plan.planner import self_draft_layers
+
+    draft = ctx.spec.draft
+    if draft is None or not draft.is_self:
+        return None
+    assert ctx.serving is not None and ctx.models is not None
+    precision = ctx.serving.weights.get("draft", WeightPrecision.INT8)
+    target_weights = ctx.serving.weights.get("target", WeightPrecision.FLOAT32)  # its checkpoint's or at load
+    layers = None if draft.layers is None else self_draft_layers(ctx.models.target.num_layers, draft.layers)
+    if layers is None and precision is target_weights:
+        ctx.notices.append(f"torch runtime, draft: the self draft's planned precision serves as the target's "
+                           f"({precision.value}) here; it drafts in int8")
+        precision = WeightPrecision.INT8 if target_weights is not WeightPrecision.INT8 else WeightPrecision.INT4
+    return SelfDraftConfig(precision=precision, layers=layers)
+
+
 def _linear_sources(ctx: BuildContext, checkpoints: dict[str, str], load_weights: WeightPrecision) -> dict[str, str]:
     """What the manifest says each model's torch-runtime linears are, and where they come from."""
     assert ctx.serving is not None
     out = {}
     for role, served in ctx.serving.weights.items():
-        if role in checkpoints:
+        if role not in ctx.weight_roles():
+            out[role] = "the target's weights, quantized at load (self draft)"
+        elif role in checkpoints:
             out[role] = f"{served.value} from {ctx.checkpoints[role]['dir']}"
         elif served is load_weights and served.value != "float32":
             out[role] = f"{served.value}, quantized at load"
@@ -285,7 +325,7 @@ def _finish(ctx: BuildContext) -> BuildResult:
         "engines": {e.role: e.to_dict() for e in ctx.engines},
         "engines_compiled": bool(ctx.engines) and all(e.status is EngineStatus.COMPILED for e in ctx.engines),
         "build_script": "build_engines.sh" if ctx.engines else None,
-        "torch_runtime": {**ctx.serving.to_dict(), "weights": {role: f"weights/{role}" for role, _, _ in ctx.roles()}},
+        "torch_runtime": {**ctx.serving.to_dict(), "weights": {role: f"weights/{role}" for role in ctx.weight_roles()}},
         "model_repo": ctx.repository, "stages": ctx.stages, "notices": ctx.notices,
     }
     hashed = [p for p in ("plan.json", "weights", "checkpoints", "engines", "build_engines.sh", "model_repo")
