@@ -163,3 +163,25 @@ def test_run_flags_give_the_self_draft():
         deployment("--draft", "some/model", "--draft-precision", "int8")
     with pytest.raises(ConfigError, match="target itself"):
         deployment("--draft", "self", "--weights", "int8")
+
+
+def test_a_self_draft_starts_from_its_precisions_agreement_not_the_draft_model_default():
+    """At ~0.45 of a step per drafted token the draft-model prior (0.6) never drafts, so a deployment
+    would never learn that int8 agrees ~97 %: the self draft's own prior is what its controller uses."""
+    from triton_backend.core.config import SpeculationConfig, SpeculationMode
+    from triton_backend.deployment.self_draft import SELF_DRAFT_PRIOR
+    from triton_backend.speculation.controller import controller_for
+    from triton_backend.speculation.policy import PRIOR_ACCEPTANCE, DrafterKind
+
+    class Cheap:
+        relative_cost = 0.45
+        prior_acceptance = (SELF_DRAFT_PRIOR[WeightPrecision.INT8],) * 2
+
+    class Plain:
+        relative_cost = 0.45
+
+    config = SpeculationConfig(method=SpeculationMode.DRAFT)
+    own = controller_for(config, SpeculationMode.DRAFT, Cheap())
+    default = controller_for(config, SpeculationMode.DRAFT, Plain())
+    assert own.policy.estimate.prior == (0.9, 0.9)
+    assert default.policy.estimate.prior == PRIOR_ACCEPTANCE[DrafterKind.DRAFT]

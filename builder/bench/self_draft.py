@@ -14,7 +14,7 @@ from typing import Any
 
 from builder.bench.config import BenchConfig
 from builder.bench.rows import OursRow, Row
-from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.core.config import DraftLengthConfig, SpeculationConfig, SpeculationMode, WeightPrecision
 from triton_backend.deployment.config import SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.speculation.loop import SpeculativeDecoder
@@ -22,10 +22,6 @@ from triton_backend.speculation.loop import SpeculativeDecoder
 logger = logging.getLogger(__name__)
 
 HEADLINE_KEY = "selfdraft_chat_x_plain"
-# the gain rule's starting acceptance per precision: its teacher-forced greedy agreement with float32
-# on the reference model (`specbuild bench --precisions`: int8 0.966, int4 0.602), rounded down. The
-# draft-model prior (0.6) at a self draft's cost (~0.45 of a step) never drafts, so never learns.
-SELF_DRAFT_PRIOR = {"int8": 0.9, "int4": 0.55, "float16": 0.95, "bfloat16": 0.9}
 
 
 def self_draft_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
@@ -40,8 +36,7 @@ def self_draft_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Ro
         drafter = self_drafter(engine, target, self_draft, settings=repr(target.runtime))
         own = SpeculativeDecoder(target, decoder.tokenizer, drafters={SpeculationMode.DRAFT: drafter})
         for k in config.self_draft_k:
-            speculation = SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k),
-                                            fallback=FallbackConfig(prior_acceptance=SELF_DRAFT_PRIOR[precision]))
+            speculation = SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k))
             rows.append(OursRow(f"self-{self_draft.precision.value} k={k}", own, speculation,
                                 {"kind": "ours", "method": "draft", "draft": "self", "precision": self_draft.precision.value,
                                  "k": k, "strategy": "chain", "draft_cost": round(drafter.relative_cost, 4)}))

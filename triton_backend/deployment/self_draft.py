@@ -33,6 +33,12 @@ logger = logging.getLogger(__name__)
 # from the kernel table of docs/quantized-weights.md): the estimate when the machine cannot measure
 STEP_COST = {WeightPrecision.FLOAT32: 1.0, WeightPrecision.FLOAT16: 0.62, WeightPrecision.BFLOAT16: 0.62,
              WeightPrecision.INT8: 0.44, WeightPrecision.INT4: 0.38}
+# the gain rule's starting acceptance of a self draft over all layers: its precision's teacher-forced
+# greedy agreement with float32 on the reference model (`specbuild bench --precisions`: int8 0.966,
+# int4 0.602), rounded down. The draft-model type's prior (0.6) at a self draft's cost (~0.45 of a
+# step) never drafts, so never learns that int8 agrees ~97 % of the time. Fewer layers: the type's.
+SELF_DRAFT_PRIOR = {WeightPrecision.INT8: 0.9, WeightPrecision.INT4: 0.55, WeightPrecision.FLOAT16: 0.95,
+                    WeightPrecision.BFLOAT16: 0.9}
 
 
 def self_draft_engine(model: PreTrainedModel, runtime: RuntimeConfig, self_draft: SelfDraftConfig, *,
@@ -77,8 +83,11 @@ def self_drafter(engine: LlamaEngine, target: Any, self_draft: SelfDraftConfig, 
         measured = measured_step_cost(engine, target, settings)
         if measured is not None:
             cost = measured
-    logger.info("self draft %s: %.3f target steps per drafted token", engine.name, cost)
-    return DraftModelDrafter(engine, target=target, relative_cost=cost)
+    prior = SELF_DRAFT_PRIOR.get(self_draft.precision) if self_draft.layers is None else None
+    logger.info("self draft %s: %.3f target steps per drafted token, starting acceptance %s", engine.name, cost,
+                "the draft-model default" if prior is None else prior)
+    return DraftModelDrafter(engine, target=target, relative_cost=cost,
+                             prior_acceptance=None if prior is None else (prior, prior))
 
 
-__all__ = ["STEP_COST", "estimated_cost", "self_draft_engine", "self_drafter"]
+__all__ = ["SELF_DRAFT_PRIOR", "STEP_COST", "estimated_cost", "self_draft_engine", "self_drafter"]

@@ -32,7 +32,7 @@ from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.shared_prior import SharedAcceptance, shared_acceptance
 from triton_backend.speculation.tree_plan import TreeModel, TreeRecord
 from triton_backend.speculation.match_policy import MatchLengthPolicy
-from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, PassCostModel,
+from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, PassCostModel, Prior,
                                                RowOption, current_cost_model, prefix_probabilities)
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class SpeculationController:
                  initial_acceptance: float = 0.7, kind: DrafterKind | None = None,
                  cost_model: PassCostModel | None = None,
                  verify_tokens: Callable[[int], int] | None = None, shared: SharedAcceptance | None = None,
-                 tree: TreeModel | None = None) -> None:
+                 tree: TreeModel | None = None, drafter_prior: Prior | None = None) -> None:
         self.config = config
         self.draft_cost = max(0.0, float(draft_cost))
         self.kind = kind or (DrafterKind.NGRAM if self.draft_cost == 0.0 else DrafterKind.DRAFT)
@@ -82,7 +82,8 @@ class SpeculationController:
         self.tree = tree
         if self.gain_rule:
             self.policy = GainPolicy(self.kind, tree.max_nodes if tree is not None else self.max_k, self.draft_cost,
-                                     gain_settings(config.fallback), cost_model, verify_tokens, shared, tree)
+                                     gain_settings(config.fallback), cost_model, verify_tokens, shared, tree,
+                                     drafter_prior=drafter_prior)
 
     def attach_match_policy(self) -> MatchLengthPolicy | None:
         """Under the gain rule, the per-match policy an n-gram session applies to each lookup
@@ -243,19 +244,20 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
                                      verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k),
                                      shared=_shared(drafter, DrafterKind.MEDUSA, learned_prior))
     kind = DrafterKind.NGRAM if mode is SpeculationMode.NGRAM else DrafterKind.DRAFT
-    shared = _shared(drafter, kind, learned_prior) if kind is not DrafterKind.NGRAM else None
+    own_prior = getattr(drafter, "prior_acceptance", None) if kind is DrafterKind.DRAFT else None
+    shared = _shared(drafter, kind, learned_prior, own_prior) if kind is not DrafterKind.NGRAM else None
     tree = None
     if isinstance(drafter, FeatureDrafter) and mode is not SpeculationMode.NGRAM and config.eagle.tree:
         tree = TreeModel(config.eagle.max_tree_nodes, config.eagle.tree_top_k, config.draft_length.num_draft_tokens)
     controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model, shared=shared,
-                                       tree=tree)
+                                       tree=tree, drafter_prior=own_prior)
     if isinstance(session, NgramSession):
         session.policy = controller.attach_match_policy()
     return controller
 
 
-def _shared(drafter: DraftCost, kind: DrafterKind, learned: bool) -> SharedAcceptance | None:
-    return shared_acceptance(drafter, kind, PRIOR_ACCEPTANCE[kind]) if learned else None
+def _shared(drafter: DraftCost, kind: DrafterKind, learned: bool, own_prior: Prior | None = None) -> SharedAcceptance | None:
+    return shared_acceptance(drafter, kind, own_prior or PRIOR_ACCEPTANCE[kind]) if learned else None
 
 
 __all__ = ["SpeculationController", "controller_for", "expected_tokens_per_round", "gain_settings"]

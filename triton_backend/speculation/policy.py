@@ -316,8 +316,9 @@ class GainPolicy:
     def __init__(self, kind: DrafterKind, max_k: int, draft_cost: float, settings: GainSettings,
                  cost_model: PassCostModel | None = None,
                  verify_tokens: Callable[[int], int] | None = None, shared: "SharedAcceptanceLike | None" = None,
-                 tree: "TreeOptions | None" = None) -> None:
-        prior = PRIOR_ACCEPTANCE[kind] if settings.prior is None else settings.prior
+                 tree: "TreeOptions | None" = None, drafter_prior: Prior | None = None) -> None:
+        # an explicit setting wins, then the drafter's own prior, then its type's
+        prior = settings.prior if settings.prior is not None else drafter_prior or PRIOR_ACCEPTANCE[kind]
         self.shared = shared if settings.prior is None else None  # an explicit prior is the user's: kept
         if self.shared is not None:  # the deployment's measured acceptance of this drafter
             prior = self.shared.prior()

@@ -58,13 +58,18 @@ class DraftModelDrafter:
     """Autoregressive drafting with its own KV session, rolled back like the target's."""
 
     def __init__(self, engine: CausalLMEngine, *, target: CausalLMEngine, relative_cost: float | None = None,
-                 target_tokenizer: Any = None, draft_tokenizer: Any = None) -> None:
+                 target_tokenizer: Any = None, draft_tokenizer: Any = None,
+                 prior_acceptance: tuple[float, float] | None = None) -> None:
         check_vocab_compatible(target_tokenizer, draft_tokenizer, target.vocab_size, engine.vocab_size)
         self.engine = engine
         self.name = f"draft:{engine.name}"
         if relative_cost is None:
             relative_cost = engine.num_parameters() / max(1, target.num_parameters())
         self.relative_cost = float(relative_cost)
+        # the gain rule's starting acceptance (first position, later ones) for this drafter; None:
+        # the draft-model type's (policy.PRIOR_ACCEPTANCE). A draft known to agree closely (the
+        # target quantized) starts higher, or at its low cost it would never draft, so never learn.
+        self.prior_acceptance = prior_acceptance
 
     def new_session(self) -> _DraftModelSession:
         return _DraftModelSession(self.engine.new_session())
