@@ -1,4 +1,4 @@
-"""The slot engine on compact weights (int8, int4, float16, bfloat16; engines/torch/compact_weights.py):
+"""The slot engine on compact weights (int8, int4, fp8, float16, bfloat16; engines/torch/compact_weights.py):
 the same exactness as float32 on the row kernel -- every row bit-identical batched or alone, a verify
 chain bit-identical to decoding step by step -- against plain decoding of the same precision; logits
 equal a float reference on the decoded weights; torch's kernels where the compact kernel cannot run;
@@ -22,7 +22,8 @@ from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.weight_gemm import dequantize
 
 pytestmark = pytest.mark.skipif(row_gemm_module.cpu_isa() is None, reason="the CPU kernels need x86-64 with AVX2 + FMA")
-COMPACT = [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FLOAT16, WeightPrecision.BFLOAT16]
+COMPACT = [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FP8, WeightPrecision.FLOAT16,
+           WeightPrecision.BFLOAT16]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -128,6 +129,7 @@ def test_what_the_engine_holds_for_its_linears():
     want = {WeightPrecision.FLOAT32: sum(padded(n) * k * 4 for n, k in shapes),
             WeightPrecision.FLOAT16: sum(padded(n) * k * 2 for n, k in shapes),
             WeightPrecision.INT8: sum(padded(n) * k + n * 4 for n, k in shapes),
+            WeightPrecision.FP8: sum(padded(n) * k + n * 4 for n, k in shapes),
             WeightPrecision.INT4: sum(padded(n) * k // 2 + padded(n) * (k // 64) * 4 for n, k in shapes)}
     for weights, nbytes in want.items():
         assert _engine(model, weights).linear_weight_bytes() == nbytes, weights
