@@ -161,7 +161,8 @@ def smol_prompts(reference, reference_prompts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.BFLOAT16])
+@pytest.mark.parametrize("weights", [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FP8,
+                                     WeightPrecision.BFLOAT16])
 def test_smollm2_quantized_is_exact_against_itself(reference, smol_prompts, weights):
     base, _ = reference
     engine = LlamaEngine(base.model, eos_token_ids=[], runtime=RuntimeConfig(weights=weights, max_batch_size=4,
@@ -177,7 +178,8 @@ def test_smollm2_quantized_is_exact_against_itself(reference, smol_prompts, weig
     want = base.forward([BatchRow(fslot, 0, ids, num_logits=len(ids))])[0].logits.argmax(-1)
     engine.release(slot)
     base.release(fslot)
-    floor = {WeightPrecision.INT8: 0.85, WeightPrecision.INT4: 0.4, WeightPrecision.BFLOAT16: 0.85}[weights]
+    floor = {WeightPrecision.INT8: 0.85, WeightPrecision.INT4: 0.4, WeightPrecision.FP8: 0.85,
+             WeightPrecision.BFLOAT16: 0.85}[weights]
     assert float((got == want).float().mean()) > floor  # a prompt's positions, the early ones hard (measured: 0.54 int4)
 
 
