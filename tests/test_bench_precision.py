@@ -16,6 +16,7 @@ from builder.headline import HEADLINE_PATH, read_headline
 from triton_backend.engines.torch import row_gemm
 
 KEYS = {"int4_plain_x_fp32", "int8_plain_x_fp32", "int4_greedy_agreement", "int8_greedy_agreement"}
+FP8_KEYS = {"fp8_plain_x_fp32", "fp8_greedy_agreement"}  # not yet measured on the idle VM: not in the committed file
 
 
 @pytest.mark.skipif(row_gemm.cpu_isa() is None, reason="the CPU kernels need x86-64 with AVX2 + FMA")
@@ -26,14 +27,15 @@ def test_precision_bench_writes_its_keys_where_out_says(tmp_path: Path) -> None:
 
     tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), layers=1)
     before = HEADLINE_PATH.read_bytes()
-    args = ["bench", "--target", str(tiny), "--precisions", "int8,int4", "--repeats", "1", "--max-tokens", "3",
+    args = ["bench", "--target", str(tiny), "--precisions", "int8,int4,fp8", "--repeats", "1", "--max-tokens", "3",
             "--agreement-prompts", "2", "--out", str(tmp_path / "x")]
     assert cli_main(args) == 0
     written = json.loads((tmp_path / "x" / "headline.json").read_text())
-    assert set(written) == KEYS and all(0 < written[k] <= 1 for k in KEYS if "agreement" in k)
+    assert set(written) == KEYS | FP8_KEYS and all(0 < written[k] <= 1 for k in written if "agreement" in k)
     result = json.loads((tmp_path / "x" / "precision_cpu.json").read_text())
-    assert [r["precision"] for r in result["rows"]] == ["fp32", "int8", "int4"]
-    assert result["rows"][2]["linear_mib"] < result["rows"][1]["linear_mib"] < result["rows"][0]["linear_mib"]
+    assert [r["precision"] for r in result["rows"]] == ["fp32", "int8", "int4", "fp8"]
+    mib = {r["precision"]: r["linear_mib"] for r in result["rows"]}
+    assert mib["int4"] < mib["int8"] == mib["fp8"] < mib["fp32"]  # fp8: a byte a weight and a scale a row, as int8
     assert HEADLINE_PATH.read_bytes() == before
     assert cli_main([*args[:4], "float32", *args[5:]]) != 0  # float32 is the baseline, not a precision to compare
 

@@ -107,14 +107,17 @@ def test_checkpoints_hold_the_torch_runtime_weights_quantized(full_build):
     check_checkpoint(out / "checkpoints" / "draft", load_state(out / "weights" / "draft"), 2, "int4_awq", 1, fp8_kv=True)
 
 
-def test_the_torch_runtime_serves_the_draft_checkpoint_as_exported(full_build):
-    """FP8 has no CPU kernel (the target stays float32); the INT4-AWQ draft's deployment names its
-    checkpoint, whose packed int4 tensors the slot engine serves (docs/quantized-weights.md)."""
+def test_the_torch_runtime_serves_the_checkpoints_as_exported(full_build):
+    """The FP8 target's and the INT4-AWQ draft's deployment names their checkpoints, whose e4m3 and
+    packed int4 tensors the slot engine serves (docs/quantized-weights.md); nothing is quantized at load."""
     out, manifest = full_build
-    assert manifest["model_repo"]["torch_linear_weights"] == {"target": "float32", "draft": "int4 from checkpoints/draft"}
+    assert manifest["model_repo"]["torch_linear_weights"] == {"target": "fp8 from checkpoints/target",
+                                                              "draft": "int4 from checkpoints/draft"}
+    assert manifest["torch_runtime"]["linear_weights"] == {"target": "fp8", "draft": "int4"}
     deployment = json.loads((out / manifest["model_repo"]["deployment"]).read_text())
-    assert deployment["draft_checkpoint"] == "../../../checkpoints/draft" and deployment["target_checkpoint"] is None
-    assert deployment["runtime"]["weights"] == "float32"
+    assert deployment["draft_checkpoint"] == "../../../checkpoints/draft"
+    assert deployment["target_checkpoint"] == "../../../checkpoints/target"
+    assert deployment["runtime"]["weights"] == "float32"  # what a model without a checkpoint would be quantized to
 
 
 def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_build):

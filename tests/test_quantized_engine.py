@@ -1,4 +1,4 @@
-"""The slot engine on compact weights (int8, int4, float16, bfloat16; engines/torch/compact_weights.py):
+"""The slot engine on compact weights (int8, int4, fp8, float16, bfloat16; engines/torch/compact_weights.py):
 the same exactness as float32 on the row kernel -- every row bit-identical batched or alone, a verify
 chain bit-identical to decoding step by step -- against plain decoding of the same precision; logits
 equal a float reference on the decoded weights; torch's kernels where the compact kernel cannot run;
@@ -7,6 +7,7 @@ Model Optimizer (slow) too."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.weight_gemm import dequantize
 
 pytestmark = pytest.mark.skipif(row_gemm_module.cpu_isa() is None, reason="the CPU kernels need x86-64 with AVX2 + FMA")
-COMPACT = [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FLOAT16, WeightPrecision.BFLOAT16]
+COMPACT = [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FP8, WeightPrecision.FLOAT16,
+           WeightPrecision.BFLOAT16]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -128,6 +130,7 @@ def test_what_the_engine_holds_for_its_linears():
     want = {WeightPrecision.FLOAT32: sum(padded(n) * k * 4 for n, k in shapes),
             WeightPrecision.FLOAT16: sum(padded(n) * k * 2 for n, k in shapes),
             WeightPrecision.INT8: sum(padded(n) * k + n * 4 for n, k in shapes),
+            WeightPrecision.FP8: sum(padded(n) * k + n * 4 for n, k in shapes),
             WeightPrecision.INT4: sum(padded(n) * k // 2 + padded(n) * (k // 64) * 4 for n, k in shapes)}
     for weights, nbytes in want.items():
         assert _engine(model, weights).linear_weight_bytes() == nbytes, weights
@@ -158,7 +161,8 @@ def smol_prompts(reference, reference_prompts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.BFLOAT16])
+@pytest.mark.parametrize("weights", [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FP8,
+                                     WeightPrecision.BFLOAT16])
 def test_smollm2_quantized_is_exact_against_itself(reference, smol_prompts, weights):
     base, _ = reference
     engine = LlamaEngine(base.model, eos_token_ids=[], runtime=RuntimeConfig(weights=weights, max_batch_size=4,
@@ -174,12 +178,13 @@ def test_smollm2_quantized_is_exact_against_itself(reference, smol_prompts, weig
     want = base.forward([BatchRow(fslot, 0, ids, num_logits=len(ids))])[0].logits.argmax(-1)
     engine.release(slot)
     base.release(fslot)
-    floor = {WeightPrecision.INT8: 0.85, WeightPrecision.INT4: 0.4, WeightPrecision.BFLOAT16: 0.85}[weights]
+    floor = {WeightPrecision.INT8: 0.85, WeightPrecision.INT4: 0.4, WeightPrecision.FP8: 0.85,
+             WeightPrecision.BFLOAT16: 0.85}[weights]
     assert float((got == want).float().mean()) > floor  # a prompt's positions, the early ones hard (measured: 0.54 int4)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["int4_awq", "int8_sq", "fp16"])
+@pytest.mark.parametrize("precision", ["int4_awq", "int8_sq", "fp8", "fp16"])
 def test_engine_serves_a_model_optimizer_checkpoint(tmp_path_factory, precision):
     """The tensors ``specbuild build`` exports (modelopt, TensorRT-LLM layout) served as they are:
     logits equal a float model holding the checkpoint's decoded weights, and the engine is exact."""
@@ -198,9 +203,10 @@ def test_engine_serves_a_model_optimizer_checkpoint(tmp_path_factory, precision)
     checkpoint = read_checkpoint(folder, model.config)
     engine = LlamaEngine(model, eos_token_ids=[], runtime=RuntimeConfig(max_batch_size=4, max_seq_len=128),
                          compact=apply_checkpoint(model, checkpoint))
-    want_precision = {"int4_awq": WeightPrecision.INT4, "int8_sq": WeightPrecision.INT8, "fp16": WeightPrecision.FLOAT16}
+    want_precision = {"int4_awq": WeightPrecision.INT4, "int8_sq": WeightPrecision.INT8, "fp8": WeightPrecision.FP8,
+                      "fp16": WeightPrecision.FLOAT16}
     assert engine.weights is want_precision[precision] and checkpoint.linears[HEAD].weight.format.name == "FLOAT16"
-    has_pre = precision != "fp16"
+    has_pre = precision in ("int4_awq", "int8_sq")
     assert (engine.forward_impl.layers[0].q.input_scale is not None) == has_pre
     ref = _decoded_reference(model, engine)
     ids = list(range(300, 340))
@@ -214,7 +220,64 @@ def test_engine_serves_a_model_optimizer_checkpoint(tmp_path_factory, precision)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["int4_awq", "int8_sq", "bf16"])
+@pytest.mark.parametrize("precision", ["int4_awq", "int8_sq", "fp8"])
+def test_a_tp2_checkpoint_merges_into_the_tp1_checkpoint(tmp_path, precision):
+    """One quantized model exported at TP 1 and TP 2 (Model Optimizer): the TP 2 ranks merged back equal
+    the TP 1 file tensor for tensor, bit for bit, and the engines on both give the same logits and tokens."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from safetensors.torch import load_file
+
+    from build_fixtures import make_tiny_llama
+    from builder.plan.architecture import load_architecture
+    from builder.plan.spec import KVCacheDtype, Precision
+    from builder.stages.calibration import load_calibration_texts, make_forward_loop
+    from builder.stages.checkpoint_export import export_checkpoint
+    from builder.stages.quantize import quantize_model
+    from test_build_checkpoints import CALIBRATION
+    from triton_backend.core.reference_model import ensure_reference_model
+    from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
+    from triton_backend.engines.torch.trtllm_shards import merge_ranks
+    from triton_backend.engines.torch.trtllm_weights import apply_checkpoint, read_checkpoint
+
+    tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model())
+    torch.set_num_threads(1)
+    model = load_model(str(tiny)).eval()
+    loop = make_forward_loop(load_tokenizer(str(tiny)), load_calibration_texts(CALIBRATION), CALIBRATION.max_length)
+    quantize_model(model, Precision(precision), KVCacheDtype.FP16, loop)
+    for tp in (1, 2):
+        export_checkpoint(model, load_architecture(str(tiny)), Precision(precision), KVCacheDtype.FP16,
+                          tmp_path / f"tp{tp}", tp, 1)
+    one = load_file(str(tmp_path / "tp1" / "rank0.safetensors"))
+    ranks = [load_file(str(tmp_path / "tp2" / f"rank{r}.safetensors")) for r in range(2)]
+    fc = "transformer.layers.0.mlp.fc.weight"
+    assert 2 * ranks[0][fc].shape[0] == one[fc].shape[0]  # split: the gate rows over 2 ranks
+    merged = merge_ranks(ranks, json.loads((tmp_path / "tp2" / "config.json").read_text()), model.config)
+    assert set(merged) == set(one)
+    for name, want in one.items():
+        got = merged[name]
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    engines = []
+    for tp in (1, 2):
+        fresh = load_model(str(tiny))
+        engines.append(LlamaEngine(fresh, eos_token_ids=[], runtime=RuntimeConfig(max_batch_size=2, max_seq_len=64),
+                                   compact=apply_checkpoint(fresh, read_checkpoint(tmp_path / f"tp{tp}", fresh.config))))
+    assert engines[1].weights is engines[0].weights is {"int4_awq": WeightPrecision.INT4, "int8_sq": WeightPrecision.INT8,
+                                                         "fp8": WeightPrecision.FP8}[precision]
+    tokens = []
+    for engine in engines:
+        slot, ids = engine.allocate(), list(range(300, 312))
+        logits = engine.forward([BatchRow(slot, 0, ids)])[0].logits
+        steps = [logits]
+        for i in range(8):
+            ids.append(int(logits[-1].argmax()))
+            logits = engine.forward([BatchRow(slot, len(ids) - 1, [ids[-1]])])[0].logits
+            steps.append(logits)
+        tokens.append((ids, torch.cat(steps)))
+    assert tokens[0][0] == tokens[1][0] and torch.equal(tokens[0][1], tokens[1][1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int4_awq", "int8_sq", "fp8", "bf16"])
 def test_plan_memory_figure_is_what_the_engine_allocates(tmp_path, precision):
     """``specbuild plan``'s torch-runtime figure for the linears (``torch_cpu_linear_bytes``) equals
     what the slot engine holds after loading the checkpoint the build stage exports from that plan
@@ -291,3 +354,31 @@ def test_a_torch_only_build_layout_matches_the_plan_but_for_input_factors():
     arch = ModelArchitecture.from_config(model.config)
     factors = 2 * 4 * (6 * 64 + 128)  # 2 layers: a float32 factor per input of each linear (down_proj: 128 wide)
     assert engine.linear_weight_bytes() == torch_checkpoint_linear_bytes(arch, Precision.INT4_AWQ, 64) - factors
+
+
+def test_fp8_shards_with_their_own_scales_merge_per_row_or_are_refused():
+    """TP ranks whose FP8 scales differ: a column-parallel linear keeps each rank's scale on its rows
+    (qkv: q of every rank, then k, then v); a row-parallel one has no per-output scale: refused."""
+    from types import SimpleNamespace
+
+    from triton_backend.core.errors import ModelLoadError
+    from triton_backend.engines.torch.trtllm_shards import merge_ranks
+
+    model_config = SimpleNamespace(num_attention_heads=2, num_key_value_heads=2, hidden_size=4, vocab_size=6)
+    gen = torch.Generator().manual_seed(9)
+    w = lambda n, k: (torch.randn(n, k, generator=gen) * 8).to(torch.float8_e4m3fn)  # noqa: E731
+    ranks = [{"transformer.layers.0.attention.qkv.weight": w(6, 4),  # a rank: 1 q head, 1 k, 1 v of width 2
+              "transformer.layers.0.attention.qkv.weights_scaling_factor": torch.tensor([s]),
+              "transformer.layers.0.mlp.proj.weight": w(4, 3),
+              "transformer.layers.0.mlp.proj.weights_scaling_factor": torch.tensor([0.5]),
+              "lm_head.weight": torch.randn(3, 4, generator=gen)} for s in (1.0, 2.0)]
+    merged = merge_ranks(ranks, {}, model_config)
+    assert torch.equal(merged["transformer.layers.0.attention.qkv.weights_scaling_factor"],
+                       torch.tensor([1.0, 1, 2, 2] * 3))
+    qkv = [r["transformer.layers.0.attention.qkv.weight"].float() for r in ranks]
+    assert torch.equal(merged["transformer.layers.0.attention.qkv.weight"].float(),
+                       torch.cat([qkv[0][0:2], qkv[1][0:2], qkv[0][2:4], qkv[1][2:4], qkv[0][4:], qkv[1][4:]]))
+    assert merged["transformer.layers.0.mlp.proj.weight"].shape == (4, 6) and merged["lm_head.weight"].shape == (6, 4)
+    ranks[1]["transformer.layers.0.mlp.proj.weights_scaling_factor"] = torch.tensor([0.25])
+    with pytest.raises(ModelLoadError, match="row-parallel FP8"):
+        merge_ranks(ranks, {}, model_config)

@@ -1,8 +1,8 @@
-"""The compact-weight CPU kernel (engines/torch/weight_gemm.py): int8, int4, float16 and bfloat16
+"""The compact-weight CPU kernel (engines/torch/weight_gemm.py): int8, fp8 e4m3, int4, float16 and bfloat16
 weights give, bit for bit, what the float32 row kernel gives on the even and on the odd columns of
 their decoded weights, summed (the kernel's two chains); every row is
-the same bits whatever the batch; both ISA builds agree; round-to-nearest quantization and the
-panel packing round-trip; bad inputs are refused; the C++ compiles clean."""
+the same bits whatever the batch; both ISA builds agree; every finite e4m3 byte decodes to its value;
+round-to-nearest quantization and the panel packing round-trip; bad inputs are refused; the C++ compiles clean."""
 
 from __future__ import annotations
 
@@ -16,18 +16,21 @@ import torch
 
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch import weight_gemm as wg
-from triton_backend.engines.torch.quantize_weights import dequantize_int4, quantize_int4, quantize_int8
+from triton_backend.engines.torch.quantize_weights import FP8_MAX, dequantize_int4, quantize_fp8, quantize_int4, quantize_int8
 
 ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
 pytestmark = pytest.mark.skipif(not ISAS, reason="the CPU kernels need x86-64 with AVX2 + FMA")
-FORMATS = ["int8", "int4-32", "int4-64", "float16", "bfloat16"]
+FORMATS = ["int8", "fp8", "int4-32", "int4-64", "float16", "bfloat16"]
 
 
 def packed(fmt: str, w: torch.Tensor) -> tuple[wg.PackedWeight, torch.Tensor, torch.Tensor | None]:
-    """``(packed, decoded float32 weight the chain multiplies, int8 channel scales or None)``."""
+    """``(packed, decoded float32 weight the chain multiplies, int8 / fp8 channel scales or None)``."""
     if fmt == "int8":
         q, s = quantize_int8(w)
         return wg.pack_int8(q, s), q.float(), s
+    if fmt == "fp8":
+        q, s = quantize_fp8(w)
+        return wg.pack_fp8(q, s), q.float(), s
     if fmt.startswith("int4"):
         group = int(fmt.split("-")[1])
         q, s = quantize_int4(w, group)
@@ -97,6 +100,18 @@ def test_both_builds_give_the_same_bits(monkeypatch, fmt):
         assert torch.equal(built["avx2"].bind(weight)(x), built["avx512"].bind(weight)(x)), m
 
 
+@pytest.mark.parametrize("scale", [1.0, 3e-3])
+def test_every_finite_e4m3_byte_decodes_to_its_value(kernels, scale):
+    """All 254 finite bytes (subnormals, both zeros, +-448) as one weight row each, read by one-hot rows."""
+    _, compact = kernels
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    q = finite.view(torch.float8_e4m3fn).reshape(-1, 1).repeat(1, 64)  # [254, 64]
+    layer = compact.bind(wg.pack_fp8(q, torch.full((254,), scale)))
+    x = torch.eye(64)[:3] * 2.0
+    want = (q[:, 0].float() * 2.0 * torch.tensor(scale)).expand(3, -1)
+    assert torch.equal(layer(x), want)
+
+
 def test_quantization_is_round_to_nearest_and_packing_round_trips():
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(45, 128, generator=gen)
@@ -109,6 +124,11 @@ def test_quantization_is_round_to_nearest_and_packing_round_trips():
     bound = s4.repeat_interleave(32, dim=1) / 2
     assert float(((dequantize_int4(q4, s4) - w).abs() - bound).max()) <= 1e-6
     assert torch.equal(wg.unpack(wg.pack_int4(q4, s4, 32)), dequantize_int4(q4, s4))
+    q8, s8 = quantize_fp8(w * torch.linspace(1e-3, 1, 45)[:, None])  # channels of very different ranges
+    assert q8.dtype == torch.float8_e4m3fn and torch.equal(q8.float().abs().amax(1), torch.full((45,), FP8_MAX))
+    scaled = w * torch.linspace(1e-3, 1, 45)[:, None] / s8[:, None]
+    assert float(((q8.float() - scaled).abs() - scaled.abs() * 2**-4).max()) <= 1e-6  # half a 3-bit mantissa step
+    assert torch.equal(wg.unpack(wg.pack_fp8(q8, s8)), q8.float())
     half = w.to(torch.bfloat16)
     assert torch.equal(wg.unpack(wg.pack_float(half)), half.float())
     assert wg.pack_int4(q4, s4, 32).nbytes() == 64 * 128 // 2 + 64 * 4 * 4  # padded to 2 panels of 32
@@ -125,6 +145,10 @@ def test_bad_inputs_are_refused(kernels):
         wg.pack_int4(q + 9, torch.ones(8, 2), 32)
     with pytest.raises(ValueError, match="int8"):
         wg.pack_int8(q.float(), torch.ones(8))
+    with pytest.raises(ValueError, match="finite"):
+        wg.pack_fp8(torch.full((8, 64), float("nan")).to(torch.float8_e4m3fn), torch.ones(8))
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        wg.pack_fp8(q, torch.ones(8))
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         wg.pack_float(torch.zeros(8, 64))
     layer = compact.bind(wg.pack_int8(q, torch.ones(8)))
@@ -137,9 +161,11 @@ def test_bad_inputs_are_refused(kernels):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_the_source_is_a_real_file_that_compiles_without_warnings(isa):
-    source = Path(wg.__file__).with_name("weight_gemm.cpp")
+    source, header = Path(wg.__file__).with_name("weight_gemm.cpp"), Path(wg.__file__).with_name("weight_gemm_fp8.h")
+    assert '#include "weight_gemm_fp8.h"' in source.read_text()
     flags = row_gemm_module._FLAGS + row_gemm_module._ISA_FLAGS[isa] + wg._EXTRA_FLAGS
-    assert wg.kernel_digest(isa) == hashlib.sha256((source.read_text() + " ".join(flags)).encode()).hexdigest()[:16]
+    text = source.read_text() + header.read_text()
+    assert wg.kernel_digest(isa) == hashlib.sha256((text + " ".join(flags)).encode()).hexdigest()[:16]
     compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no C++ compiler on PATH")

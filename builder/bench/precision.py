@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 HELDOUT = Path(__file__).resolve().parents[1] / "data" / "heldout_prompts.txt"
 KEYS = {WeightPrecision.INT8: "int8", WeightPrecision.INT4: "int4", WeightPrecision.FLOAT16: "fp16",
-        WeightPrecision.BFLOAT16: "bf16"}
+        WeightPrecision.BFLOAT16: "bf16", WeightPrecision.FP8: "fp8"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PrecisionBenchConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "precisions", tuple(WeightPrecision(p) for p in self.precisions))
         if WeightPrecision.FLOAT32 in self.precisions or not self.precisions:
-            raise ConfigError("precisions: one or more of int8, int4, float16, bfloat16 (float32 is the baseline)")
+            raise ConfigError("precisions: one or more of int8, int4, fp8, float16, bfloat16 (float32 is the baseline)")
         if min(self.prompts, self.max_tokens, self.context, self.steps, self.repeats) < 1:
             raise ConfigError("prompts, max_tokens, context, steps and repeats must be positive")
 

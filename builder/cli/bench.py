@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json-prompts", type=Path, default=None,
                    help="--json: the prompt file (default benchmarks/json_prompts.json)")
     p.add_argument("--precisions", default=None, metavar="LIST",
-                   help="plain decoding of these weight precisions (int8,int4,float16,bfloat16) against float32, one "
+                   help="plain decoding of these weight precisions (int8,int4,fp8,float16,bfloat16) against float32, one "
                         "process: tok/s at 1 row and greedy agreement on the held-out prompts (headline "
                         "<p>_plain_x_fp32, <p>_greedy_agreement; docs/quantized-weights.md)")
     p.add_argument("--agreement-prompts", type=int, default=16, help="--precisions: held-out prompts for the agreement")

@@ -74,7 +74,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fallback", action="store_true", help="never fall back to plain decoding")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest on small CPUs)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--weights", default="float32", choices=["float32", "float16", "bfloat16", "int8", "int4"],
+    p.add_argument("--weights", default="float32", choices=["float32", "float16", "bfloat16", "int8", "int4", "fp8"],
                    help="precision of the slot engine's linear weights, quantized at load (docs/quantized-weights.md)")
     p.add_argument("--checkpoint", default=None,
                    help="a TensorRT-LLM checkpoint folder whose linear weights the target serves (from `specbuild build`)")

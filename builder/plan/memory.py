@@ -159,14 +159,14 @@ def torch_linear_bytes(arch: ModelArchitecture, weights: "WeightPrecision", *, h
     """What the torch runtime's slot engine holds for its decoder linears and LM head on the CPU
     kernels (one thread), beside the model's float parameters: the float32 row kernel's panels, or
     the compact weights of :mod:`triton_backend.engines.torch.weight_gemm` -- values in panels of 32
-    output columns (padded), float32 scales per output channel (int8) or per group of ``group``
+    output columns (padded), float32 scales per output channel (int8, fp8) or per group of ``group``
     inputs and padded column (int4). ``head``: the LM head's precision (a checkpoint's is 16-bit);
     ``input_scales``: every decoder linear holds a float32 factor per input (AWQ / SmoothQuant checkpoints)."""
     from triton_backend.core.config import WeightPrecision
 
     def one(n: int, k: int, precision: WeightPrecision) -> int:
         padded = -(-n // 32) * 32
-        if precision is WeightPrecision.INT8:
+        if precision in (WeightPrecision.INT8, WeightPrecision.FP8):
             return padded * k + 4 * n
         if precision is WeightPrecision.INT4:
             return padded * k // 2 + 4 * padded * (k // group)
@@ -183,17 +183,18 @@ def torch_linear_bytes(arch: ModelArchitecture, weights: "WeightPrecision", *, h
 
 def torch_weight_precision(precision: Precision) -> "WeightPrecision":
     """What the torch runtime's CPU slot engine holds a plan's linears in: 16-bit for fp16/bf16,
-    int8 (weight-only) for int8_sq, int4 for int4_awq; float32 for fp8 (no FP8 kernel here)."""
+    int8 (weight-only) for int8_sq, int4 for int4_awq, fp8 e4m3 (weight-only) for fp8 (float32 for an
+    unresolved ``auto``)."""
     from triton_backend.core.config import WeightPrecision
 
     return {Precision.FP16: WeightPrecision.FLOAT16, Precision.BF16: WeightPrecision.BFLOAT16,
-            Precision.INT8_SQ: WeightPrecision.INT8, Precision.INT4_AWQ: WeightPrecision.INT4}.get(precision,
-                                                                                            WeightPrecision.FLOAT32)
+            Precision.INT8_SQ: WeightPrecision.INT8, Precision.INT4_AWQ: WeightPrecision.INT4,
+            Precision.FP8: WeightPrecision.FP8}.get(precision, WeightPrecision.FLOAT32)
 
 
 def torch_checkpoint_linear_bytes(arch: ModelArchitecture, precision: Precision, group: int | None) -> int:
     """:func:`torch_linear_bytes` of the torch runtime serving this precision's exported checkpoint
-    (linears as exported, the LM head 16-bit, AWQ / SmoothQuant input factors; fp8: float32 panels).
+    (linears as exported, the LM head 16-bit, AWQ / SmoothQuant input factors).
     A ``--torch-only`` build quantizes at load instead (the head 16-bit too): this less the input factors."""
     from triton_backend.core.config import WeightPrecision
 

@@ -199,7 +199,7 @@ def _stage_repository(ctx: BuildContext) -> None:
 
 def _torch_weights_sources(ctx: BuildContext, file_dir: Path) -> tuple[dict[str, str], WeightPrecision]:
     """Where the torch runtime's compact linears come from: per role, the exported checkpoint (its
-    own tensors; single-rank checkpoints) and, for roles without one, the precision the float weights
+    own tensors; any TP, its ranks merged at load; PP = 1) and, for roles without one, the precision the float weights
     are quantized to at load (one ``runtime.weights`` for both models: float32 where they differ)."""
     from triton_backend.core.config import WeightPrecision
 
@@ -211,7 +211,7 @@ def _torch_weights_sources(ctx: BuildContext, file_dir: Path) -> tuple[dict[str,
             continue  # a self draft quantizes the target's loaded weights itself
         if served is WeightPrecision.FLOAT32:
             at_load.add(served)
-        elif role in ctx.checkpoints and ctx.plan.tp * ctx.plan.pp == 1:
+        elif role in ctx.checkpoints and ctx.plan.pp == 1:
             checkpoints[role] = relative_to_file(ctx.out / ctx.checkpoints[role]["dir"], file_dir)
         else:
             at_load.add(served)

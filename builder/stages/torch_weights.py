@@ -3,9 +3,9 @@
 The torch runtime computes in float32, float16 or bfloat16. ``dtype: auto`` picks float32 on CPU
 and the planned 16-bit precision on CUDA. On CPU in float32 (one thread) its slot engine holds each
 model's linears in the planned precision (:func:`builder.plan.memory.torch_weight_precision`: int4
-for int4_awq, weight-only int8 for int8_sq, 16-bit for fp16/bf16, float32 for fp8, which has no
-kernel here): the exported checkpoint's own tensors when the build wrote one (TP = PP = 1), else the
-float weights quantized at load. The manifest says what each model is served as.
+for int4_awq, weight-only int8 for int8_sq, weight-only fp8 e4m3 for fp8, 16-bit for fp16/bf16): the
+exported checkpoint's own tensors when the build wrote one (any TP, its rank files merged; PP = 1),
+else the float weights quantized at load. The manifest says what each model is served as.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def torch_serving(spec: BuildSpec, plan: Plan) -> TorchServing:
             weights[model.role] = served
         if served is not WeightPrecision.FLOAT32:
             notes[model.role] = (f"planned {planned.value}: the CPU slot engine holds {served.value} linear weights "
-                                 f"(float32 accumulation" + (", activations unquantized" if planned is Precision.INT8_SQ
-                                                             else "") + ")")
+                                 f"(float32 accumulation" + (", activations unquantized"
+                                                             if planned in (Precision.INT8_SQ, Precision.FP8) else "")
+                                 + ")")
         elif planned.is_quantized:
             notes[model.role] = (f"planned {planned.value}: the torch runtime has no {planned.value} kernels here, so it "
                                  f"serves the original weights in {dtype} (the TensorRT-LLM engine runs {planned.value})")

@@ -416,18 +416,19 @@ def migrate_flat_speculation(data: Mapping[str, Any]) -> dict[str, Any]:
 
 class WeightPrecision(str, enum.Enum):
     """What the slot engine's linear layers (and LM head) hold: float32, 16-bit (float16,
-    bfloat16) or weight-only int8 (a scale per output channel) / int4 (a scale per group of input
-    channels), always accumulated in float32 (``engines/torch/weight_gemm.py``)."""
+    bfloat16) or weight-only int8 / fp8 e4m3 (a scale per output channel) / int4 (a scale per group
+    of input channels), always accumulated in float32 (``engines/torch/weight_gemm.py``)."""
 
     FLOAT32 = "float32"
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
     INT8 = "int8"
     INT4 = "int4"
+    FP8 = "fp8"  # e4m3; activations stay float32 (TensorRT-LLM's FP8 GEMMs quantize them too)
 
     @property
     def is_quantized(self) -> bool:
-        return self in (WeightPrecision.INT8, WeightPrecision.INT4)
+        return self in (WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FP8)
 
 
 INT4_GROUP_SIZES = (32, 64, 128)

@@ -66,8 +66,8 @@ class DeploymentConfig:
     (None: read from the drafter's files, :func:`~triton_backend.core.drafter_format.detect_eagle_format`).
     ``engine_runtime``: ``torch`` serves ``target``/``draft`` with torch; ``trtllm`` serves the
     compiled TensorRT-LLM engines named in ``trtllm`` (``target`` then gives the tokenizer).
-    ``target_checkpoint``/``draft_checkpoint``: a TensorRT-LLM checkpoint folder (TP = PP = 1) whose
-    linear weights the torch runtime serves as exported (int4, int8, 16-bit; see
+    ``target_checkpoint``/``draft_checkpoint``: a TensorRT-LLM checkpoint folder (any TP, PP = 1) whose
+    linear weights the torch runtime serves as exported (int4, int8, fp8, 16-bit; see
     ``engines/torch/trtllm_weights.py``); ``target``/``draft`` still give config, tokenizer and the
     float tensors. Without one, ``runtime.weights`` quantizes the float weights at load."""
 

@@ -1,4 +1,4 @@
-"""The slot engine's linear layers in a compact precision (16-bit, int8, int4): what each layer
+"""The slot engine's linear layers in a compact precision (16-bit, int8, fp8, int4): what each layer
 holds (:class:`CompactLinear`), made from float weights at load (round to nearest) or read from a
 TensorRT-LLM checkpoint (:mod:`~triton_backend.engines.torch.trtllm_weights`).
 
@@ -16,8 +16,8 @@ from typing import Iterable, Mapping
 import torch
 
 from triton_backend.core.config import WeightPrecision
-from triton_backend.engines.torch.quantize_weights import quantize_int4, quantize_int8
-from triton_backend.engines.torch.weight_gemm import PackedWeight, pack_float, pack_int4, pack_int8
+from triton_backend.engines.torch.quantize_weights import quantize_fp8, quantize_int4, quantize_int8
+from triton_backend.engines.torch.weight_gemm import PackedWeight, pack_float, pack_fp8, pack_int4, pack_int8
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +56,15 @@ def int4_group(widths: Iterable[int], requested: int = 0) -> int:
 
 
 def compact_linear(weight: torch.Tensor, precision: WeightPrecision, group: int = 0) -> CompactLinear:
-    """A float ``[n, k]`` weight in ``precision`` (round to nearest for int8/int4)."""
+    """A float ``[n, k]`` weight in ``precision`` (round to nearest for int8/int4/fp8)."""
     if precision is WeightPrecision.FLOAT16:
         return CompactLinear(pack_float(weight.to(torch.float16).contiguous()))
     if precision is WeightPrecision.BFLOAT16:
         return CompactLinear(pack_float(weight.to(torch.bfloat16).contiguous()))
     if precision is WeightPrecision.INT8:
         return CompactLinear(pack_int8(*quantize_int8(weight)))
+    if precision is WeightPrecision.FP8:
+        return CompactLinear(pack_fp8(*quantize_fp8(weight)))
     if precision is WeightPrecision.INT4:
         group = group or int4_group([weight.shape[1]])
         return CompactLinear(pack_int4(*quantize_int4(weight, group), group))

@@ -67,7 +67,8 @@ def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
     if len(formats) != 1:
         raise ValueError(f"the decoder linears mix weight formats: {sorted(f.name for f in formats)}")
     return {WeightFormat.INT8: WeightPrecision.INT8, WeightFormat.INT4: WeightPrecision.INT4,
-            WeightFormat.FLOAT16: WeightPrecision.FLOAT16, WeightFormat.BFLOAT16: WeightPrecision.BFLOAT16}[formats.pop()]
+            WeightFormat.FLOAT16: WeightPrecision.FLOAT16, WeightFormat.BFLOAT16: WeightPrecision.BFLOAT16,
+            WeightFormat.FP8: WeightPrecision.FP8}[formats.pop()]
 
 
 class LlamaEngine:

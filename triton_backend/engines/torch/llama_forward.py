@@ -111,7 +111,7 @@ class RowLinear:
     """``y = x W^T + b`` over ``[M, in]``, every row computed by the same kernel family
     (see the module docstring): the row-invariant kernel when given, else torch's kernels with
     rows padded (optionally on MKL-prepacked weights for ``4 .. rows * MAX_CHUNKS`` rows).
-    A ``compact`` weight (16-bit, int8, int4; :mod:`~triton_backend.engines.torch.compact_weights`)
+    A ``compact`` weight (16-bit, int8, fp8, int4; :mod:`~triton_backend.engines.torch.compact_weights`)
     runs on ``weight_gemm`` (row-invariant too), or where that is absent on torch's kernels over
     its float32 decoding; its ``input_scale`` multiplies ``x`` first."""
 

@@ -1,6 +1,7 @@
 """Round-to-nearest weight-only quantization of float weights (symmetric, as TensorRT-LLM and
 Model Optimizer store them): int8 with one scale per output channel (``amax / 127``), int4 with
-one scale per group of input channels (``amax / 7``, values in ``[-8, 7]``). Used where a plan's
+one scale per group of input channels (``amax / 7``, values in ``[-8, 7]``), fp8 e4m3 with one scale
+per output channel (``amax / 448``; see :func:`quantize_fp8` for why per channel). Used where a plan's
 precision is served from float weights (no exported checkpoint); a checkpoint's own tensors
 (:mod:`~triton_backend.engines.torch.trtllm_weights`) are used as they are.
 """
@@ -17,6 +18,24 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = w.float()
     scales = (w.abs().amax(dim=1) / 127.0).clamp_min(_TINY)
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+FP8_MAX = 448.0  # the largest finite e4m3 value
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q float8_e4m3fn [n, k], scales float32 [n])`` with ``w ~ float(q) * scales[:, None]``, each
+    value rounded to the nearest e4m3 (ties to even) after dividing by its channel's ``amax / 448``.
+
+    Per output channel, not per tensor as TensorRT-LLM's FP8 checkpoints store it: the kernel applies
+    a scale per output channel after the chain either way (a checkpoint's one scale is ``n`` equal
+    values), and e4m3's 3-bit mantissa has the same relative precision at any magnitude, so the scale
+    only sets the range: with one scale set by the tensor's largest channel, channels of small weights
+    fall into e4m3's subnormals (below ``2^-6`` of the scale) and lose mantissa bits."""
+    w = w.float()
+    scales = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(_TINY)
+    q = (w / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, scales
 
 
@@ -38,4 +57,4 @@ def dequantize_int4(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (q.float().reshape(n, groups, k // groups) * scales.float()[..., None]).reshape(n, k)
 
 
-__all__ = ["dequantize_int4", "quantize_int4", "quantize_int8"]
+__all__ = ["FP8_MAX", "dequantize_int4", "quantize_fp8", "quantize_int4", "quantize_int8"]

@@ -11,6 +11,11 @@ none (fp16/bf16)         16-bit ``weight [out, in]``: served as 16-bit weights, 
 ``W8A16``                ``weight`` int8 ``[out, in]``, ``weights_scaling_factor [out]``
 ``W8A8_SQ_PER_CHANNEL``  as ``W8A16`` plus SmoothQuant's ``prequant_scaling_factor [in]``; served
                          weight-only (activations stay float32; TensorRT-LLM also quantizes them)
+``FP8``                  ``weight`` float8_e4m3fn ``[out, in]``, ``weights_scaling_factor`` one float32
+                         (``amax / 448``; qkv and fc + gate share one, as TensorRT-LLM fuses them);
+                         served weight-only: activations stay float32, where TensorRT-LLM's FP8 GEMMs
+                         also quantize them (``activation_scaling_factor``), so logits can differ from
+                         a GPU FP8 engine's; exactness holds against plain decoding of these weights
 =======================  ============================================================================
 
 TensorRT-LLM's names map to the Hugging Face layers the slot engine runs: ``attention.qkv`` (q, k and
@@ -18,6 +23,9 @@ v stacked by output rows) -> ``q_proj``/``k_proj``/``v_proj``, ``attention.dense
 ``mlp.fc`` -> ``gate_proj``, ``mlp.gate`` -> ``up_proj``, ``mlp.proj`` -> ``down_proj``. The embedding,
 norms and LM head are 16-bit in the checkpoint; :func:`apply_checkpoint` copies them into the float
 model (their float32 values then equal the checkpoint's) and serves the head in its 16-bit type.
+
+A tensor-parallel checkpoint (``rank0`` .. ``rank<TP-1>.safetensors``) is merged back into this layout
+first (:mod:`~triton_backend.engines.torch.trtllm_shards`); pipeline-parallel ones are refused.
 """
 
 from __future__ import annotations
@@ -33,12 +41,13 @@ import torch
 from triton_backend.core.config import WeightPrecision
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear
-from triton_backend.engines.torch.weight_gemm import pack_float, pack_int4, pack_int8
+from triton_backend.engines.torch.trtllm_shards import merge_ranks
+from triton_backend.engines.torch.weight_gemm import pack_float, pack_fp8, pack_int4, pack_int8
 
 logger = logging.getLogger(__name__)
 
 _PRECISIONS = {None: None, "W4A16_AWQ": WeightPrecision.INT4, "W8A16": WeightPrecision.INT8,
-               "W8A8_SQ_PER_CHANNEL": WeightPrecision.INT8}
+               "W8A8_SQ_PER_CHANNEL": WeightPrecision.INT8, "FP8": WeightPrecision.FP8}
 _MLP = {"mlp.fc": "mlp.gate_proj", "mlp.gate": "mlp.up_proj", "mlp.proj": "mlp.down_proj"}
 
 
@@ -74,6 +83,10 @@ def _linear(tensors: dict[str, torch.Tensor], name: str, algo: str | None, group
         if scales.shape != (q.shape[0], q.shape[1] // group):
             raise ModelLoadError(f"{name}: int4 scales {tuple(scales.shape)} do not match {tuple(q.shape)} in groups of {group}")
         return [(q, scales, pre)]
+    if algo == "FP8":
+        if weight.dtype != torch.float8_e4m3fn or scales.numel() not in (1, weight.shape[0]):
+            raise ModelLoadError(f"{name}: fp8 weight {weight.dtype} {tuple(weight.shape)} with scales {tuple(scales.shape)}")
+        return [(weight, scales.reshape(-1).expand(weight.shape[0]).contiguous(), None)]
     if weight.dtype != torch.int8 or scales.reshape(-1).shape != (weight.shape[0],):
         raise ModelLoadError(f"{name}: int8 weight {weight.dtype} {tuple(weight.shape)} with scales {tuple(scales.shape)}")
     return [(weight, scales.reshape(-1), pre)]
@@ -83,25 +96,43 @@ def _compact(values: torch.Tensor, scales: torch.Tensor | None, pre: torch.Tenso
              group: int) -> CompactLinear:
     if algo is None:
         return CompactLinear(pack_float(values.contiguous()))
-    weight = pack_int4(values.contiguous(), scales.contiguous(), group) if algo == "W4A16_AWQ" else \
-        pack_int8(values.contiguous(), scales.contiguous())
+    if algo == "W4A16_AWQ":
+        weight = pack_int4(values.contiguous(), scales.contiguous(), group)
+    elif algo == "FP8":
+        try:
+            weight = pack_fp8(values.contiguous(), scales.contiguous())
+        except ValueError as exc:  # NaN bytes
+            raise ModelLoadError(f"the checkpoint's fp8 weights: {exc}") from None
+    else:
+        weight = pack_int8(values.contiguous(), scales.contiguous())
     return CompactLinear(weight, pre)
 
 
-def read_checkpoint(folder: str | Path, model_config: Any) -> CheckpointWeights:
-    """The tensors of the TensorRT-LLM checkpoint in ``folder`` (``config.json`` + ``rank0.safetensors``,
-    TP = PP = 1) for a model of ``model_config`` (the Hugging Face config: head counts)."""
+def _read_ranks(folder: Path, model_config: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The checkpoint's config and its tensors in the single-rank layout (TP ranks merged)."""
     from safetensors.torch import load_file
 
-    folder = Path(folder)
     try:
         config = json.loads((folder / "config.json").read_text())
-        tensors = load_file(str(folder / "rank0.safetensors"))
-    except (OSError, ValueError) as exc:
+        mapping = config.get("mapping") or {}
+        tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+        if pp != 1 or tp < 1:
+            raise ModelLoadError(f"{folder}: the torch runtime reads tensor-parallel checkpoints (PP = 1), got {mapping}")
+        ranks = [load_file(str(folder / f"rank{r}.safetensors")) for r in range(tp)]
+    except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(f"cannot read the TensorRT-LLM checkpoint in {folder}: {exc}") from None
-    mapping = config.get("mapping") or {}
-    if int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)) != 1:
-        raise ModelLoadError(f"{folder}: the torch runtime reads single-rank checkpoints (TP = PP = 1), got {mapping}")
+    if tp == 1:
+        return config, ranks[0]
+    merged = merge_ranks(ranks, config, model_config)
+    logger.info("merged the %d TP ranks of %s", tp, folder)
+    return config, merged
+
+
+def read_checkpoint(folder: str | Path, model_config: Any) -> CheckpointWeights:
+    """The tensors of the TensorRT-LLM checkpoint in ``folder`` (``config.json`` + ``rank<r>.safetensors``,
+    any TP, PP = 1) for a model of ``model_config`` (the Hugging Face config: head counts)."""
+    folder = Path(folder)
+    config, tensors = _read_ranks(folder, model_config)
     quant = config.get("quantization") or {}
     algo = quant.get("quant_algo")
     if algo not in _PRECISIONS:

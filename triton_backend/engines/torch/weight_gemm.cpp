@@ -1,16 +1,17 @@
-// Row-invariant CPU matmuls on compact weights: int8 (a float32 scale per output channel), int4
-// (a float32 scale per group of input channels), float16 and bfloat16. Loaded by weight_gemm.py beside
+// Row-invariant CPU matmuls on compact weights: int8 and fp8 e4m3 (a float32 scale per output channel),
+// int4 (a float32 scale per group of input channels), float16 and bfloat16 (fp8's decoding: weight_gemm_fp8.h). Loaded by weight_gemm.py beside
 // this file, built like row_gemm.cpp (same flags, plus -mf16c): -O3 -ffp-contract=off -fno-fast-math.
 //
 // Weights sit in the row kernel's panels of P = 32 output columns, k-major, in their compact type:
 //   int8   [K][32] signed bytes                     (column j at byte j)
+//   fp8    [K][32] e4m3 bytes                       (column j at byte j)
 //   int4   [K][16] bytes, two signed nibbles each   (column j in byte j's low nibble, j + 16 in its high one)
 //   f16/bf16 [K][32] 16-bit values
-// int4 group scales: [K / G][32] floats per panel. int8 channel scales: [N] floats.
+// int4 group scales: [K / G][32] floats per panel. int8 and fp8 channel scales: [N] floats.
 //
 // Every output is two fused multiply-add chains, over the even and over the odd k in ascending order,
-// of x[k] times the weight decoded in registers (int4: float(q) * scale, one rounding; int8, f16,
-// bf16: exact in float32), then their sum; int8 then multiplies it by its channel scale, then the bias
+// of x[k] times the weight decoded in registers (int4: float(q) * scale, one rounding; int8, fp8, f16,
+// bf16: exact in float32), then their sum; int8 and fp8 then multiply it by the channel scale, then the bias
 // is added. Tile shapes change with the number of rows, never that order: results are bit-identical
 // for any M and row position, and equal (bit for bit) the float32 row kernel run on the even and on
 // the odd columns of the decoded weights, summed.
@@ -18,11 +19,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "weight_gemm_fp8.h"
+
 static const int64_t P = 32;
-enum Format { FMT_INT8 = 1, FMT_INT4 = 2, FMT_F16 = 3, FMT_BF16 = 4 };
+enum Format { FMT_INT8 = 1, FMT_INT4 = 2, FMT_F16 = 3, FMT_BF16 = 4, FMT_FP8 = 5 };
 
 /* bytes of one k-row of a panel */
-static inline int64_t row_bytes(int fmt) { return fmt == FMT_INT4 ? 16 : fmt == FMT_INT8 ? 32 : 64; }
+static inline int64_t row_bytes(int fmt) { return fmt == FMT_INT4 ? 16 : fmt == FMT_INT8 || fmt == FMT_FP8 ? 32 : 64; }
 
 #if defined(__AVX512F__)
 static const int64_t MAX_TILE_ROWS = 8;  /* 2 chains x 2 vectors x 8 rows: 32 accumulators (a few spill) */
@@ -38,7 +41,9 @@ typedef __m512 V;
 
 template <int FMT>
 static inline void decode(const uint8_t* row, V w[NV]) {
-    if (FMT == FMT_INT8) {
+    if (FMT == FMT_FP8) {
+        decode_fp8(row, w);
+    } else if (FMT == FMT_INT8) {
         w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)row)));
         w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + 16))));
     } else if (FMT == FMT_INT4) {  /* a nibble indexes the 16 values -8 .. 7 (vpermps reads an index's low 4 bits) */
@@ -73,7 +78,9 @@ static inline __m256i bytes8(const uint8_t* p, bool is_signed) {
 
 template <int FMT>
 static inline void decode(const uint8_t* row, V w[NV]) {
-    if (FMT == FMT_INT8) {
+    if (FMT == FMT_FP8) {
+        decode_fp8(row, w);
+    } else if (FMT == FMT_INT8) {
         for (int j = 0; j < 4; ++j) w[j] = _mm256_cvtepi32_ps(bytes8(row + 8 * j, true));
     } else if (FMT == FMT_INT4) {
         for (int j = 0; j < 2; ++j) {  /* bytes 8j .. 8j+7: columns 8j.. (low nibbles) and 16 + 8j.. (high) */
@@ -165,7 +172,7 @@ static void gemm(const float* x, int64_t M, int64_t K, const uint8_t* p, const f
             for (int64_t i = 0; i < r; ++i) {
                 float* yr = y + (m + i) * N + n0;
                 const float* br = buf + i * P;
-                if (FMT == FMT_INT8) {  /* the chain times its channel scale, then the bias (two roundings) */
+                if (FMT == FMT_INT8 || FMT == FMT_FP8) {  /* the chain times its channel scale, then the bias (two roundings) */
                     for (int64_t j = 0; j < nn; ++j) {
                         const float v = br[j] * scales[n0 + j];
                         yr[j] = b ? v + b[n0 + j] : v;
@@ -194,6 +201,7 @@ extern "C" int specbuild_weight_gemm(int fmt, const float* x, int64_t M, int64_t
             return 0;
         case FMT_F16: gemm<FMT_F16>(x, M, K, pp, scales, 0, b, N, y); return 0;
         case FMT_BF16: gemm<FMT_BF16>(x, M, K, pp, scales, 0, b, N, y); return 0;
+        case FMT_FP8: gemm<FMT_FP8>(x, M, K, pp, scales, 0, b, N, y); return 0;
         default: return -1;
     }
 }

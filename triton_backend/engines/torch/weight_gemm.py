@@ -1,18 +1,19 @@
-"""Row-invariant CPU matmuls on compact weights: int8 (per output channel scale), int4 (group-wise
-scales) and 16-bit (float16, bfloat16), accumulated in float32.
+"""Row-invariant CPU matmuls on compact weights: int8 and fp8 e4m3 (per output channel scale), int4
+(group-wise scales) and 16-bit (float16, bfloat16), accumulated in float32.
 
 The row kernel (:mod:`~triton_backend.engines.torch.row_gemm`) streams float32 weights; a one-row decode
 step is bound by that stream (~540 MB for SmolLM2-135M with its LM head). This kernel reads the same
 panels (32 output columns, k-major) in a compact type and decodes each weight in registers (int4:
-``float(q) * group scale``; int8 and 16-bit exactly). Every output is two fused multiply-add chains,
+``float(q) * group scale``; int8, fp8 and 16-bit exactly). Every output is two fused multiply-add chains,
 over the even and over the odd ``k`` in ascending order, then their sum (two chains: at one row a
 single chain's FMA latency, not the compact weights' traffic, bounded a decode step), whatever the
 number of rows, so rows are bit-identical batched or alone; the result equals the float32 row kernel
-run on the even and on the odd columns of the decoded weights, summed (int8: then times the channel
+run on the even and on the odd columns of the decoded weights, summed (int8, fp8: then times the channel
 scale), bit for bit (tests/test_weight_gemm.py).
 Why not torch's or another library's kernels: measured in docs/quantized-weights.md.
 
-The C++ source, ``weight_gemm.cpp`` beside this module, is built and hash-checked like the row kernel's.
+The C++ source, ``weight_gemm.cpp`` beside this module (and ``weight_gemm_fp8.h``, which it includes:
+both are hashed into the library's name), is built and hash-checked like the row kernel's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from triton_backend.engines.torch.row_gemm import PANEL, build_flags, compiled_l
 logger = logging.getLogger(__name__)
 
 _SOURCE_FILE = Path(__file__).with_name("weight_gemm.cpp")
-_SOURCE = _SOURCE_FILE.read_text()
+_SOURCE = _SOURCE_FILE.read_text() + Path(__file__).with_name("weight_gemm_fp8.h").read_text()
 _EXTRA_FLAGS = ["-mf16c"]
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -47,12 +48,16 @@ class WeightFormat(enum.IntEnum):
     INT4 = 2
     FLOAT16 = 3
     BFLOAT16 = 4
+    FP8 = 5  # e4m3 ("fn": finite, max 448)
+
+
+_SCALED = (WeightFormat.INT8, WeightFormat.FP8)  # a scale per output channel, applied after the chain
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A ``[n, k]`` weight in the kernel's panels: ``data`` uint8 ``[panels, k, row bytes]``;
-    ``scales`` float32: int8 ``[n]`` per output channel, int4 ``[panels, k / group, 32]``, else None."""
+    ``scales`` float32: int8 and fp8 ``[n]`` per output channel, int4 ``[panels, k / group, 32]``, else None."""
 
     format: WeightFormat
     n: int
@@ -84,6 +89,19 @@ def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
     return PackedWeight(WeightFormat.INT8, n, k, _panels(q).view(torch.uint8), scales.float().contiguous())
 
 
+def pack_fp8(q: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
+    """``q`` float8_e4m3fn ``[n, k]`` (no NaN), ``scales`` ``[n]``: the weight ``float(q) * scales[:, None]``
+    (a per-tensor scale is ``n`` equal values)."""
+    if q.dtype != torch.float8_e4m3fn or q.dim() != 2 or scales.shape != (q.shape[0],):
+        raise ValueError(f"pack_fp8 needs float8_e4m3fn [n, k] and scales [n], got {q.dtype} {tuple(q.shape)}, "
+                         f"{tuple(scales.shape)}")
+    bits = q.view(torch.uint8)
+    if bool(((bits & 0x7F) == 0x7F).any()):
+        raise ValueError("fp8 weights must be finite (e4m3 NaN bytes 0x7f / 0xff found)")
+    n, k = q.shape
+    return PackedWeight(WeightFormat.FP8, n, k, _panels(bits), scales.float().contiguous())
+
+
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int) -> PackedWeight:
     """``q`` int8 ``[n, k]`` in ``[-8, 7]``, ``scales`` ``[n, k / group]``: the weight
     ``q * scales`` repeated over each group of ``group`` input channels."""
@@ -110,7 +128,7 @@ def pack_float(w: torch.Tensor) -> PackedWeight:
 
 def unpack(weight: PackedWeight) -> torch.Tensor:
     """The float32 ``[n, k]`` weight the kernel computes with (int4: ``float(q) * scale``, one
-    rounding; int8: ``q``, the channel scale applied after the chain, see :func:`dequantize`)."""
+    rounding; int8, fp8: ``q``, the channel scale applied after the chain, see :func:`dequantize`)."""
     panels = weight.data.shape[0]
     if weight.format is WeightFormat.INT4:
         b = weight.data.to(torch.int16)
@@ -121,6 +139,8 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
         full = q * scales
     elif weight.format is WeightFormat.INT8:
         full = weight.data.view(torch.int8).float()
+    elif weight.format is WeightFormat.FP8:
+        full = weight.data.view(torch.float8_e4m3fn).float()
     else:
         dtype = torch.float16 if weight.format is WeightFormat.FLOAT16 else torch.bfloat16
         full = weight.data.view(dtype).float()
@@ -129,9 +149,9 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
 
 def dequantize(weight: PackedWeight) -> torch.Tensor:
     """The float32 ``[n, k]`` weight the packed one stands for (for torch's kernels where this
-    kernel cannot run; int8's channel scale folded in, so not bit-identical to the kernel)."""
+    kernel cannot run; int8's and fp8's channel scale folded in, so not bit-identical to the kernel)."""
     w = unpack(weight)
-    return w * weight.scales[:, None] if weight.format is WeightFormat.INT8 else w
+    return w * weight.scales[:, None] if weight.format in _SCALED else w
 
 
 def kernel_digest(isa: str) -> str:
@@ -202,4 +222,4 @@ def load_weight_gemm() -> WeightGemm | None:
 
 
 __all__ = ["BoundWeightGemm", "PackedWeight", "WeightFormat", "WeightGemm", "dequantize", "kernel_digest",
-           "load_weight_gemm", "pack_float", "pack_int4", "pack_int8", "unpack"]
+           "load_weight_gemm", "pack_float", "pack_fp8", "pack_int4", "pack_int8", "unpack"]
