@@ -33,22 +33,24 @@ def test_bench_tiny_budget(tmp_path):
 
 
 def test_bench_shows_chain_tree_and_auto_side_by_side(tmp_path):
-    """With an EAGLE drafter the bench runs its chain row, its tree row and the auto row (n-gram
-    or EAGLE per round), all exact, and writes the drafting-strategy headline keys, the EAGLE
+    """With an EAGLE drafter the bench runs its chain row, its tree row, the auto row (n-gram,
+    EAGLE or both merged per round) and auto without merged trees, all exact, and writes the drafting-strategy headline keys, the EAGLE
     tokens per pass from the best EAGLE row (tiny budget)."""
     from pathlib import Path
 
     eagle = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-eagle"
     config = BenchConfig(eagle=str(eagle), workloads=("chat", "copy"), prompts_per_workload=1, max_tokens=8, repeats=1,
-                         ngram_k=(4,), peer=False, plot=False, out_dir=tmp_path, label="t")
+                         ngram_k=(4,), auto_unmerged=True, peer=False, plot=False, out_dir=tmp_path, label="t")
     run = run_bench(config)
-    assert run.rows == ["plain", "ngram k=4", "eagle k=3", "eagle tree k=3", "auto"]
-    assert [run.row_info[r].get("strategy") for r in run.rows] == [None, "chain", "chain", "tree", "auto"]
+    assert run.rows == ["plain", "ngram k=4", "eagle k=3", "eagle tree k=3", "auto", "auto unmerged"]
+    assert [run.row_info[r].get("strategy") for r in run.rows] == [None, "chain", "chain", "tree", "auto", "auto"]
+    assert [run.row_info[r]["merge_lookup"] for r in ("auto", "auto unmerged")] == [True, False]
     summary = summarize(run)
     rows = {(e["workload"], e["row"]): e for e in summary["rows"]}
-    assert all(rows[("all", r)]["identical_to_plain"] for r in ("auto", "eagle k=3", "eagle tree k=3"))
+    assert all(rows[("all", r)]["identical_to_plain"] for r in ("auto", "auto unmerged", "eagle k=3", "eagle tree k=3"))
     headline = json.loads(write_report(summary, tmp_path, "t", tmp_path / "headline.json")["headline"].read_text())
     assert {"auto_all_x_plain", "worst_speculative_row_x_plain", "eagle_tokens_per_pass"} <= set(headline)
+    assert headline["auto_all_x_plain"] == pytest.approx(rows[("all", "auto")]["speedup_vs_plain"], abs=1e-4)
     best = max(rows[("all", r)]["tokens_per_target_pass"] for r in ("eagle k=3", "eagle tree k=3"))
     assert headline["eagle_tokens_per_pass"] == pytest.approx(best, abs=1e-4)
 

@@ -40,6 +40,7 @@ class BenchConfig:
     ngram_k: tuple[int, ...] = (4, 8)
     auto: bool = True  # an ``auto`` row (n-gram or model drafter per round) when a model drafter is deployed
     auto_k: int | None = None  # its longest draft (None: the longest n-gram k)
+    auto_unmerged: bool = False  # beside it, auto without merged trees (eagle.merge_lookup off): what merging adds
     draft_k: tuple[int, ...] = (4,)
     self_draft: tuple[str, ...] = ()  # weight precisions of the target as its own draft (adds self-draft rows)
     self_draft_k: tuple[int, ...] = (4,)

@@ -42,15 +42,22 @@ MODEL_DRAFTERS = (SpeculationMode.EAGLE, SpeculationMode.DRAFT, SpeculationMode.
 
 
 def auto_row(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
-    """``auto``: per round the n-gram match or the model drafter (the deployment's first of
-    EAGLE, draft model, Medusa), beside the rows that draft from one source."""
+    """``auto``: per round the n-gram match, the model drafter (the deployment's first of
+    EAGLE, draft model, Medusa) or, with EAGLE trees, both merged into one tree, beside the rows
+    that draft from one source; ``auto_unmerged``: also the row without merged trees."""
     model = next((m for m in MODEL_DRAFTERS if m in decoder.drafters), None)
     if not config.auto or model is None or SpeculationMode.NGRAM not in decoder.drafters:
         return []
     k = config.auto_k or max(config.ngram_k, default=4)
-    return [OursRow("auto", decoder, SpeculationConfig(method=SpeculationMode.AUTO,
-                                                       draft_length=DraftLengthConfig(num_draft_tokens=k)),
-                    {"kind": "ours", "method": "auto", "k": k, "strategy": "auto", "model_drafter": model.value})]
+    length = DraftLengthConfig(num_draft_tokens=k)
+    info = {"kind": "ours", "method": "auto", "k": k, "strategy": "auto", "model_drafter": model.value}
+    rows: list[Row] = [OursRow("auto", decoder, SpeculationConfig(method=SpeculationMode.AUTO, draft_length=length),
+                               {**info, "merge_lookup": model is SpeculationMode.EAGLE})]
+    if config.auto_unmerged and model is SpeculationMode.EAGLE:
+        rows.append(OursRow("auto unmerged", decoder,
+                            SpeculationConfig(method=SpeculationMode.AUTO, draft_length=length,
+                                              eagle=EagleConfig(merge_lookup=False)), {**info, "merge_lookup": False}))
+    return rows
 
 
 def eagle_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:

@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-auto", action="store_true",
                    help="skip the auto row (n-gram match or model drafter chosen per round; added when a model "
                         "drafter is given)")
+    p.add_argument("--auto-unmerged", action="store_true",
+                   help="beside the auto row, auto without merged n-gram + EAGLE trees (what merging adds)")
     p.add_argument("--auto-k", type=int, default=None, help="the auto row's longest draft (default: the longest --ngram-k)")
     p.add_argument("--draft-k", type=_ints, default=(4,))
     p.add_argument("--self-draft", type=_words, default=(),
@@ -259,7 +261,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, eagle_tree_nodes=args.eagle_tree_nodes, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
-        ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, draft_k=args.draft_k,
+        ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, auto_unmerged=args.auto_unmerged, draft_k=args.draft_k,
         self_draft=args.self_draft, self_draft_k=args.self_draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
         num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
     )

@@ -195,7 +195,7 @@ def propose_eagle_rows(planned: Sequence[PlannedRow]) -> int:
                                           [s.processor for s in seqs], [s.rng for s in seqs])
         spent = (time.perf_counter() - t0) / len(group)
         for (row, _), proposal in zip(group, proposals):
-            row.proposal, row.proposed = proposal, True
+            row.proposal, row.proposed = row.seq.with_lookup(proposal), True  # auto's merged rounds: the match too
             row.draft_s += spent
     return sum(len(g) for g in groups.values())
 

@@ -326,9 +326,12 @@ class EagleConfig:
     max_tree_nodes: int = setting(12, "the most nodes a tree carries into the target pass")
     tree_top_k: int = setting(4, "the most children per expanded node (and nodes expanded per level); the depth "
                                  "is at most draft_length.num_draft_tokens")
+    merge_lookup: bool = setting(True, "auto: when both the n-gram match and the EAGLE tree pay, draft one tree "
+                                       "holding both (the match as one branch) in the round's target pass")
 
     def __post_init__(self) -> None:
         _config(isinstance(self.tree, bool), "eagle tree must be true or false")
+        _config(isinstance(self.merge_lookup, bool), "eagle merge_lookup must be true or false")
         _config(_is_int(self.max_tree_nodes) and 1 <= self.max_tree_nodes <= 64,
                 f"max_tree_nodes must be in [1, 64], got {self.max_tree_nodes!r}")
         _config(_is_int(self.tree_top_k) and 1 <= self.tree_top_k <= 8, f"tree_top_k must be in [1, 8], got {self.tree_top_k!r}")

@@ -12,6 +12,14 @@ no match, or whose match does not pay, costs nothing; the model drafter keeps it
 probe logic (a paused model drafter is not asked for an option: no upkeep). The round is recorded
 in the acceptance of the source that drafted it.
 
+With an EAGLE tree drafter (``eagle.merge_lookup``, on by default) there is a third choice: both
+sources in one tree, the match's continuation as one branch of the drafter's tree
+(:mod:`~triton_backend.speculation.merged_tree`), sized by the gain rule over one row option that
+merges the match's and the drafter's expected nodes best first; it is picked when it beats
+either source alone. A merged round teaches the match's bucket (its branch), the drafter (its
+nodes) and an overlap estimate (what the drafter's nodes added past the match, measured against
+what they were expected to add).
+
 Exactness does not depend on the choice: the source is picked before drafting, an n-gram draft
 is deterministic (``q`` one-hot), and the verifier (greedy or exact rejection sampling) is the
 one every round uses; a model drafter whose round was drafted by lookup still gets the target's
@@ -26,16 +34,20 @@ from typing import Sequence
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.speculation.match_policy import MatchLengthPolicy
+from triton_backend.speculation.merged_tree import MergedOption, OverlapEstimate, merged_option
 from triton_backend.speculation.policy import RowOption, plan_round, rate_of
+from triton_backend.speculation.tree_plan import TreeRecord
 
 
 class DraftSource(str, enum.Enum):
     NGRAM = "ngram"
     MODEL = "model"
+    MERGED = "merged"  # both: the match as one branch of the EAGLE drafter's tree (merged_tree.py)
 
 
 class AutoSource:
-    """One request's per-round choice between its n-gram session and its model drafter.
+    """One request's per-round choice between its n-gram session and its model drafter, or
+    (an EAGLE tree drafter, ``eagle.merge_lookup``) both in one merged tree.
     ``controller``: the model drafter's :class:`~triton_backend.speculation.controller.SpeculationController`
     (under the gain rule), which routes each round's record to the source that drafted it."""
 
@@ -44,15 +56,21 @@ class AutoSource:
         self.controller = controller
         self.policy = MatchLengthPolicy(controller.max_k, controller.gain_settings(), controller.cost_model_or_none)
         ngram.policy = self.policy
+        self.merge = controller.tree is not None and controller.config.eagle.merge_lookup
+        self.overlap = OverlapEstimate()
         self.source = DraftSource.MODEL  # the current round's
-        self.rounds = {DraftSource.NGRAM: 0, DraftSource.MODEL: 0}  # rounds that drafted, by source
+        self.rounds = {s: 0 for s in DraftSource}  # rounds that drafted, by source
+        self._merged: MergedOption | None = None  # this round's merged option (MERGED)
+        self._split = (0, 0)  # a merged round's match tokens and drafter nodes
+        self._expected_gain = 0.0  # what its drafter nodes were expected to add
 
     def _rate(self, option: RowOption, k: int) -> float:
         return rate_of(option, k, self.controller.cost_model)
 
     def _ngram(self, tokens: Sequence[int]) -> tuple[int, RowOption | None]:
         """The n-gram match's draft length under its bucket's gain policy (which pauses and
-        probes per bucket, as lookup alone does) and its row option; (0, None) without a match."""
+        probes per bucket, as lookup alone does) and its row option over the whole continuation;
+        (0, None) without a match."""
         match = self.ngram.peek(tokens, self.controller.max_k)
         if match is None:
             return 0, None
@@ -67,22 +85,42 @@ class AutoSource:
             return None
         return policy.current_option()
 
+    def _merged_option(self, ngram: RowOption, model: RowOption) -> MergedOption:
+        tree = self.controller.tree
+        depths = [n.depth for n in tree.nodes(self.controller.policy.current_conditional())]
+        return merged_option(ngram.prefix_probs, model, depths, self.overlap.factor, tree.max_nodes)
+
     def choose(self, tokens: Sequence[int]) -> tuple[DraftSource, int, RowOption | None]:
-        """This round's source, and for n-gram its draft length and row option."""
+        """This round's source, and for n-gram or a merged tree its draft length (a merged tree:
+        its nodes, :meth:`planned` splits them) and row option."""
         k_ngram, ngram = self._ngram(tokens)
-        if k_ngram <= 0 or ngram is None:
+        self._merged = None
+        if ngram is None:
             return DraftSource.MODEL, 0, None
         model = self._model_option()
-        if model is not None:
-            k_model = plan_round([model], self.controller.cost_model, self.controller.config.fallback.gain_margin)[0]
-            if k_model > 0 and self._rate(model, k_model) > self._rate(ngram, k_ngram):
-                return DraftSource.MODEL, 0, None
-        return DraftSource.NGRAM, k_ngram, ngram
+        if model is None:
+            return (DraftSource.NGRAM, k_ngram, ngram) if k_ngram > 0 else (DraftSource.MODEL, 0, None)
+        margin = self.controller.config.fallback.gain_margin
+        cost = self.controller.cost_model
+        best: tuple[DraftSource, int, RowOption | None] = (DraftSource.MODEL, 0, None)
+        best_rate = 0.0
+        k_model = plan_round([model], cost, margin)[0]
+        if k_model > 0:
+            best_rate = self._rate(model, k_model)
+        if k_ngram > 0 and self._rate(ngram, k_ngram) >= best_rate:
+            best, best_rate = (DraftSource.NGRAM, k_ngram, ngram), self._rate(ngram, k_ngram)
+        if self.merge:
+            merged = self._merged_option(ngram, model)
+            k = plan_round([merged.option], cost, margin)[0]
+            if all(merged.split(k)) and self._rate(merged.option, k) > best_rate:
+                self._merged = merged
+                best = (DraftSource.MERGED, k, merged.option)
+        return best
 
     def draft_length(self, tokens: Sequence[int]) -> int:
         """This round's source and draft length (0: plain; :meth:`planned` then sets the final one)."""
         self.source, k, _ = self.choose(tokens)
-        return k if self.source is DraftSource.NGRAM else self.controller.model_draft_length()
+        return k if self.source is not DraftSource.MODEL else self.controller.model_draft_length()
 
     def row_option(self, tokens: Sequence[int]) -> RowOption:
         """This round's row for a batch plan: the chosen source's option."""
@@ -90,9 +128,32 @@ class AutoSource:
         return option if option is not None else self.controller.model_row_option()
 
     def planned(self, k: int) -> None:
-        """The round's final draft length (after a batch plan or the generation cap)."""
+        """The round's final draft length (after a batch plan or the generation cap); a merged
+        tree's ``k`` nodes split into the match's and the drafter's (one of them none: that source alone)."""
+        if self.source is DraftSource.MERGED:
+            assert self._merged is not None
+            self._split = self._merged.split(k)
+            self._expected_gain = self._merged.model_gain(k)
+            if self._split[1] == 0:
+                self.source, k = DraftSource.NGRAM, self._split[0]
+            elif self._split[0] == 0:
+                self.source = DraftSource.MODEL
+                return
         if self.source is DraftSource.NGRAM:
             self.policy.plan_next(k)
+        elif self.source is DraftSource.MERGED:
+            self.policy.plan_next(self._split[0])
+
+    def model_nodes(self, k: int) -> int:
+        """The drafter's nodes of a round of ``k`` (a merged tree: its share)."""
+        return self._split[1] if self.source is DraftSource.MERGED else k
+
+    def lookup_chain(self, tokens: Sequence[int], processor: object, generator: object) -> list[int]:
+        """A merged round's match tokens (the branch :func:`~triton_backend.speculation.merged_tree.merge_lookup`
+        adds to the drafter's tree); empty in any other round."""
+        if self.source is not DraftSource.MERGED or self._split[0] <= 0:
+            return []
+        return self.ngram.propose(tokens, self._split[0], processor, generator).tokens
 
     def propose(self, tokens: Sequence[int], k: int, processor: object, generator: object,
                 tree: bool) -> DraftProposal | None:
@@ -110,8 +171,9 @@ class AutoSource:
         return proposal
 
     def model_round(self) -> None:
-        """The model drafter drafts this round (a tree drafter proposes without :meth:`propose`)."""
-        self.rounds[DraftSource.MODEL] += 1
+        """The model drafter drafts this round, alone or in a merged tree (a tree drafter proposes
+        without :meth:`propose`)."""
+        self.rounds[self.source if self.source is DraftSource.MERGED else DraftSource.MODEL] += 1
 
     def record(self, drafted: int, accepted: int) -> bool:
         """Record a round in the n-gram policy when lookup drafted it; False otherwise."""
@@ -119,6 +181,14 @@ class AutoSource:
             self.policy.record(drafted, accepted)  # the bucket of the proposal that drafted
             return True
         return False
+
+    def record_merged(self, tree: TreeRecord) -> None:
+        """A merged round: the match's bucket learns from its branch, the overlap estimate from
+        the tokens the path kept past the match's against what the drafter's nodes were expected to add."""
+        if self.policy.drafted:
+            self.policy.record(tree.lookup_drafted, tree.lookup_accepted)
+        if tree.chain_drafted > 0:  # the drafter had nodes in the tree (not a first round's match alone)
+            self.overlap.record(tree.path_length - tree.lookup_accepted, self._expected_gain)
 
 
 __all__ = ["AutoSource", "DraftSource"]

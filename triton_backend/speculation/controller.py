@@ -200,6 +200,8 @@ class SpeculationController:
         if tree is not None:
             if self.tree is not None:
                 self.tree.record(tree)
+            if self.auto is not None and tree.lookup_drafted > 0:  # a merged tree: the match's branch and overlap
+                self.auto.record_merged(tree)
             num_drafted, num_accepted = tree.chain_drafted, tree.chain_accepted
         if num_drafted <= 0:
             return False

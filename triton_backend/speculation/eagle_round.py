@@ -64,15 +64,18 @@ def accept_eagle(run: RunState, drafter: EagleSession, head: Head, hidden: torch
 
 def _accept_tree(run: RunState, drafter: EagleSession, head: Head, hidden: torch.Tensor, feats: torch.Tensor,
                  proposal: DraftProposal, start: int, known: int, logits: torch.Tensor | None) -> Accepted:
-    """A drafted tree's verification (greedy, or the multi-draft rule with the drafter's ``q``)."""
+    """A drafted tree's verification (greedy, or the multi-draft rule with the drafter's ``q``; a
+    merged tree's match branch first at each row, :mod:`~triton_backend.speculation.merged_tree`)."""
     parents = proposal.parents or []
     # every row's logits in one head product (a tree of up to ~12 nodes shares one kernel sweep)
     rows = (head(hidden[known:]) if logits is None else logits).__getitem__
-    result = verify_tree(run, rows, proposal.tokens, parents, proposal.probs, typical=False)
+    drawn = [r >= 0 for r in proposal.ranks] if proposal.lookup is not None and proposal.ranks is not None else None
+    result = verify_tree(run, rows, proposal.tokens, parents, proposal.probs, typical=False, lookup=proposal.lookup,
+                         drawn=drawn)
     path = list(result.path)
     drafter.observe(start, feats[list(range(known + 1)) + [known + 1 + i for i in path]])
     block = [proposal.tokens[i] for i in path] + [result.next_token]
-    record = TreeRecord.of(parents, proposal.ranks, path) if proposal.ranks is not None else None
+    record = TreeRecord.of(parents, proposal.ranks, path, proposal.lookup) if proposal.ranks is not None else None
     return Accepted(block, max(node_depths(parents), default=0), len(path), list(range(known)) + [known + i for i in path],
                     record)
 
@@ -91,7 +94,7 @@ class EagleRound:
         t0 = time.perf_counter()
         shape = run.eagle_shape(k)
         if shape is not None:  # the drafter's tree or chain
-            proposal = drafter.propose_tree(run.tokens, shape, run.processor, run.rng)
+            proposal = run.with_lookup(drafter.propose_tree(run.tokens, shape, run.processor, run.rng))
         else:
             proposal = run.propose(k)  # auto: the n-gram match's chain
         t1 = time.perf_counter()

@@ -346,6 +346,10 @@ class GainPolicy:
         verify = self._verify[:len(conditional) + 1] if self._verify is not None else None
         return RowOption(tuple(prefix_probabilities(conditional)), self.draft_cost, verify)
 
+    def current_conditional(self) -> list[float]:
+        """The acceptance estimate the next decision sees (unchanged)."""
+        return self._aged_conditional()
+
     def current_option(self) -> RowOption:
         """This request's row for :func:`plan_round` (a batch scheduler's input)."""
         return self.option(self._aged_conditional())

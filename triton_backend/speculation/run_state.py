@@ -21,6 +21,7 @@ from triton_backend.core.eos import min_tokens_end_ids
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.core.grammar import GuideMatcher, compile_guide
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
+from triton_backend.speculation.merged_tree import merge_lookup
 from triton_backend.speculation.rounds import RoundOutcome, cap_draft_length, record_round
 from triton_backend.speculation.tree_plan import TreeRecord
 from triton_backend.core.sampling import LogitsProcessor, RowHistory, make_generator
@@ -138,14 +139,24 @@ class RunState:
             return None
         if self.auto is not None:
             self.auto.model_round()
+            k = self.auto.model_nodes(k)  # a merged round: the drafter's share of its nodes
         return self.controller.tree_shape(k) or TreeShape.chain(k)
+
+    def with_lookup(self, proposal: DraftProposal) -> DraftProposal:
+        """The drafter's tree with ``auto``'s n-gram match merged in as one branch, when the round
+        is a merged one (:mod:`~triton_backend.speculation.merged_tree`); else ``proposal``."""
+        if self.auto is None:
+            return proposal
+        chain = self.auto.lookup_chain(self.tokens, self.processor, self.rng)
+        return merge_lookup(proposal, chain) if chain else proposal
 
     @property
     def model_drafts(self) -> bool:
-        """Whether this round's proposal comes from the model drafter (not ``auto``'s n-gram lookup)."""
+        """Whether this round's proposal comes from the model drafter (not ``auto``'s n-gram lookup
+        alone; a merged round's tree is the drafter's, the match merged in after)."""
         from triton_backend.speculation.auto_source import DraftSource
 
-        return self.auto is None or self.auto.source is DraftSource.MODEL
+        return self.auto is None or self.auto.source in (DraftSource.MODEL, DraftSource.MERGED)
 
     def cap_draft_length(self, k: int) -> int:
         """``k`` cut to what may still be generated (:func:`~triton_backend.speculation.rounds.cap_draft_length`)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
+from triton_backend.speculation.merged_tree import lookup_accepted
 from triton_backend.speculation.policy import RowOption
 
 # the reference drafter on the tune prompts, teacher-forced (scripts/analysis/eagle_tree_priors.py):
@@ -42,18 +43,25 @@ ROW_SLOPE = 0.15
 class TreeRecord:
     """What a tree round teaches: the drafter's first-choice chain in the tree (its length and
     how much of it was accepted: what a chain would have done) and, per node the verifier
-    reached that had children, ``(children, accepted rank or -1)``."""
+    reached that had children, ``(children, accepted rank or -1)``. A merged tree (``auto``,
+    :mod:`~triton_backend.speculation.merged_tree`) counts the drafter's nodes only (rank >= 0)
+    there, and adds the match's tokens drafted and accepted and the path's length."""
 
     chain_drafted: int
     chain_accepted: int
     visits: tuple[tuple[int, int], ...]
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
+    path_length: int = 0
 
     @classmethod
-    def of(cls, parents: Sequence[int], ranks: Sequence[int], path: Sequence[int]) -> "TreeRecord":
+    def of(cls, parents: Sequence[int], ranks: Sequence[int], path: Sequence[int],
+           lookup: Sequence[bool] | None = None) -> "TreeRecord":
         """The record of a verified tree (``path``: the accepted nodes, root to leaf)."""
         children: dict[int, list[int]] = {}
         for i, p in enumerate(parents):
-            children.setdefault(p, []).append(i)
+            if ranks[i] >= 0:  # the drafter's nodes
+                children.setdefault(p, []).append(i)
         drafted, node = 0, -1
         while True:
             first = next((c for c in children.get(node, []) if ranks[c] == 0), None)
@@ -61,11 +69,14 @@ class TreeRecord:
                 break
             drafted, node = drafted + 1, first
         accepted = next((i for i, n in enumerate(path) if ranks[n] != 0), len(path))
+        own = next((i for i, n in enumerate(path) if ranks[n] < 0), len(path))  # the path among the drafter's nodes
         visits = []
-        for i, node in enumerate([-1, *path]):
+        for i, node in enumerate([-1, *path[:own]]):
             if children.get(node):
-                visits.append((len(children[node]), ranks[path[i]] if i < len(path) else -1))
-        return cls(drafted, min(accepted, drafted), tuple(visits))
+                visits.append((len(children[node]), ranks[path[i]] if i < own else -1))
+        if lookup is None:
+            return cls(drafted, min(accepted, drafted), tuple(visits))
+        return cls(drafted, min(accepted, drafted), tuple(visits), sum(lookup), lookup_accepted(path, lookup), len(path))
 
 
 class SiblingEstimate:

@@ -63,17 +63,20 @@ def processed_rows(run: RunState, logits: Callable[[int], torch.Tensor], tokens:
 
 def verify_tree(run: RunState, rows: Callable[[int], torch.Tensor], tokens: list[int],
                 parents: Sequence[int], draft_probs: torch.Tensor | None = None, *,
-                typical: bool = True) -> TreeVerifyResult:
+                typical: bool = True, lookup: Sequence[bool] | None = None,
+                drawn: Sequence[bool] | None = None) -> TreeVerifyResult:
     """The run's tree verification (greedy / exact sampling / typical) over lazily computed
     raw logits ``rows`` (see :func:`head_rows`); records log probabilities when asked for.
     ``draft_probs`` ``[n, vocab]``: each node's parent ``q`` (a sampled EAGLE tree: the
-    multi-draft rule); ``typical``: whether Medusa's typical acceptance may apply."""
+    multi-draft rule); ``typical``: whether Medusa's typical acceptance may apply; ``lookup``
+    and ``drawn``: a merged tree's match nodes and the drafter's (the multi-draft rule tries
+    the match first)."""
     spec = run.controller.config
     processed = processed_rows(run, rows, tokens, parents)
     if run.processor.greedy:
         result = verify_tree_greedy(processed, tokens, parents)
     elif draft_probs is not None:
-        result = verify_tree_multidraft(processed, tokens, parents, draft_probs, run.rng)
+        result = verify_tree_multidraft(processed, tokens, parents, draft_probs, run.rng, lookup, drawn)
     elif typical and spec.medusa.tree_acceptance is TreeAcceptance.TYPICAL:
         result = verify_tree_typical(processed, tokens, parents, run.rng, spec.medusa.typical_threshold,
                                      spec.medusa.typical_alpha)

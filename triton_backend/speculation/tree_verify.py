@@ -22,6 +22,16 @@ it reached a leaf). Each round commits ``len(path) + 1`` tokens.
   ``min(p, q)(x)`` and passes on ``1 - sum(min(p, q))`` of mass to the residual, so the token
   leaving the row is distributed as ``p`` (the chain rule is the one-child case). With
   one-hot ``q`` it reduces to the rule above.
+- A merged tree (``auto``: the n-gram match's continuation as one branch beside the drafter's
+  tree, :mod:`~triton_backend.speculation.merged_tree`): the match is a deterministic proposal,
+  not a draw from ``q``. At a row with a match child ``x`` it is tried FIRST, as a draft with a
+  point-mass ``q``: accepted with probability ``p(x)``; on rejection ``p <- norm(p without x)``
+  (the residual ``max(0, p - one_hot(x))``). Then the drafter's children in draw order with
+  their ``q``, against that residual, as above. A drafter child holding ``x`` too (the two
+  sources share the node) is tried in its turn and rejected for certain (``p(x)`` is 0 by
+  then), but its step still updates ``p`` and ``q``: the later siblings were drawn from ``q``
+  without ``x``. Each step leaves ``p`` intact as above, so the rule stays exact; trying the
+  match against the drafter's ``q``, or leaving ``p`` unchanged after rejecting it, does not.
 - Typical acceptance (Medusa, Cai et al. 2024): a node is accepted when
   ``p(node) > min(threshold, alpha * exp(-H(p)))`` at its parent's row; the deepest
   accepted path wins (ties: the earlier node) and the next token is drawn from ``p`` at its
@@ -115,21 +125,37 @@ def verify_tree_multidraft(
     target_probs: Rows,  # [n+1, vocab] p, processed
     tree_tokens: Sequence[int],  # [n], each drawn from its parent's q without replacement, siblings in draw order
     parents: Sequence[int],  # [n]
-    draft_probs: torch.Tensor,  # [n, vocab] q of each node's parent (siblings share it)
+    draft_probs: torch.Tensor,  # [n, vocab] q of each node's parent (siblings share it; unused rows of match-only nodes)
     generator: torch.Generator | None,
+    lookup: Sequence[bool] | None = None,  # [n] the node is on the n-gram match's branch (point-mass q, tried first)
+    drawn: Sequence[bool] | None = None,  # [n] the node was drawn from its parent's q (None: every node)
 ) -> TreeVerifyResult:
-    """Exact: the multi-draft rejection rule (see the module docstring)."""
+    """Exact: the multi-draft rejection rule, with a merged tree's match branch tried first
+    at each row as a point-mass draft (see the module docstring)."""
     row = _check(target_probs, tree_tokens, parents)
-    if draft_probs.ndim != 2 or draft_probs.shape[0] != len(tree_tokens):
-        raise ValueError(f"draft_probs must be [{len(tree_tokens)}, vocab], got {tuple(draft_probs.shape)}")
+    n = len(tree_tokens)
+    if draft_probs.ndim != 2 or draft_probs.shape[0] != n:
+        raise ValueError(f"draft_probs must be [{n}, vocab], got {tuple(draft_probs.shape)}")
+    if (lookup is not None and len(lookup) != n) or (drawn is not None and len(drawn) != n):
+        raise ValueError(f"lookup and drawn flags must be given for each of the {n} nodes")
     children = _children(parents)
     node, path = -1, []
     while True:
         p = row(node + 1)
         kids = children.get(node, [])
-        q = draft_probs[kids[0]].float() if kids else None
+        point = [c for c in kids if lookup is not None and lookup[c]]
+        sampled = [c for c in kids if drawn is None or drawn[c]]
         accepted = None
-        for child in kids:
+        for child in point:  # the match's child: q = one_hot(x), accepted with probability p(x)
+            x = tree_tokens[child]
+            if float(torch.rand(1, generator=generator)) < float(p[x]):
+                accepted = child
+                break
+            p = p.clone()
+            p[x] = 0.0
+            p = p / p.sum() if float(p.sum()) > 0 else p
+        q = draft_probs[sampled[0]].float() if sampled and accepted is None else None
+        for child in sampled if accepted is None else []:
             x = tree_tokens[child]
             q_x, p_x = float(q[x]), float(p[x])
             if q_x > 0 and float(torch.rand(1, generator=generator)) * q_x < p_x:

@@ -24,7 +24,9 @@ class DraftProposal:
     tokens: list[int]
     probs: torch.Tensor | None = None  # [len(tokens), vocab] processed q, or None (one-hot)
     parents: list[int] | None = None  # tree proposals only
-    ranks: list[int] | None = None  # a drafted tree's nodes: place among their siblings (0: the drafter's first choice)
+    ranks: list[int] | None = None  # a drafted tree's nodes: place among their siblings (0: the drafter's first choice;
+    # -1: not drawn by the drafter, a merged tree's n-gram node)
+    lookup: list[bool] | None = None  # a merged tree: the nodes of the n-gram match's branch (merged_tree.py)
 
     def __post_init__(self) -> None:
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):
