@@ -74,6 +74,7 @@ def _cmd_export_eagle(a: argparse.Namespace) -> int:
 def _cmd_eagle_data(a: argparse.Namespace) -> int:
     from builder.train.eagle_corpus import CorpusConfig, corpus_summary, generate_corpus
     from builder.train.prompt_set import PromptSetConfig
+    from builder.cli.eagle3 import _layers
     from triton_backend.core.errors import ConfigError
 
     if a.headline and a.workers != 1:
@@ -82,7 +83,8 @@ def _cmd_eagle_data(a: argparse.Namespace) -> int:
                           prompt_set=PromptSetConfig(size=a.prompt_count, seed=a.seed), max_new_tokens=a.max_new_tokens,
                           rows=a.rows, shard_size=a.shard_size, sampled_share=a.sampled_share, temperature=a.temperature,
                           max_prompt_tokens=a.max_prompt_tokens, seed=a.seed, workers=a.workers, max_shards=a.max_shards,
-                          time_limit_s=a.time_limit, log_every_s=a.log_every)
+                          time_limit_s=a.time_limit, log_every_s=a.log_every, features=a.features,
+                          capture_layers=_layers(a.capture_layers))
     stats = generate_corpus(config)
     summary = corpus_summary(a.out)
     print(f"{stats.positions} positions generated in {stats.seconds:.0f}s ({stats.positions_per_s:.1f} positions/s, "
@@ -115,6 +117,11 @@ def _register_data(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     d.add_argument("--max-shards", type=int, default=None, help="generate only the first N shards")
     d.add_argument("--time-limit", type=float, default=None, help="stop starting new prompts after N seconds")
     d.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines")
+    d.add_argument("--features", choices=("none", "eagle3"), default="none",
+                   help="eagle3: also write each shard's EAGLE-3 training features (feat-*.pt, float16, large, not "
+                        "committed), taken from the generation passes themselves; none: tokens only")
+    d.add_argument("--capture-layers", default="",
+                   help="with --features eagle3: comma-separated layer indices (default: 1, L/2-1, L-4)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--headline", action="store_true",
                    help="write eagle_data_positions_per_s (this run, one worker) to the headline file")
