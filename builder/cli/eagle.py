@@ -40,9 +40,12 @@ def _cmd_eval_eagle(a: argparse.Namespace) -> int:
 
     evaluation = EvalConfig(prompts_file=a.eval_prompts, count=a.eval_count, max_tokens=a.eval_max_tokens,
                             num_draft_tokens=a.num_draft_tokens)
+    from builder.train.eagle_job import drafter_identity
+
+    identity = drafter_identity(a.eagle)  # a config.json naming no EAGLE drafter fails here, before the target loads
     report = run_eval_eagle(EagleEvalJob(eagle=a.eagle, target=a.target, evaluation=evaluation,
                                          headline=None if a.no_headline else a.headline, threads=a.threads))
-    print(report.summary())
+    print(f"drafter {identity['drafter']} ({identity['format']}): {report.summary()}")
     return 0
 
 
@@ -150,8 +153,10 @@ def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPa
                    help="train on the shards already in --data-dir / the held-out folder (e.g. of a stopped generation)")
     t.set_defaults(func=_cmd_train_eagle)
 
-    e = sub.add_parser("eval-eagle", help="held-out acceptance of an EAGLE drafter in the real loop (headline figures)")
-    e.add_argument("--eagle", required=True, help="the drafter file or folder")
+    e = sub.add_parser("eval-eagle", help="held-out acceptance of an EAGLE-1 or EAGLE-3 drafter in the real loop "
+                                          "(headline figures)")
+    e.add_argument("--eagle", required=True, help="the drafter: an EAGLE-1 file or folder, or an EAGLE-3 folder "
+                                                  "(format read from its files)")
     e.add_argument("--target", default=DEFAULT_REFERENCE)
     e.add_argument("--eval-prompts", default="", help="held-out prompts (default: the packaged held-out set)")
     e.add_argument("--eval-count", type=int, default=32)
