@@ -166,3 +166,8 @@ def test_features_captured_in_the_generation_passes_equal_prefill_and_resume(tin
         _config(tiny6, tmp_path / "x", features="eagle9")
     with pytest.raises(BuildSpecError, match="capture_layers"):
         _config(tiny6, tmp_path / "x", capture_layers=(1, 2))
+    from builder.cli.main import main as cli_main
+
+    assert cli_main(["eagle-data", "--out", str(tmp_path / "x"), "--features", "eagle3", "--headline"]) == 2
+    assert cli_main(["eagle-data", "--out", str(tmp_path / "x"), "--capture-layers", "1,x"]) == 2
+    assert not (tmp_path / "x").exists()

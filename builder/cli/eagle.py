@@ -82,6 +82,8 @@ def _cmd_eagle_data(a: argparse.Namespace) -> int:
 
     if a.headline and a.workers != 1:
         raise ConfigError("--headline measures one process: use --workers 1")
+    if a.headline and a.features != "none":
+        raise ConfigError("--headline measures token generation alone: use --features none")
     config = CorpusConfig(target=a.target, out_dir=a.out, prompts_file=a.prompts,
                           prompt_set=PromptSetConfig(size=a.prompt_count, seed=a.seed), max_new_tokens=a.max_new_tokens,
                           rows=a.rows, shard_size=a.shard_size, sampled_share=a.sampled_share, temperature=a.temperature,
