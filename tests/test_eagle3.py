@@ -182,9 +182,11 @@ def test_training_learns_resumes_and_writes_a_loadable_drafter(tmp_path):
                                             "Name a fruit."], 0.5), ("held", ["What is two plus two?", "Give me a number."], 0.0)):
         (tmp_path / f"{name}.txt").write_text("\n".join(prompts) + "\n")
         generate_corpus(CorpusConfig(target=tiny, out_dir=str(tmp_path / name), prompts_file=str(tmp_path / f"{name}.txt"),
-                                     max_new_tokens=12, rows=4, shard_size=4, sampled_share=share))
-        generate_features(FeatureConfig(target=tiny, corpus_dir=str(tmp_path / name), out_dir=str(tmp_path / f"{name}-f")))
-    cfg = Eagle3TrainConfig(target=tiny, features_dir=str(tmp_path / "train-f"), heldout_dir=str(tmp_path / "held-f"),
+                                     max_new_tokens=12, rows=4, shard_size=4, sampled_share=share,
+                                     features="eagle3" if name == "train" else "none"))
+    # training features stored by the corpus run itself (the corpus folder given), held-out ones by prefill
+    generate_features(FeatureConfig(target=tiny, corpus_dir=str(tmp_path / "held"), out_dir=str(tmp_path / "held-f")))
+    cfg = Eagle3TrainConfig(target=tiny, features_dir=str(tmp_path / "train"), heldout_dir=str(tmp_path / "held-f"),
                             out=str(tmp_path / "drafter"), draft_vocab=64, ttt_steps=2, epochs=8, batch_size=2, lr=3e-3,
                             time_limit_s=120, eval_every_s=0.0)
     report = train_eagle3(cfg, progress=False)

@@ -282,6 +282,42 @@ def test_run_cli_serves_an_eagle3_folder(tmp_path):
     assert out.token_ids == base.token_ids and out.stats.drafted_tokens > 0 and out.stats.method == "eagle"
 
 
+def test_eval_eagle_and_the_bench_measure_an_eagle3_folder(tmp_path):
+    """``specbuild eval-eagle`` and ``specbuild bench --eagle`` take an EAGLE-3 folder as they take
+    an EAGLE-1 file: the held-out acceptance figures go to the headline file asked for, the
+    reports name the drafter and its format, the bench's EAGLE rows are exact and give
+    ``eagle_chat_x_plain``."""
+    from build_fixtures import make_tiny_llama
+    from builder.bench.config import BenchConfig
+    from builder.bench.report import summarize, to_markdown
+    from builder.bench.runner import run_bench
+    from builder.cli.main import main as cli_main
+    from builder.train.eagle_job import eagle_bench_headline
+    from triton_backend.core.reference_model import ensure_reference_model
+    from transformers import AutoConfig
+
+    tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=64, layers=6, intermediate=128)
+    folder = save_eagle3(tmp_path / "drafter", _net(AutoConfig.from_pretrained(tiny), layers=None, scale=0.1,
+                                                    draft=torch.arange(0, 49152, 7)))
+    (tmp_path / "held.txt").write_text("Say hi.\nName a colour.\n")
+    assert cli_main(["eval-eagle", "--eagle", str(folder), "--target", str(tiny), "--eval-prompts",
+                     str(tmp_path / "held.txt"), "--eval-count", "2", "--eval-max-tokens", "8",
+                     "--headline", str(tmp_path / "h.json")]) == 0
+    report = json.loads((folder / "acceptance.json").read_text())
+    assert report["format"] == "eagle3" and report["drafter"].endswith("/drafter") and report["prompts"] == 2
+    assert report["drafted_tokens"] > 0 and 1 <= len(report["per_position"]) <= 3
+    assert set(json.loads((tmp_path / "h.json").read_text())) == {"eagle_acceptance_pos1", "eagle_tokens_per_pass"}
+    config = BenchConfig(target=str(tiny), eagle=str(folder), workloads=("chat",), prompts_per_workload=1, max_tokens=8,
+                         repeats=1, ngram_k=(4,), peer=False, plot=False, out_dir=tmp_path, label="t")
+    run = run_bench(config)
+    eagle_rows = [r for r in run.rows if run.row_info[r].get("method") == "eagle"]
+    assert eagle_rows and all(run.row_info[r]["eagle_format"] == "eagle3" for r in eagle_rows)
+    summary = summarize(run)
+    assert all(e["identical_to_plain"] for e in summary["rows"] if e["row"] in eagle_rows)
+    assert "(eagle3)" in to_markdown(summary)
+    assert set(eagle_bench_headline(summary, tmp_path / "h.json")) == {"eagle_chat_x_plain"}
+
+
 # -- the reference model -------------------------------------------------------------------------
 
 

@@ -94,3 +94,80 @@ def test_over_long_prompts_keep_their_head_and_the_assistant_opener():
     assert _clip(ids, 200) == ids
     clipped = _clip(ids, 20)
     assert len(clipped) == 20 and clipped[:12] == ids[:12] and clipped[-8:] == ids[-8:]
+
+
+@pytest.fixture(scope="module")
+def tiny6(tmp_path_factory):  # enough layers for the default EAGLE-3 capture set (1, 2, 2)
+    from build_fixtures import make_tiny_llama
+    from triton_backend.core.reference_model import ensure_reference_model
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny6"), ensure_reference_model(), hidden=32, layers=6, heads=4,
+                           kv_heads=2, intermediate=64)
+
+
+def _contents(file) -> list:
+    """A shard's or feature file's arrays as plain lists (comparable across rewrites)."""
+    if file.suffix == ".npz":
+        with np.load(file) as z:
+            return [z[k].tolist() for k in sorted(z.files)]
+    rec = torch.load(file, weights_only=True)
+    return [rec["layers"], rec["prompt_lengths"].tolist()] + [[t.tolist() for t in rec[k]]
+                                                             for k in ("tokens", "features", "top1")]
+
+
+def test_features_captured_in_the_generation_passes_equal_prefill_and_resume(tiny6, tmp_path):
+    """``features=eagle3``: each shard's feature file holds, for every prompt and response
+    position, what the batched prefill (eagle-features) computes for the same sequence; the
+    tokens are those of a run without capture; a run killed between a feature file and its
+    token shard, or before both, resumes to the same files; the trainer's resolution keeps
+    stored files and prefills only the shards without one."""
+    from transformers import AutoModelForCausalLM
+
+    from builder.train.eagle_features import capture_layers_for, feature_files, prefill_features
+
+    config = _config(tiny6, tmp_path / "cap", features="eagle3")
+    stats = generate_corpus(config)
+    plain = generate_corpus(_config(tiny6, tmp_path / "plain"))
+    assert stats.positions == plain.positions > 0  # the closing pass of a finished row is no generated position
+    for name in ("shard-00000.npz", "shard-00001.npz", "shard-00002.npz"):
+        assert np.array_equal(np.load(tmp_path / "cap" / name)["tokens"], np.load(tmp_path / "plain" / name)["tokens"])
+    assert not list((tmp_path / "plain").glob("feat-*.pt"))
+    model = AutoModelForCausalLM.from_pretrained(tiny6, dtype=torch.float32).eval()
+    layers = capture_layers_for(model, None)
+    files = sorted((tmp_path / "cap").glob("feat-*.pt"))
+    assert len(files) == 3
+    worst, seen = 0.0, 0
+    for file in files:
+        rec = torch.load(file, weights_only=True)
+        assert tuple(rec["layers"]) == layers
+        seqs = [t.numpy() for t in rec["tokens"]]
+        for (want_f, want_t), feats, top1 in zip(prefill_features(model, seqs, layers), rec["features"], rec["top1"]):
+            assert feats.dtype == torch.float16 and feats.shape == want_f.shape == (len(top1), 3 * 32)
+            worst = max(worst, float((feats.float() - want_f.float()).abs().max()))
+            assert top1.tolist() == want_t.tolist()
+            seen += 1
+    assert seen == len(PROMPTS) and worst < 1e-3, worst  # float16 storage of two float32 forwards
+    before = {f.name: _contents(f) for f in sorted((tmp_path / "cap").iterdir()) if f.suffix in (".npz", ".pt")}
+    shard_path(tmp_path / "cap", 1).unlink()  # killed after shard 1's feature file, before its token shard
+    shard_path(tmp_path / "cap", 2).unlink()  # killed before shard 2's files
+    (tmp_path / "cap" / "feat-00002.pt").unlink()
+    again = generate_corpus(config)
+    assert again.shards_done == 2
+    after = {f.name: _contents(f) for f in sorted((tmp_path / "cap").iterdir()) if f.suffix in (".npz", ".pt")}
+    assert after == before  # nothing lost, nothing twice: the same tokens and features
+    (tmp_path / "cap" / "feat-00001.pt").unlink()  # a shard without stored features: the trainer prefills it
+    stored = (tmp_path / "cap" / "feat-00000.pt").stat().st_mtime_ns
+    resolved = feature_files(str(tiny6), str(tmp_path / "cap"))
+    assert [f.name for f in resolved] == ["feat-00000.pt", "feat-00001.pt", "feat-00002.pt"]
+    assert (tmp_path / "cap" / "feat-00000.pt").stat().st_mtime_ns == stored
+    rec = torch.load(tmp_path / "cap" / "feat-00001.pt", weights_only=True)
+    assert [len(t) for t in rec["tokens"]] == [len(f) for f in rec["features"]]
+    with pytest.raises(BuildSpecError, match="features must be"):
+        _config(tiny6, tmp_path / "x", features="eagle9")
+    with pytest.raises(BuildSpecError, match="capture_layers"):
+        _config(tiny6, tmp_path / "x", capture_layers=(1, 2))
+    from builder.cli.main import main as cli_main
+
+    assert cli_main(["eagle-data", "--out", str(tmp_path / "x"), "--features", "eagle3", "--headline"]) == 2
+    assert cli_main(["eagle-data", "--out", str(tmp_path / "x"), "--capture-layers", "1,x"]) == 2
+    assert not (tmp_path / "x").exists()

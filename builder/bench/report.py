@@ -175,6 +175,9 @@ def to_markdown(summary: dict) -> str:
             f"| {_fmt(e.get('tokens_per_target_pass'))} | {_fmt(e.get('expected_tokens_per_pass'))} | {_fmt(e['identical_to_plain'])} |"
         )
     overheads = [e for e in summary["rows"] if e["workload"] == "all" and e.get("serving_overhead") is not None]
+    drafters = sorted({(e["drafter"], e["eagle_format"]) for e in summary["rows"] if e.get("drafter")})
+    if drafters:
+        lines += [""] + [f"EAGLE drafter: {path} ({fmt})" for path, fmt in drafters]
     if overheads:
         lines += ["", "Serving overhead through Triton (gRPC streaming, median of per-request latency ratios "
                       "against the same request in-process):", ""]

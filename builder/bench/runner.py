@@ -62,19 +62,26 @@ def auto_row(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
 
 def eagle_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
     """Per draft length: the EAGLE chain row and, beside it, the dynamic tree row (trees of at
-    most ``eagle_tree_nodes`` nodes sized each round by the gain rule; none when 0)."""
+    most ``eagle_tree_nodes`` nodes sized each round by the gain rule; none when 0). Each row names
+    the drafter (path in the repository) and its format (EAGLE-1 or EAGLE-3, read from its files)."""
+    from builder.train.eagle_job import drafter_identity
+
     rows: list[Row] = []
+    named: dict[str, str] = {}
+    if config.eagle is not None:
+        identity = drafter_identity(config.eagle)
+        named = {"drafter": identity["drafter"], "eagle_format": identity["format"]}
     for k in config.eagle_k:
         length = DraftLengthConfig(num_draft_tokens=k)
         rows.append(OursRow(f"eagle k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE, draft_length=length,
                                                                        eagle=EagleConfig(tree=False)),
-                            {"kind": "ours", "method": "eagle", "k": k, "strategy": "chain"}))
+                            {"kind": "ours", "method": "eagle", "k": k, "strategy": "chain", **named}))
         if config.eagle_tree_nodes > 0:
             tree = EagleConfig(tree=True, max_tree_nodes=config.eagle_tree_nodes)
             rows.append(OursRow(f"eagle tree k={k}", decoder, SpeculationConfig(method=SpeculationMode.EAGLE,
                                                                                 draft_length=length, eagle=tree),
                                 {"kind": "ours", "method": "eagle", "k": k, "strategy": "tree",
-                                 "max_tree_nodes": tree.max_tree_nodes}))
+                                 "max_tree_nodes": tree.max_tree_nodes, **named}))
     return rows
 
 

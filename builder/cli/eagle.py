@@ -40,9 +40,12 @@ def _cmd_eval_eagle(a: argparse.Namespace) -> int:
 
     evaluation = EvalConfig(prompts_file=a.eval_prompts, count=a.eval_count, max_tokens=a.eval_max_tokens,
                             num_draft_tokens=a.num_draft_tokens)
+    from builder.train.eagle_job import drafter_identity
+
+    identity = drafter_identity(a.eagle)  # a config.json naming no EAGLE drafter fails here, before the target loads
     report = run_eval_eagle(EagleEvalJob(eagle=a.eagle, target=a.target, evaluation=evaluation,
                                          headline=None if a.no_headline else a.headline, threads=a.threads))
-    print(report.summary())
+    print(f"drafter {identity['drafter']} ({identity['format']}): {report.summary()}")
     return 0
 
 
@@ -74,15 +77,19 @@ def _cmd_export_eagle(a: argparse.Namespace) -> int:
 def _cmd_eagle_data(a: argparse.Namespace) -> int:
     from builder.train.eagle_corpus import CorpusConfig, corpus_summary, generate_corpus
     from builder.train.prompt_set import PromptSetConfig
+    from builder.cli.eagle3 import _layers
     from triton_backend.core.errors import ConfigError
 
     if a.headline and a.workers != 1:
         raise ConfigError("--headline measures one process: use --workers 1")
+    if a.headline and a.features != "none":
+        raise ConfigError("--headline measures token generation alone: use --features none")
     config = CorpusConfig(target=a.target, out_dir=a.out, prompts_file=a.prompts,
                           prompt_set=PromptSetConfig(size=a.prompt_count, seed=a.seed), max_new_tokens=a.max_new_tokens,
                           rows=a.rows, shard_size=a.shard_size, sampled_share=a.sampled_share, temperature=a.temperature,
                           max_prompt_tokens=a.max_prompt_tokens, seed=a.seed, workers=a.workers, max_shards=a.max_shards,
-                          time_limit_s=a.time_limit, log_every_s=a.log_every)
+                          time_limit_s=a.time_limit, log_every_s=a.log_every, features=a.features,
+                          capture_layers=_layers(a.capture_layers))
     stats = generate_corpus(config)
     summary = corpus_summary(a.out)
     print(f"{stats.positions} positions generated in {stats.seconds:.0f}s ({stats.positions_per_s:.1f} positions/s, "
@@ -115,6 +122,11 @@ def _register_data(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     d.add_argument("--max-shards", type=int, default=None, help="generate only the first N shards")
     d.add_argument("--time-limit", type=float, default=None, help="stop starting new prompts after N seconds")
     d.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines")
+    d.add_argument("--features", choices=("none", "eagle3"), default="none",
+                   help="eagle3: also write each shard's EAGLE-3 training features (feat-*.pt, float16, large, not "
+                        "committed), taken from the generation passes themselves; none: tokens only")
+    d.add_argument("--capture-layers", default="",
+                   help="with --features eagle3: comma-separated layer indices (default: 1, L/2-1, L-4)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--headline", action="store_true",
                    help="write eagle_data_positions_per_s (this run, one worker) to the headline file")
@@ -143,8 +155,10 @@ def register_eagle_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPa
                    help="train on the shards already in --data-dir / the held-out folder (e.g. of a stopped generation)")
     t.set_defaults(func=_cmd_train_eagle)
 
-    e = sub.add_parser("eval-eagle", help="held-out acceptance of an EAGLE drafter in the real loop (headline figures)")
-    e.add_argument("--eagle", required=True, help="the drafter file or folder")
+    e = sub.add_parser("eval-eagle", help="held-out acceptance of an EAGLE-1 or EAGLE-3 drafter in the real loop "
+                                          "(headline figures)")
+    e.add_argument("--eagle", required=True, help="the drafter: an EAGLE-1 file or folder, or an EAGLE-3 folder "
+                                                  "(format read from its files)")
     e.add_argument("--target", default=DEFAULT_REFERENCE)
     e.add_argument("--eval-prompts", default="", help="held-out prompts (default: the packaged held-out set)")
     e.add_argument("--eval-count", type=int, default=32)

@@ -69,8 +69,10 @@ def register_eagle3_commands(sub: "argparse._SubParsersAction[argparse.ArgumentP
 
     t = sub.add_parser("train-eagle3", help="train an EAGLE-3 drafter (training-time test, reduced draft vocabulary)")
     t.add_argument("--target", default=DEFAULT_REFERENCE)
-    t.add_argument("--features", required=True, help="training feature folder(s), comma-separated")
-    t.add_argument("--heldout-features", required=True, help="held-out feature folder (greedy responses)")
+    t.add_argument("--features", required=True,
+                   help="training feature folder(s), comma-separated: eagle-features folders or eagle-data corpus "
+                        "folders (their stored feat-*.pt used, shards without one prefilled first)")
+    t.add_argument("--heldout-features", required=True, help="held-out feature folder (greedy responses), of either kind")
     t.add_argument("--out", required=True, help="drafter folder (config.json, model.safetensors, training_report.json)")
     t.add_argument("--draft-vocab", type=int, default=8192, help="size of the draft vocabulary")
     t.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (draft depth trained)")

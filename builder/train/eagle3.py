@@ -1,6 +1,8 @@
 """``specbuild train-eagle3``: an EAGLE-3 drafter trained with training-time test.
 
-Data: feature files (:mod:`builder.train.eagle_features`): per position the fused low/mid/high
+Data: feature files (:mod:`builder.train.eagle_features`; ``features_dir`` / ``heldout_dir`` may
+name ``eagle-features`` folders or ``eagle-data`` corpus folders, whose shards' stored features
+are used and whose shards without one are prefilled first): per position the fused low/mid/high
 target features and the target's greedy next token. The drafter is trained to predict the
 target's choice ``top1[j + 1]`` from ``(features_j, token_{j+1})``, over a reduced draft
 vocabulary (the ``draft_vocab`` tokens the target writes most in the training data, mapped to
@@ -33,7 +35,7 @@ import torch
 from torch.nn import functional as F
 
 from builder.errors import BuildSpecError
-from builder.train.eagle_features import iter_feature_files
+from builder.train.eagle_features import feature_files
 from builder.train.schedule import TimedCosine
 from triton_backend.speculation.drafters.eagle3_model import Eagle3Info, Eagle3Net, save_eagle3
 
@@ -112,18 +114,17 @@ class _Seq:
     first: int  # first position whose prediction is trained / measured (the response's)
 
 
-def _files(folders: str | Path) -> list[Path]:
-    """Feature files of one folder or of several, comma-separated."""
-    files = [f for folder in str(folders).split(",") if folder.strip() for f in iter_feature_files(folder)]
-    if not files:
-        raise BuildSpecError(f"no feature folder given ({str(folders)!r})")
-    return files
-
-
-def load_sequences(folders: str | Path, max_len: int, limit: int | None = None) -> list[_Seq]:
+def load_sequences(files: list[Path], max_len: int, limit: int | None = None,
+                   layers: tuple[int, ...] | None = None) -> list[_Seq]:
+    """The sequences of ``files``, each cut to ``max_len`` positions; every file must hold the
+    capture ``layers`` (None: those of the first file)."""
     out: list[_Seq] = []
-    for file in _files(folders):
+    for file in files:
         rec = torch.load(file, weights_only=True)
+        layers = layers if layers is not None else tuple(rec["layers"])
+        if tuple(rec["layers"]) != layers:
+            raise BuildSpecError(f"{file} holds features of layers {tuple(rec['layers'])}, the others {layers}; "
+                                 "make one corpus's features with one set of capture layers")
         for feats, toks, top1, plen in zip(rec["features"], rec["tokens"], rec["top1"], rec["prompt_lengths"].tolist()):
             n = min(len(toks), max_len)
             out.append(_Seq(feats[:n], toks[:n].long(), top1[:n].long(), max(0, int(plen) - 2)))
@@ -316,9 +317,10 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    train = load_sequences(cfg.features_dir, cfg.max_len)
-    held = load_sequences(cfg.heldout_dir, cfg.max_len, cfg.max_eval_sequences)
-    layers = tuple(torch.load(_files(cfg.features_dir)[0], weights_only=True)["layers"])
+    train_files = feature_files(cfg.target, cfg.features_dir)
+    layers = tuple(torch.load(train_files[0], weights_only=True)["layers"])
+    train = load_sequences(train_files, cfg.max_len, layers=layers)
+    held = load_sequences(feature_files(cfg.target, cfg.heldout_dir), cfg.max_len, cfg.max_eval_sequences, layers)
     net, embed, coverage = _new_net(cfg, train, layers)
     untrained = chain_acceptance(net, embed, held, cfg.ttt_steps)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0)

@@ -9,8 +9,15 @@ so a rerun makes the same choice; a sampled response draws from its own seeded g
 What is kept is small: per shard (``shard_size`` prompts) one compressed ``.npz`` with the
 token sequences (prompt ids then response ids, ``uint16`` where the vocabulary fits), their
 prompt lengths, temperatures and prompt indices. The features a drafter learns from are
-recomputed from these tokens by batched prefill (:mod:`builder.train.eagle_features`), far
-cheaper than decoding, so they need not survive a machine change.
+recomputed from these tokens by batched prefill (:mod:`builder.train.eagle_features`), so they
+need not survive a machine change; or, with ``features=eagle3``, taken from the generation
+passes themselves (no second forward): every row of a pass asks the engine for the capture
+layers' outputs (``BatchRow.capture``) and its logits at each new position, a prompt's from its
+prefill row, a response token's from the decode row that feeds it (a finished row rides one
+more pass to feed its last token). They go to ``feat-NNNNN.pt`` beside ``shard-NNNNN.npz`` in
+the layout ``eagle-features`` writes (float16; large: never committed, ``.gitignore`` keeps
+them out), written before the token shard, so a shard present has its features unless it was
+made without capture (the trainer then prefills it).
 
 Resumable: a shard is written to a temporary name and renamed (complete or absent); a restart
 skips the shards present. The prompt set and settings live in the folder (``prompts.jsonl.gz``,
@@ -27,6 +34,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,12 +42,18 @@ import numpy as np
 import torch
 
 from builder.errors import BuildSpecError
+from builder.train.eagle_features import capture_layers_for, feature_path, write_feature_file
 from builder.train.prompt_set import (PROMPTS_FILE, PromptSetConfig, build_prompt_set, load_prompt_set,
                                       prompts_from_file, save_prompt_set)
 
 logger = logging.getLogger(__name__)
 
 META = "meta.json"
+
+
+class CorpusFeatures(str, Enum):
+    NONE = "none"  # tokens only (features later by prefill)
+    EAGLE3 = "eagle3"  # the EAGLE-3 capture layers' outputs and the greedy token, from the generation passes
 
 
 @dataclass(frozen=True)
@@ -60,8 +74,17 @@ class CorpusConfig:
     log_every_s: float = 30.0
     max_shards: int | None = None  # stop after this many shards (None: all)
     time_limit_s: float | None = None  # stop (between shards) after this long
+    features: CorpusFeatures = CorpusFeatures.NONE
+    capture_layers: tuple[int, ...] | None = None  # features=eagle3; None: the default low/mid/high set
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "features", CorpusFeatures(self.features))
+        except ValueError:
+            raise BuildSpecError(f"features must be one of {', '.join(f.value for f in CorpusFeatures)}, "
+                                 f"got {self.features!r}") from None
+        if self.capture_layers is not None and (self.features is CorpusFeatures.NONE or not self.capture_layers):
+            raise BuildSpecError("capture_layers needs features=eagle3 and at least one layer")
         for name in ("max_new_tokens", "rows", "shard_size", "workers", "max_prompt_tokens"):
             if int(getattr(self, name)) < 1:
                 raise BuildSpecError(f"{name} must be >= 1")
@@ -131,14 +154,21 @@ class _Seq:
     generator: torch.Generator | None
     slot: int = -1
     cached: int = 0  # positions already in the slot
+    closing: bool = False  # finished; its last token still to feed (feature capture)
+    features: list[torch.Tensor] = field(default_factory=list)  # [new, len(layers) * H] float16 per pass
+    top1: list[torch.Tensor] = field(default_factory=list)  # [new] int32 per pass
 
 
 class _Shard:
     def __init__(self, index: int, size: int) -> None:
         self.index, self.size, self.done = index, size, []  # type: ignore[var-annotated]
 
-    def write(self, out: Path, vocab_size: int) -> None:
+    def write(self, out: Path, vocab_size: int, layers: tuple[int, ...]) -> None:
         seqs = sorted(self.done, key=lambda s: s.index)
+        if layers:  # features first: a token shard present has its feature file
+            write_feature_file(feature_path(out, shard_path(out, self.index)), layers, [s.prompt_length for s in seqs],
+                               [torch.tensor(s.tokens, dtype=torch.int64) for s in seqs],
+                               [torch.cat(s.features) for s in seqs], [torch.cat(s.top1) for s in seqs])
         dtype = np.uint16 if vocab_size <= 65535 else np.int32
         flat = np.concatenate([np.asarray(s.tokens, dtype=dtype) for s in seqs])
         offsets = np.cumsum([0] + [len(s.tokens) for s in seqs]).astype(np.int64)
@@ -167,8 +197,8 @@ def _sample(logits: torch.Tensor, seq: _Seq) -> int:  # logits [vocab]
 class _Decoder:
     """Continuous batching over the slot engine: ``rows`` sequences per pass, prefill mixed in."""
 
-    def __init__(self, engine: Any, config: CorpusConfig) -> None:
-        self.engine, self.config = engine, config
+    def __init__(self, engine: Any, config: CorpusConfig, layers: tuple[int, ...] = ()) -> None:
+        self.engine, self.config, self.layers = engine, config, layers  # layers: () = no capture
         self.free = [engine.allocate() for _ in range(config.rows)]
         self.active: list[_Seq] = []
         self.positions = 0
@@ -182,19 +212,31 @@ class _Decoder:
         """One batched pass; returns the sequences that finished in it (their slots freed)."""
         from triton_backend.engines.batch import BatchRow
 
-        rows = [BatchRow(s.slot, s.cached, s.tokens[s.cached:]) for s in self.active]
+        rows = [BatchRow(s.slot, s.cached, s.tokens[s.cached:], capture=self.layers,
+                         num_logits=len(s.tokens) - s.cached if self.layers else 1) for s in self.active]
         outputs = self.engine.forward(rows)
         finished, keep = [], []
         eos = self.engine.eos_token_ids
         for seq, out in zip(self.active, outputs):
             seq.cached = len(seq.tokens)
+            if self.layers:
+                seq.features.append(out.features.to(torch.float16))
+                seq.top1.append(out.logits.argmax(-1).to(torch.int32))
+            if seq.closing:  # its last token fed: done
+                finished.append(seq)
+                self.free.append(seq.slot)
+                continue
             token = _sample(out.logits[-1], seq)
             seq.tokens.append(token)
             self.positions += 1
             new = len(seq.tokens) - seq.prompt_length
             if token in eos or new >= self.config.max_new_tokens or len(seq.tokens) >= self.engine.max_context:
-                finished.append(seq)
-                self.free.append(seq.slot)
+                if self.layers:
+                    seq.closing = True
+                    keep.append(seq)
+                else:
+                    finished.append(seq)
+                    self.free.append(seq.slot)
             else:
                 keep.append(seq)
         self.active = keep
@@ -207,7 +249,11 @@ def _work(config: CorpusConfig, prompts: list[dict[str, str]], todo: list[int], 
     out = Path(config.out_dir)
     start = last_log = time.monotonic()
     cpu_start = time.process_time()
-    decoder = _Decoder(engine, config)
+    layers = (capture_layers_for(engine.model, config.capture_layers) if config.features is CorpusFeatures.EAGLE3
+              else ())
+    if layers:
+        logger.info("capturing the outputs of layers %s in the generation passes", layers)
+    decoder = _Decoder(engine, config, layers)
     shards: dict[int, _Shard] = {}
     queue = _prompt_queue(config, prompts, todo, tokenizer, shards, deadline)
     done = 0
@@ -223,7 +269,7 @@ def _work(config: CorpusConfig, prompts: list[dict[str, str]], todo: list[int], 
             shard = shards[seq.index // config.shard_size]
             shard.done.append(seq)
             if len(shard.done) == shard.size:
-                shard.write(out, engine.vocab_size)
+                shard.write(out, engine.vocab_size, layers)
                 del shards[shard.index]
                 done += 1
         now = time.monotonic()
@@ -357,5 +403,5 @@ def corpus_summary(data_dir: str | Path) -> dict[str, Any]:
             "meta": json.loads((Path(data_dir) / META).read_text()) if (Path(data_dir) / META).is_file() else None}
 
 
-__all__ = ["CorpusConfig", "CorpusStats", "corpus_positions", "corpus_summary", "generate_corpus", "iter_corpus",
+__all__ = ["CorpusConfig", "CorpusFeatures", "CorpusStats", "corpus_positions", "corpus_summary", "generate_corpus", "iter_corpus",
            "prepare_corpus_dir", "run_worker", "shard_path", "todo_shards"]

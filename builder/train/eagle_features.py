@@ -8,7 +8,10 @@ far less than decoding it, so these large files are made again on any machine wi
 command (``specbuild eagle-features``) instead of being kept.
 
 One feature file per corpus shard (``feat-00000.pt``), written atomically; files present are
-skipped, so an interrupted run resumes.
+skipped, so an interrupted run resumes. ``specbuild eagle-data --features eagle3`` writes the
+same files beside its token shards from the generation passes themselves (no second forward);
+:func:`corpus_feature_files` hands the trainer those and prefills only the shards without one.
+Feature files are large (``3 x hidden x 2`` bytes a position) and never committed.
 """
 
 from __future__ import annotations
@@ -48,6 +51,22 @@ def _shards(corpus: Path, limit: int | None) -> list[Path]:
     return files[:limit] if limit else files
 
 
+def feature_path(folder: Path, shard: Path) -> Path:
+    """The feature file of corpus shard ``shard-NNNNN.npz`` in ``folder``: ``feat-NNNNN.pt``."""
+    return folder / shard.name.replace("shard-", "feat-").replace(".npz", ".pt")
+
+
+def write_feature_file(target: Path, layers: tuple[int, ...], prompt_lengths: list[int], tokens: list[torch.Tensor],
+                       features: list[torch.Tensor], top1: list[torch.Tensor]) -> None:
+    """One shard's record, atomically: per sequence ``tokens [n]`` int64, ``features [n, len(layers) * H]``
+    float16 and ``top1 [n]`` int32 (the target's greedy token after each position)."""
+    record = {"layers": list(layers), "prompt_lengths": torch.tensor(prompt_lengths), "tokens": tokens,
+              "features": features, "top1": top1}
+    tmp = target.with_suffix(".tmp")
+    torch.save(record, tmp)
+    tmp.replace(target)
+
+
 def _sequences(file: Path) -> list[tuple[np.ndarray, int]]:
     with np.load(file) as z:
         tokens, offsets, plens = z["tokens"].astype(np.int64), z["offsets"], z["prompt_lengths"]
@@ -85,7 +104,10 @@ def capture_layers_for(model: Any, layers: tuple[int, ...] | None) -> tuple[int,
     from triton_backend.speculation.drafters.eagle3_model import default_capture_layers
 
     total = int(model.config.num_hidden_layers)
-    chosen = tuple(layers) if layers else default_capture_layers(total)
+    try:
+        chosen = tuple(layers) if layers else default_capture_layers(total)
+    except ValueError as exc:  # a target with too few layers for the default set
+        raise BuildSpecError(f"{exc}; name the capture layers") from None
     if any(not 0 <= i < total for i in chosen):
         raise BuildSpecError(f"capture layers {chosen} must lie in [0, {total})")
     return chosen
@@ -98,7 +120,7 @@ def generate_features(config: FeatureConfig) -> Path:
     files = _shards(Path(config.corpus_dir), config.max_shards)
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    todo = [f for f in files if not (out / f.name.replace("shard-", "feat-").replace(".npz", ".pt")).exists()]
+    todo = [f for f in files if not feature_path(out, f).exists()]
     logger.info("features: %d corpus shards, %d to prefill", len(files), len(todo))
     if not todo:
         return out
@@ -112,17 +134,38 @@ def generate_features(config: FeatureConfig) -> Path:
             for i, res in zip(batch, prefill_features(model, [seqs[i][0] for i in batch], layers)):
                 results[i] = res
         done_tokens += sum(len(s) for s, _ in seqs)
-        record = {"layers": list(layers), "prompt_lengths": torch.tensor([p for _, p in seqs]),
-                  "tokens": [torch.from_numpy(s) for s, _ in seqs], "features": [r[0] for r in results],
-                  "top1": [r[1] for r in results]}
-        target = out / file.name.replace("shard-", "feat-").replace(".npz", ".pt")
-        tmp = target.with_suffix(".tmp")
-        torch.save(record, tmp)
-        tmp.replace(target)
+        write_feature_file(feature_path(out, file), layers, [p for _, p in seqs], [torch.from_numpy(s) for s, _ in seqs],
+                           [r[0] for r in results], [r[1] for r in results])
         rate = done_tokens / max(time.monotonic() - start, 1e-9)
         cpu_rate = done_tokens / max(time.process_time() - cpu_start, 1e-9)
         logger.info("features: %d/%d shards, %.0f tokens/s (%.0f per CPU second)", n + 1, len(todo), rate, cpu_rate)
     return out
+
+
+def corpus_feature_files(target: str, corpus: str | Path) -> list[Path]:
+    """The feature file of every shard of an ``eagle-data`` folder: the one stored beside it
+    (captured during generation) when present, else made now by prefill and written there."""
+    folder = Path(corpus)
+    shards = _shards(folder, None)
+    missing = [f for f in shards if not feature_path(folder, f).exists()]
+    logger.info("%s: %d shards, %d with stored features, %d to prefill", folder, len(shards),
+                len(shards) - len(missing), len(missing))
+    if missing:
+        generate_features(FeatureConfig(target=target, corpus_dir=str(folder), out_dir=str(folder)))
+    return [feature_path(folder, f) for f in shards]
+
+
+def feature_files(target: str, folders: str | Path) -> list[Path]:
+    """Feature files of one folder or several (comma-separated): an ``eagle-data`` corpus folder
+    (holding ``shard-*.npz``) through :func:`corpus_feature_files`, else an ``eagle-features`` folder."""
+    names = [f.strip() for f in str(folders).split(",") if f.strip()]
+    if not names:
+        raise BuildSpecError(f"no feature folder given ({str(folders)!r})")
+    files: list[Path] = []
+    for name in names:
+        is_corpus = any(Path(name).glob("shard-*.npz"))
+        files += corpus_feature_files(target, name) if is_corpus else iter_feature_files(name)
+    return files
 
 
 def iter_feature_files(folder: str | Path) -> list[Path]:
@@ -132,4 +175,5 @@ def iter_feature_files(folder: str | Path) -> list[Path]:
     return files
 
 
-__all__ = ["FeatureConfig", "capture_layers_for", "generate_features", "iter_feature_files", "prefill_features"]
+__all__ = ["FeatureConfig", "capture_layers_for", "corpus_feature_files", "feature_files", "feature_path",
+           "generate_features", "iter_feature_files", "prefill_features", "write_feature_file"]

@@ -1,7 +1,9 @@
 """The jobs behind ``specbuild train-eagle`` and ``specbuild eval-eagle``: target data
 (generated or resumed, with hidden states) -> training -> held-out acceptance in the real
 loop -> a JSON report next to the drafter (and, when asked, the headline figures
-``eagle_acceptance_pos1`` / ``eagle_tokens_per_pass`` from that measuring run)."""
+``eagle_acceptance_pos1`` / ``eagle_tokens_per_pass`` from that measuring run). The drafter is
+EAGLE-1 (a ``train-eagle`` file or folder) or EAGLE-3 (a ``train-eagle3`` or published folder), as
+its files say (:mod:`triton_backend.core.drafter_format`); the report names which, and its path."""
 
 from __future__ import annotations
 
@@ -43,11 +45,28 @@ class EagleEvalJob:
     threads: int = 1
 
 
+def drafter_identity(eagle: str | Path) -> dict[str, str]:
+    """Which drafter a report measured: its path relative to the repository and its format."""
+    from builder.report_paths import repo_path
+    from triton_backend.core.drafter_format import detect_eagle_format
+
+    return {"drafter": repo_path(Path(eagle).absolute()), "format": detect_eagle_format(eagle).value}
+
+
+def drafter_folder(eagle: str | Path) -> Path:
+    """The folder a drafter's reports go to: the drafter folder itself, or an EAGLE-1 file's folder."""
+    return Path(eagle) if Path(eagle).is_dir() else Path(eagle).parent
+
+
 def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline: Path | None) -> AcceptanceReport:
-    """Held-out greedy acceptance of the drafter in the real loop (fixed draft length, no fallback)."""
+    """Held-out greedy acceptance of the drafter (EAGLE-1 or EAGLE-3) in the real loop (fixed draft
+    length, no fallback)."""
     from triton_backend.core.config import SpeculationMode
     from triton_backend.deployment.config import DeploymentConfig
 
+    identity = drafter_identity(eagle)
+    logger.info("measuring drafter %s (%s) on %d held-out prompts", identity["drafter"], identity["format"],
+                evaluation.count)
     report = measure_acceptance(DeploymentConfig(target=target, eagle=eagle, ngram=False), evaluation.prompts(),
                                 SpeculationMode.EAGLE, max_tokens=evaluation.max_tokens,
                                 num_draft_tokens=evaluation.num_draft_tokens)
@@ -82,15 +101,14 @@ def run_train_eagle(job: EagleJob) -> dict[str, Any]:
 
 
 def run_eval_eagle(job: EagleEvalJob) -> AcceptanceReport:
-    """Measure, and write ``acceptance.json`` next to the drafter."""
-    from triton_backend.speculation.drafters.eagle_model import eagle_file
-
+    """Measure, and write ``acceptance.json`` (naming the drafter and its format) next to the drafter."""
     previous = _with_threads(job.threads)
     try:
         report = evaluate_eagle(job.target, job.eagle, job.evaluation, headline=job.headline)
     finally:
         torch.set_num_threads(previous)
-    _write(eagle_file(job.eagle).parent / "acceptance.json", {"evaluation": asdict(job.evaluation), **report.to_dict()})
+    _write(drafter_folder(job.eagle) / "acceptance.json",
+           {**drafter_identity(job.eagle), "evaluation": asdict(job.evaluation), **report.to_dict()})
     return report
 
 
@@ -104,7 +122,8 @@ def eagle_bench_headline(summary: dict[str, Any], headline: Path) -> dict[str, f
         logger.warning("no EAGLE chat row with output identical to plain: headline not written")
         return {}
     best = max(rows, key=lambda e: e["speedup_vs_plain"])
-    logger.info("eagle_chat_x_plain from the k=%d row", int(best["k"]))
+    logger.info("eagle_chat_x_plain from the k=%d row of drafter %s (%s)", int(best["k"]), best.get("drafter", "?"),
+                best.get("eagle_format", "?"))
     figures = {"eagle_chat_x_plain": float(best["speedup_vs_plain"])}
     from builder.headline import update_headline
 

@@ -1,10 +1,13 @@
-"""Offline chain acceptance of an EAGLE-1 drafter (a ``specbuild train-eagle`` file) on a token
-corpus (``specbuild eagle-data``, greedy responses): per position of each response, whether the
-drafter's first d greedy drafts (the serving code's ``draft_chain``, fed the target's features
-up to that position) all equal the target's greedy tokens. The same measure ``train-eagle3``
-reports for EAGLE-3 drafters, so the two compare on the same held-out sequences.
+"""Offline chain acceptance of an EAGLE drafter on a token corpus (``specbuild eagle-data``,
+greedy responses): per position of each response, whether the drafter's first d greedy drafts
+all equal the target's greedy tokens. EAGLE-1 (a ``specbuild train-eagle`` file): the serving
+code's ``draft_chain``, fed the target's features up to that position. EAGLE-3 (a folder, the
+format read from its files): ``train-eagle3``'s own measure on the corpus's feature files (stored
+by ``eagle-data --features eagle3``, else prefilled and written beside the shards: large,
+git-ignored). The same measure for both, so the two compare on the same held-out sequences.
 
     python scripts/analysis/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle --corpus HELD
+    python scripts/analysis/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle3 --corpus HELD
 """
 
 from __future__ import annotations
@@ -15,8 +18,27 @@ import json
 import torch
 
 
+def eagle3_chain_acceptance(eagle: str, target: str, corpus: str, k: int) -> dict:
+    from builder.train.eagle3 import chain_acceptance as ttt_chain_acceptance, load_sequences
+    from builder.train.eagle_features import corpus_feature_files
+    from triton_backend.engines.torch.model_loading import load_model
+    from triton_backend.speculation.drafters.eagle3_model import load_eagle3
+
+    model = load_model(target).eval()
+    net = load_eagle3(eagle, num_target_layers=int(model.config.num_hidden_layers)).eval()
+    embed = model.get_input_embeddings().weight.detach().float()
+    seqs = load_sequences(corpus_feature_files(target, corpus), max_len=1 << 30, layers=tuple(net.info.capture_layers))
+    accepted = ttt_chain_acceptance(net, embed, seqs, k)
+    return {"eagle": eagle, "format": "eagle3", "corpus": corpus,
+            "positions": sum(len(s.tokens) - 1 - s.first for s in seqs), "chain_acceptance": accepted}
+
+
 @torch.inference_mode()
 def chain_acceptance(eagle: str, target: str, corpus: str, k: int) -> dict:
+    from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
+
+    if detect_eagle_format(eagle) is EagleFormat.EAGLE3:
+        return eagle3_chain_acceptance(eagle, target, corpus, k)
     from builder.train.eagle_corpus import iter_corpus
     from triton_backend.core.config import RuntimeConfig
     from triton_backend.core.sampling import LogitsProcessor
@@ -43,7 +65,7 @@ def chain_acceptance(eagle: str, target: str, corpus: str, k: int) -> dict:
                 if p + 1 + d >= n or int(drafted[0, d]) != int(top1[p + 1 + d]):
                     break
                 hits[d] += 1
-    return {"eagle": eagle, "corpus": corpus, "positions": starts, "chain_acceptance": [h / max(1, starts) for h in hits]}
+    return {"eagle": eagle, "format": "eagle1", "corpus": corpus, "positions": starts, "chain_acceptance": [h / max(1, starts) for h in hits]}
 
 
 def main() -> None:
