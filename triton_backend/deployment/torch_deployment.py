@@ -19,6 +19,7 @@ from triton_backend.speculation.drafters.base import Drafter
 from triton_backend.engines.trtllm.config import EngineRuntime
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.model_loading import layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine
 from triton_backend.deployment.trtllm_deployment import build_trtllm_decoder
 
@@ -28,8 +29,11 @@ logger = logging.getLogger(__name__)
 def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         return build_trtllm_decoder(config)
+    # the float weights of compact linears are released unless a drafter reads them: a layer-skip
+    # draft shares the target's layers, Medusa and EAGLE its float LM head
     target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name,
-                                    checkpoint=config.target_checkpoint)
+                                    checkpoint=config.target_checkpoint, keep_float=config.draft_layers is not None,
+                                    keep_float_head=config.medusa is not None or config.eagle is not None)
     from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
 
     install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
@@ -39,6 +43,8 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
         draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
                                          runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids),
                                          checkpoint=config.draft_checkpoint)
+        if isinstance(draft_engine, LlamaEngine):  # its model is its own: only the compact linears stay
+            draft_engine.release_float_linears()
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(draft_engine, target=target, target_tokenizer=tokenizer,
                                                             draft_tokenizer=draft_tokenizer)
     elif config.draft_layers is not None:
