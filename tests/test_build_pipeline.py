@@ -22,7 +22,9 @@ from builder.stages.manifest import verify_manifest
 
 pytestmark = pytest.mark.slow
 
-CAL = ["--calibration-samples", "4", "--calibration-max-length", "64", "--no-progress"]
+# the quality stage on small N/M: 2 held-out prompts x 8 tokens, perplexity on 128 tokens
+CAL = ["--calibration-samples", "4", "--calibration-max-length", "64", "--no-progress", "--quality-prompts", "2",
+       "--quality-tokens", "8", "--quality-text-tokens", "128"]
 
 
 def path_without_trtllm_build() -> str:
@@ -115,6 +117,25 @@ def test_the_torch_runtime_serves_the_draft_checkpoint_as_exported(full_build):
     deployment = json.loads((out / manifest["model_repo"]["deployment"]).read_text())
     assert deployment["draft_checkpoint"] == "../../../checkpoints/draft" and deployment["target_checkpoint"] is None
     assert deployment["runtime"]["weights"] == "float32"
+
+
+def test_the_quality_stage_measures_the_served_draft_checkpoint_and_skips_fp8(full_build):
+    """The INT4-AWQ draft as the deployment serves it (its checkpoint's tensors) against float32:
+    greedy agreement and perplexity in the manifest; FP8 has no torch kernel, so the target is
+    recorded as not measured, with a notice; a threshold warning of the draft is among the notices."""
+    out, manifest = full_build
+    draft = manifest["quality"]["draft"]
+    assert draft["precision"] == "int4" and draft["served"] == "checkpoint checkpoints/draft"
+    assert draft["method"]["prompts"] == 2 and draft["method"]["max_tokens"] == 8
+    assert 0 <= draft["greedy_agreement"] <= 1 and draft["perplexity"]["float32"] > 1
+    assert draft["perplexity"]["ratio"] == pytest.approx(draft["perplexity"]["served"] / draft["perplexity"]["float32"],
+                                                         rel=1e-3)
+    assert draft["thresholds"] == {"min_agreement": 0.9, "max_ppl_ratio": 1.1}
+    assert all(w in manifest["notices"] for w in draft["warnings"])
+    assert "fp8" in manifest["quality"]["target"]["skipped"]
+    assert "quality, target: not measured (planned fp8" in " ".join(manifest["notices"])
+    assert [s["name"] for s in manifest["stages"]].index("quality") < [s["name"] for s in manifest["stages"]].index(
+        "model repository")
 
 
 def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_build):

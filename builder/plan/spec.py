@@ -12,6 +12,7 @@ Example (YAML)::
     kv_cache_dtype: auto
     parallel: {tp_size: auto, pp_size: 1}
     calibration: {num_samples: 32, max_length: 256}
+    quality: {min_agreement: 0.9, max_ppl_ratio: 1.1}   # or enabled: false
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def run_quality(targets: list[QualityTarget | tuple[str, str]], spec: QualitySpe
                     notices += record["warnings"]
                     logger.info("%s", quality_line(role, record))
                     continue
-            notices.append(f"quality, {role}: not measured ({reason})")
+        notices.append(f"quality, {role}: not measured ({reason})")
         section[role] = {"skipped": reason}
     return section, notices
 

@@ -71,6 +71,21 @@ def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
             WeightFormat.FLOAT16: WeightPrecision.FLOAT16, WeightFormat.BFLOAT16: WeightPrecision.BFLOAT16}[formats.pop()]
 
 
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): weights of a few MiB each live
+    in the heap, not in their own mappings, so freeing them alone leaves the process's RSS as it was."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()  # the module's reference cycles may hold the released weights until collected
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): the pages stay reusable in-process
+        logger.debug("malloc_trim is not available here")
+
+
 class LlamaEngine:
     """A Llama-family model on the compact forward with ``runtime.max_batch_size`` slots of
     ``runtime.max_seq_len`` positions. ``model`` (the Hugging Face module whose parameters the
@@ -157,6 +172,8 @@ class LlamaEngine:
                 continue
             freed += weight.numel() * weight.element_size()
             module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+        del weight
+        _trim_heap()
         logger.info("%s: released %.1f MiB of float linear weights (%d layers; compact copies serve them)", self.name,
                     freed / 2**20, len(modules))
         return freed
