@@ -22,7 +22,9 @@ from builder.stages.manifest import verify_manifest
 
 pytestmark = pytest.mark.slow
 
-CAL = ["--calibration-samples", "4", "--calibration-max-length", "64", "--no-progress"]
+# the quality stage on small N/M: 2 held-out prompts x 8 tokens, perplexity on 128 tokens
+CAL = ["--calibration-samples", "4", "--calibration-max-length", "64", "--no-progress", "--quality-prompts", "2",
+       "--quality-tokens", "8", "--quality-text-tokens", "128"]
 
 
 def path_without_trtllm_build() -> str:
@@ -118,6 +120,26 @@ def test_the_torch_runtime_serves_the_checkpoints_as_exported(full_build):
     assert deployment["draft_checkpoint"] == "../../../checkpoints/draft"
     assert deployment["target_checkpoint"] == "../../../checkpoints/target"
     assert deployment["runtime"]["weights"] == "float32"  # what a model without a checkpoint would be quantized to
+
+
+def test_the_quality_stage_measures_the_served_checkpoints(full_build):
+    """The INT4-AWQ draft and the FP8 target as the deployment serves them (their checkpoints'
+    tensors) against float32: greedy agreement and perplexity in the manifest; a threshold warning
+    is among the notices."""
+    out, manifest = full_build
+    draft = manifest["quality"]["draft"]
+    assert draft["precision"] == "int4" and draft["served"] == "checkpoint checkpoints/draft"
+    assert draft["method"]["prompts"] == 2 and draft["method"]["max_tokens"] == 8
+    assert 0 <= draft["greedy_agreement"] <= 1 and draft["perplexity"]["float32"] > 1
+    assert draft["perplexity"]["ratio"] == pytest.approx(draft["perplexity"]["served"] / draft["perplexity"]["float32"],
+                                                         rel=1e-3)
+    assert draft["thresholds"] == {"min_agreement": 0.9, "max_ppl_ratio": 1.1}
+    assert all(w in manifest["notices"] for w in draft["warnings"])
+    target = manifest["quality"]["target"]
+    assert target["precision"] == "fp8" and target["served"] == "checkpoint checkpoints/target"
+    assert 0 <= target["greedy_agreement"] <= 1 and target["perplexity"]["float32"] > 1
+    assert [s["name"] for s in manifest["stages"]].index("quality") < [s["name"] for s in manifest["stages"]].index(
+        "model repository")
 
 
 def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_build):

@@ -136,6 +136,57 @@ def test_what_the_engine_holds_for_its_linears():
         assert _engine(model, weights).linear_weight_bytes() == nbytes, weights
 
 
+@pytest.mark.parametrize("weights", [WeightPrecision.INT8, WeightPrecision.INT4])
+def test_released_float_linears_are_freed_and_the_output_is_unchanged(weights):
+    """After ``release_float_linears`` the float weights of the compact linears (decoder and head)
+    are gone -- nothing holds them -- the embedding and norms stay, what the engine holds is the
+    plan's figure (float32 embedding and norms + the compact linears), and the engine's logits are
+    bit for bit what they were, still exact batched or alone."""
+    import gc
+    import weakref
+
+    from builder.plan.architecture import ModelArchitecture
+    from builder.plan.memory import torch_float_bytes, torch_linear_bytes
+
+    model = tiny_llama(8, hidden=64, vocab=40)
+    engine = _engine(model, weights)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 40, (n,), generator=gen).tolist() for n in (9, 14, 7, 11)]
+    slot = engine.allocate()
+    before = engine.forward([BatchRow(slot, 0, prompts[0], num_logits=len(prompts[0]))])[0].logits
+    engine.release(slot)
+    gone = [weakref.ref(model.model.layers[1].mlp.down_proj.weight), weakref.ref(model.lm_head.weight)]
+    float_bytes = sum(p.numel() * 4 for p in model.parameters())
+    freed = engine.release_float_linears()
+    gc.collect()
+    assert all(ref() is None for ref in gone)
+    arch = ModelArchitecture.from_config(model.config)
+    kept = sum(p.numel() * 4 for p in model.parameters() if not p.is_meta)
+    assert kept == torch_float_bytes(arch, compact=True) == float_bytes - freed == (40 * 64 + 5 * 64) * 4
+    assert engine.resident_weight_bytes() == kept + torch_linear_bytes(arch, weights, head=weights, group=64)
+    slot = engine.allocate()
+    after = engine.forward([BatchRow(slot, 0, prompts[0], num_logits=len(prompts[0]))])[0].logits
+    engine.release(slot)
+    assert torch.equal(before, after) and engine.release_float_linears() == 0
+    check_exactness(engine, prompts)
+
+
+def test_a_drafter_reading_the_float_head_keeps_it_and_float32_engines_release_nothing():
+    from builder.plan.architecture import ModelArchitecture
+    from builder.plan.memory import torch_float_bytes
+
+    model = tiny_llama(9, hidden=64, vocab=40)
+    engine = _engine(model, WeightPrecision.INT8)
+    engine.release_float_linears(keep_head=True)
+    assert not model.lm_head.weight.is_meta and model.model.layers[0].self_attn.q_proj.weight.is_meta
+    arch = ModelArchitecture.from_config(model.config)
+    assert sum(p.numel() * 4 for p in model.parameters() if not p.is_meta) == torch_float_bytes(arch, compact=True,
+                                                                                                 float_head=True)
+    plain = tiny_llama(9, hidden=64, vocab=40)
+    assert _engine(plain, WeightPrecision.FLOAT32).release_float_linears() == 0
+    assert not any(p.is_meta for p in plain.parameters())
+
+
 def test_group_size_rule_and_refusals():
     assert int4_group([576, 1536]) == 64 and int4_group([1024, 4096]) == 128 and int4_group([576], 32) == 32
     with pytest.raises(ValueError, match="do not divide"):
@@ -289,7 +340,7 @@ def test_plan_memory_figure_is_what_the_engine_allocates(tmp_path, precision):
     from builder.plan.spec import BuildSpec, CalibrationSpec, ModelSpec
     from builder.stages.checkpoint import build_checkpoint
     from triton_backend.core.reference_model import ensure_reference_model
-    from triton_backend.engines.torch.model_loading import load_model
+    from triton_backend.engines.torch.model_loading import load_engine, load_model
     from triton_backend.engines.torch.trtllm_weights import apply_checkpoint, read_checkpoint
 
     tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=192, heads=3, kv_heads=1, intermediate=384)
@@ -306,6 +357,10 @@ def test_plan_memory_figure_is_what_the_engine_allocates(tmp_path, precision):
     engine = LlamaEngine(model, eos_token_ids=[], runtime=RuntimeConfig(max_batch_size=2, max_seq_len=64),
                          compact=apply_checkpoint(model, checkpoint))
     assert engine.linear_weight_bytes() == planned.torch_linear_bytes > 0
+    # the deployment's loading path releases the float linears: the process holds the plan's figure
+    served, _ = load_engine(str(tiny), RuntimeConfig(max_batch_size=2, max_seq_len=64), checkpoint=folder)
+    assert served.resident_weight_bytes() == planned.torch_linear_bytes + planned.torch_float_bytes
+    assert planned.torch_float_bytes == (49152 * 192 + 5 * 192) * 4  # tied embedding + LM head once, 5 norms
 
 
 @pytest.mark.slow

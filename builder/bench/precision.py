@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder.eval.agreement import HELDOUT_PROMPTS
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
@@ -31,7 +32,6 @@ from triton_backend.engines.batch import BatchRow
 
 logger = logging.getLogger(__name__)
 
-HELDOUT = Path(__file__).resolve().parents[1] / "data" / "heldout_prompts.txt"
 KEYS = {WeightPrecision.INT8: "int8", WeightPrecision.INT4: "int4", WeightPrecision.FLOAT16: "fp16",
         WeightPrecision.BFLOAT16: "bf16", WeightPrecision.FP8: "fp8"}
 
@@ -40,7 +40,7 @@ KEYS = {WeightPrecision.INT8: "int8", WeightPrecision.INT4: "int4", WeightPrecis
 class PrecisionBenchConfig:
     target: str = DEFAULT_REFERENCE
     precisions: tuple[WeightPrecision, ...] = (WeightPrecision.INT8, WeightPrecision.INT4)
-    prompts_file: Path = HELDOUT
+    prompts_file: Path = HELDOUT_PROMPTS
     prompts: int = 16  # held-out prompts for the agreement
     max_tokens: int = 64  # greedy tokens per prompt (teacher-forced positions)
     context: int = 128  # cached tokens under the timed decode steps
@@ -95,30 +95,14 @@ def time_steps(engines: dict[str, Any], config: PrecisionBenchConfig) -> dict[st
 
 
 def greedy_agreement(engines: dict[str, Any], tokenizer: Any, config: PrecisionBenchConfig) -> dict[str, float]:
-    """Share of teacher-forced positions where each precision's argmax is float32's greedy token."""
-    lines = [l.strip() for l in config.prompts_file.read_text().splitlines() if l.strip()][:config.prompts]
-    base = engines["fp32"]
-    agree = {name: 0 for name in engines if name != "fp32"}
-    total = 0
-    for text in lines:
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
-        ids = tokenizer.encode(chat, add_special_tokens=False)
-        slot = base.allocate()
-        logits = base.forward([BatchRow(slot, 0, ids)])[0].logits
-        continuation = []
-        for i in range(config.max_tokens):
-            continuation.append(int(logits[-1].argmax()))
-            logits = base.forward([BatchRow(slot, len(ids) + i, [continuation[-1]])])[0].logits
-        base.release(slot)
-        sequence = ids + continuation
-        for name in agree:
-            engine = engines[name]
-            slot = engine.allocate()
-            got = engine.forward([BatchRow(slot, 0, sequence[:-1], num_logits=len(continuation))])[0].logits
-            engine.release(slot)
-            agree[name] += sum(int(a == b) for a, b in zip(got.argmax(-1).tolist(), continuation))
-        total += len(continuation)
-    return {name: count / total for name, count in agree.items()}
+    """Share of teacher-forced positions where each precision's argmax is float32's greedy token
+    (:mod:`builder.eval.agreement`)."""
+    from builder.eval.agreement import greedy_references, heldout_prompts
+    from builder.eval.agreement import greedy_agreement as agreement_of
+
+    references = greedy_references(engines["fp32"], tokenizer, heldout_prompts(config.prompts_file, config.prompts),
+                                   config.max_tokens)
+    return {name: agreement_of(engine, references) for name, engine in engines.items() if name != "fp32"}
 
 
 def run_precision_bench(config: PrecisionBenchConfig) -> dict:

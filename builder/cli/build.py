@@ -84,7 +84,10 @@ def _build_overrides(spec: BuildSpec, a: argparse.Namespace) -> BuildSpec:
                                                      max_length=a.calibration_max_length))
     runtime = TorchRuntimeSpec(device=a.device or spec.torch_runtime.device,
                                dtype=a.torch_dtype or spec.torch_runtime.dtype)
-    return replace(spec, calibration=calibration, torch_runtime=runtime)
+    quality = replace(spec.quality, **given(prompts=a.quality_prompts, max_tokens=a.quality_tokens,
+                                            text_tokens=a.quality_text_tokens, min_agreement=a.min_agreement,
+                                            max_ppl_ratio=a.max_ppl_ratio))
+    return replace(spec, calibration=calibration, torch_runtime=runtime, quality=quality)
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
@@ -105,14 +108,19 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 def cmd_build(a: argparse.Namespace) -> int:
     from builder.stages.pipeline import BuildOptions, run_build
+    from builder.stages.quality import quality_line
     from builder.plan.report import format_plan
 
     options = BuildOptions(output_dir=Path(a.output), compile=CompileMode.SCRIPT if a.no_compile else CompileMode.AUTO,
                            torch_only=a.torch_only, force=a.force, progress=not a.no_progress,
-                           device=a.calibration_device, threads=a.threads)
+                           device=a.calibration_device, threads=a.threads, skip_quality=a.skip_quality)
     result = run_build(spec_from_args(a), options)
     print(format_plan(result.plan))
     print()
+    for role, record in result.quality.items():
+        print(quality_line(role, record))
+    if result.quality:
+        print()
     for notice in result.notices:
         print(f"NOTICE: {notice}")
     status = "compiled" if result.engines_compiled else "NOT compiled"
@@ -141,6 +149,13 @@ def register_build_commands(sub: Any) -> None:
     build.add_argument("--no-progress", action="store_true")
     build.add_argument("--threads", type=int, default=1, help="torch threads while calibrating")
     build.add_argument("--calibration-device", default="cpu", help="where modelopt calibrates (cpu, cuda)")
+    build.add_argument("--skip-quality", action="store_true", help="no quality stage (greedy agreement and perplexity "
+                       "of each quantized model against float32)")
+    build.add_argument("--quality-prompts", type=int, default=None, help="held-out prompts for the greedy agreement")
+    build.add_argument("--quality-tokens", type=int, default=None, help="greedy tokens per prompt")
+    build.add_argument("--quality-text-tokens", type=int, default=None, help="held-out text tokens for the perplexity")
+    build.add_argument("--min-agreement", type=float, default=None, help="warn below this greedy agreement (0.9)")
+    build.add_argument("--max-ppl-ratio", type=float, default=None, help="warn above this perplexity ratio (1.10)")
     build.set_defaults(func=cmd_build)
 
 

@@ -205,6 +205,19 @@ def torch_checkpoint_linear_bytes(arch: ModelArchitecture, precision: Precision,
                               input_scales=precision in (Precision.INT4_AWQ, Precision.INT8_SQ))
 
 
+def torch_float_bytes(arch: ModelArchitecture, *, compact: bool, float_head: bool = False) -> int:
+    """The float32 parameters the torch runtime's CPU slot engine keeps (a tied LM head once). With
+    compact linears the loader releases their float weights (``LlamaEngine.release_float_linears``):
+    the embedding, norms and biases stay, and the LM head where it is the embedding or ``float_head``
+    (a Medusa or EAGLE drafter reads it). Else every parameter."""
+    if not compact:
+        return arch.hf_params * 4
+    kept = arch.embedding_params + arch.norm_params + arch.bias_params
+    if float_head and not arch.tie_word_embeddings:
+        kept += arch.lm_head_params
+    return kept * 4
+
+
 def torch_runtime_bytes(arch: ModelArchitecture, dtype_bytes: int, slots: int, max_seq_len: int) -> tuple[int, int]:
     """``(weights, kv_cache)`` bytes the torch runtime's slot engine holds for one model (CPU or
     CUDA): every parameter at ``dtype_bytes`` and the static KV cache of ``slots`` x

@@ -19,7 +19,7 @@ from builder.errors import DoesNotFitError, PlanError, PrecisionError
 from builder.plan.gpus import GIB, GpuSpec, get_gpu
 from builder.plan.memory import (INT4_GROUP_SIZES, Footprint, int4_group_size, decode_step_ms, eagle_footprint, eagle_params,
                             medusa_footprint, medusa_params, model_footprint,
-                            row_kernel_packed_bytes, tokens_per_sequence, torch_checkpoint_linear_bytes,
+                            row_kernel_packed_bytes, tokens_per_sequence, torch_checkpoint_linear_bytes, torch_float_bytes,
                             torch_weight_precision,
                             torch_runtime_bytes)
 from builder.plan.types import Choice, ModelPlan, Plan
@@ -174,7 +174,8 @@ def evaluate(spec: BuildSpec, models: ResolvedModels, gpu: GpuSpec, choice: Choi
     plans = [_model_plan("target", spec.target, models.target,
                          model_footprint(models.target, choice.target, choice.kv, limits, choice.tp, pp),
                          models.target.total_params, choice.target, gpu,
-                         _group(models.target, choice.target, choice.tp, heads))]
+                         _group(models.target, choice.target, choice.tp, heads),
+                         float_head=heads or spec.eagle is not None)]
     if spec.draft is not None and models.draft is not None and choice.draft is not None:
         plans.append(_model_plan("draft", spec.draft, models.draft,
                                  model_footprint(models.draft, choice.draft, choice.kv, limits, choice.tp, pp),
@@ -196,11 +197,17 @@ def _group(arch: ModelArchitecture, precision: Precision, tp: int, medusa_heads:
 
 
 def _model_plan(role: str, model: ModelSpec, arch: ModelArchitecture, footprint: Footprint, params: int,
-                precision: Precision, gpu: GpuSpec, group: int | None = None) -> ModelPlan:
-    torch_bytes = torch_checkpoint_linear_bytes(arch, precision, group) if role in ("target", "draft") else 0
+                precision: Precision, gpu: GpuSpec, group: int | None = None, *, float_head: bool = False) -> ModelPlan:
+    """``float_head``: a drafter reads the model's float LM head (Medusa, EAGLE), so the torch runtime keeps it."""
+    from triton_backend.core.config import WeightPrecision
+
+    served = role in ("target", "draft")
+    torch_bytes = torch_checkpoint_linear_bytes(arch, precision, group) if served else 0
+    compact = torch_weight_precision(precision) is not WeightPrecision.FLOAT32
+    float_bytes = torch_float_bytes(arch, compact=compact, float_head=float_head) if served else 0
     return ModelPlan(role=role, source=model.source, params=params, precision=precision, requested=model.precision,
                      footprint=footprint, decode_step_ms=decode_step_ms(footprint.weights, gpu.bandwidth_gbps),
-                     int4_group_size=group, torch_linear_bytes=torch_bytes)
+                     int4_group_size=group, torch_linear_bytes=torch_bytes, torch_float_bytes=float_bytes)
 
 
 def per_gpu_total(spec: BuildSpec, plans: tuple[ModelPlan, ...]) -> int:
@@ -224,6 +231,10 @@ def torch_runtime_note(spec: BuildSpec, models: ResolvedModels, plans: tuple[Mod
             planned = next((p for p in plans if p.role == role), None)
             if spec.torch_runtime.device == "cpu" and dtype == "float32" and planned is not None:
                 served = torch_weight_precision(planned.precision).value
+                if served != "float32":  # the float linears are released once the compact copies exist
+                    head = ", LM head" if planned.torch_float_bytes > torch_float_bytes(arch, compact=True) else ""
+                    part = (f"{role} {planned.torch_float_bytes / GIB:.2f} GiB float32 weights (embedding, norms{head}) "
+                            f"+ {kv / GIB:.2f} GiB KV cache")
                 part += f" + {planned.torch_linear_bytes / GIB:.2f} GiB of {served} linear weights for the CPU kernels"
             elif spec.torch_runtime.device == "cpu" and dtype == "float32":
                 part += f" + {row_kernel_packed_bytes(arch) / GIB:.2f} GiB packed copy for the row kernel"

@@ -12,12 +12,14 @@ Example (YAML)::
     kv_cache_dtype: auto
     parallel: {tp_size: auto, pp_size: 1}
     calibration: {num_samples: 32, max_length: 256}
+    quality: {min_agreement: 0.9, max_ppl_ratio: 1.1}   # or enabled: false
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -209,6 +211,40 @@ class CalibrationSpec:
 
 
 @dataclass(frozen=True)
+class QualitySpec:
+    """The build's quality stage (``builder.stages.quality``): each quantized model, served as its
+    deployment serves it, against its float32 original -- teacher-forced greedy agreement over
+    ``prompts`` held-out prompts x ``max_tokens`` tokens and perplexity on ``text_tokens`` tokens of a
+    held-out text (``text_file``; ``None``: the one shipped with specbuild). A model whose agreement
+    is below ``min_agreement`` or whose perplexity ratio is above ``max_ppl_ratio`` gets a warning.
+    Defaults: 0.9 agreement and +10% perplexity, bounds that near-lossless 8-bit weights pass and a
+    noticeably degraded quantization does not."""
+
+    enabled: bool = True
+    prompts: int = 8
+    max_tokens: int = 32
+    text_file: str | None = None
+    text_tokens: int = 1024
+    window: int = 256
+    min_agreement: float = 0.9
+    max_ppl_ratio: float = 1.10
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.enabled, bool), f"quality.enabled must be true or false, got {self.enabled!r}")
+        for name in ("prompts", "max_tokens", "text_tokens", "window"):
+            _positive_int(getattr(self, name), f"quality.{name}")
+        _check(self.window >= 2, f"quality.window must be at least 2 tokens, got {self.window}")
+        _check(_number(self.min_agreement) and 0 <= self.min_agreement <= 1,
+               f"quality.min_agreement must be a number in [0, 1], got {self.min_agreement!r}")
+        _check(_number(self.max_ppl_ratio) and self.max_ppl_ratio >= 1,
+               f"quality.max_ppl_ratio must be a number >= 1, got {self.max_ppl_ratio!r}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
 class TorchRuntimeSpec:
     device: str = "cpu"
     dtype: TorchDtype = TorchDtype.AUTO
@@ -231,6 +267,7 @@ class BuildSpec:
     workspace_gib: float = 2.0
     calibration: CalibrationSpec = field(default_factory=CalibrationSpec)
     torch_runtime: TorchRuntimeSpec = field(default_factory=TorchRuntimeSpec)
+    quality: QualitySpec = field(default_factory=QualitySpec)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_dtype", _enum(KVCacheDtype, self.kv_cache_dtype, "kv_cache_dtype"))

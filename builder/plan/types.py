@@ -48,6 +48,7 @@ class ModelPlan:
     decode_step_ms: float  # memory-bound lower bound of one pass
     int4_group_size: int | None = None  # int4_awq: the AWQ group size (128, or 64 where widths need it)
     torch_linear_bytes: int = 0  # target/draft: what the torch runtime's CPU slot engine holds for linears + LM head
+    torch_float_bytes: int = 0  # target/draft: the float32 parameters it keeps beside them (memory.torch_float_bytes)
 
     @property
     def precision_label(self) -> str:
@@ -60,6 +61,7 @@ class ModelPlan:
                 "requested_precision": self.requested.value,
                 **({"int4_group_size": self.int4_group_size} if self.int4_group_size else {}),
                 **({"torch_cpu_linear_bytes": self.torch_linear_bytes} if self.torch_linear_bytes else {}),
+                **({"torch_cpu_float_bytes": self.torch_float_bytes} if self.torch_float_bytes else {}),
                 "per_gpu_bytes": {"weights": fp.weights, "kv_cache": fp.kv_cache, "activations": fp.activations,
                                   "total": fp.total},
                 "per_gpu_gib": {"weights": _gib(fp.weights), "kv_cache": _gib(fp.kv_cache),

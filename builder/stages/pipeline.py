@@ -1,6 +1,6 @@
 """``specbuild build``: plan -> torch runtime weights -> quantize + export TensorRT-LLM
-checkpoints -> compile engines (or write the script) -> render the Triton model repository
--> manifest.json.
+checkpoints -> compile engines (or write the script) -> quality (each quantized model against
+float32, :mod:`builder.stages.quality`) -> render the Triton model repository -> manifest.json.
 
 Output folder layout::
 
@@ -53,6 +53,7 @@ class BuildOptions:
     progress: bool = True
     device: str = "cpu"  # where calibration runs
     threads: int = 1
+    skip_quality: bool = False  # no quality stage (also the spec's quality.enabled: false)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class BuildContext:
     stages: list[dict[str, Any]] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     medusa_heads: Path | None = None  # the torch runtime's copy of trained Medusa heads
+    quality: dict[str, dict[str, Any]] = field(default_factory=dict)  # per role: the quality stage's record
 
     def roles(self) -> list[tuple[str, ModelSpec, ModelArchitecture]]:
         assert self.models is not None
@@ -93,6 +95,7 @@ class BuildResult:
     plan: Plan
     engines: list[EngineResult]
     notices: list[str]
+    quality: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def engines_compiled(self) -> bool:
@@ -157,6 +160,23 @@ def _stage_checkpoint(role: str) -> Callable[[BuildContext], None]:
 def _stage_compile(ctx: BuildContext) -> None:
     assert ctx.plan is not None
     ctx.engines = compile_engines(engine_builds(ctx.spec, ctx.plan), ctx.out, ctx.plan, ctx.options.compile)
+
+
+def _stage_quality(ctx: BuildContext) -> None:
+    from builder.stages.quality import QualityTarget, quality_target, run_quality
+
+    assert ctx.plan is not None
+    targets: list[QualityTarget | tuple[str, str]] = []
+    for role, model, arch in ctx.roles():
+        record = ctx.checkpoints.get(role)
+        served = record is not None and ctx.plan.tp * ctx.plan.pp == 1  # as _torch_weights_sources serves it
+        planned = ctx.plan.model(role)
+        assert planned is not None
+        target = quality_target(role, model.source, arch, planned,
+                                ctx.out / record["dir"] if served else None, record["dir"] if served else None)
+        targets.append((role, target) if isinstance(target, str) else target)
+    ctx.quality, notices = run_quality(targets, ctx.spec.quality, ctx.options.threads)
+    ctx.notices += notices
 
 
 def _stage_repository(ctx: BuildContext) -> None:
@@ -283,6 +303,8 @@ def _stages(ctx: BuildContext) -> list[tuple[str, Callable[[BuildContext], None]
         roles = ["target"] + (["draft"] if ctx.spec.draft is not None else [])
         stages += [(f"quantize+export {role}", _stage_checkpoint(role)) for role in roles]
         stages.append(("compile", _stage_compile))
+    if ctx.spec.quality.enabled and not ctx.options.skip_quality:
+        stages.append(("quality", _stage_quality))
     stages.append(("model repository", _stage_repository))
     return stages
 
@@ -326,10 +348,11 @@ def _finish(ctx: BuildContext) -> BuildResult:
         "engines_compiled": bool(ctx.engines) and all(e.status is EngineStatus.COMPILED for e in ctx.engines),
         "build_script": "build_engines.sh" if ctx.engines else None,
         "torch_runtime": {**ctx.serving.to_dict(), "weights": {role: f"weights/{role}" for role in ctx.weight_roles()}},
+        "quality": ctx.quality or {"skipped": "quality stage off (--skip-quality or quality.enabled: false)"},
         "model_repo": ctx.repository, "stages": ctx.stages, "notices": ctx.notices,
     }
     hashed = [p for p in ("plan.json", "weights", "checkpoints", "engines", "build_engines.sh", "model_repo")
               if (ctx.out / p).exists()]
     path = write_manifest(ctx.out, content, hashed)
     logger.info("build complete: %s", path)
-    return BuildResult(ctx.out, path, ctx.plan, ctx.engines, ctx.notices)
+    return BuildResult(ctx.out, path, ctx.plan, ctx.engines, ctx.notices, ctx.quality)

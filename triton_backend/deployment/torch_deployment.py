@@ -19,6 +19,7 @@ from triton_backend.speculation.drafters.base import Drafter
 from triton_backend.engines.trtllm.config import EngineRuntime
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.model_loading import (
     eos_ids, layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine,
 )
@@ -31,12 +32,16 @@ logger = logging.getLogger(__name__)
 def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.engine_runtime is EngineRuntime.TRTLLM:
         return build_trtllm_decoder(config)
+    # the float weights of compact linears are released unless a drafter reads them: a layer-skip
+    # draft shares the target's layers, Medusa and EAGLE its float LM head
+    keep_float_head = config.medusa is not None or config.eagle is not None
     self_engine = None
     if config.self_draft is None:
         target, tokenizer = load_engine(config.target, config.runtime, name=Path(config.target).name,
-                                        checkpoint=config.target_checkpoint)
+                                        checkpoint=config.target_checkpoint, keep_float=config.draft_layers is not None,
+                                        keep_float_head=keep_float_head)
     else:
-        target, tokenizer, self_engine = _load_with_self_draft(config)
+        target, tokenizer, self_engine = _load_with_self_draft(config, keep_float_head=keep_float_head)
     from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
 
     install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
@@ -50,6 +55,8 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
         draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
                                          runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids),
                                          checkpoint=config.draft_checkpoint)
+        if isinstance(draft_engine, LlamaEngine):  # its model is its own: only the compact linears stay
+            draft_engine.release_float_linears()
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(draft_engine, target=target, target_tokenizer=tokenizer,
                                                             draft_tokenizer=draft_tokenizer)
     elif config.draft_layers is not None:
@@ -72,9 +79,10 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)
 
 
-def _load_with_self_draft(config: DeploymentConfig) -> tuple[Any, Any, Any]:
+def _load_with_self_draft(config: DeploymentConfig, *, keep_float_head: bool) -> tuple[Any, Any, Any]:
     """(target engine, tokenizer, self-draft engine) over one loaded model: the draft's engine is
-    built first, from the float weights a quantized target's engine may release."""
+    built first, from the float weights; a quantized target's engine then releases them (its
+    compact copies and the draft's are all that is read; a float32 target keeps them)."""
     assert config.self_draft is not None
     name = Path(config.target).name
     tokenizer = load_tokenizer(config.target)
@@ -83,6 +91,8 @@ def _load_with_self_draft(config: DeploymentConfig) -> tuple[Any, Any, Any]:
     draft = self_draft_engine(model, config.runtime, config.self_draft, name=name, eos_token_ids=eos)
     target = make_torch_engine(model, name=name, runtime=config.runtime, eos_token_ids=eos,
                                checkpoint=config.target_checkpoint)
+    if isinstance(target, LlamaEngine):
+        target.release_float_linears(keep_head=keep_float_head)
     logger.info("loaded %r with its self draft %r", target, draft)
     return target, tokenizer, draft
 

@@ -19,7 +19,8 @@ import torch
 from transformers import PreTrainedModel
 
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
-from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear, compact_linear, compact_linears, linear_names
+from triton_backend.engines.torch.compact_weights import (HEAD, LAYER_LINEARS, CompactLinear, compact_linear, compact_linears,
+                                                          linear_names)
 from triton_backend.engines.torch.weight_gemm import WeightFormat, load_weight_gemm
 from triton_backend.engines.batch import BatchRow, RowOutput
 from triton_backend.engines.torch.kv_cache import SlotKVCache
@@ -69,6 +70,21 @@ def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
     return {WeightFormat.INT8: WeightPrecision.INT8, WeightFormat.INT4: WeightPrecision.INT4,
             WeightFormat.FLOAT16: WeightPrecision.FLOAT16, WeightFormat.BFLOAT16: WeightPrecision.BFLOAT16,
             WeightFormat.FP8: WeightPrecision.FP8}[formats.pop()]
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): weights of a few MiB each live
+    in the heap, not in their own mappings, so freeing them alone leaves the process's RSS as it was."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()  # the module's reference cycles may hold the released weights until collected
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): the pages stay reusable in-process
+        logger.debug("malloc_trim is not available here")
 
 
 class LlamaEngine:
@@ -135,6 +151,42 @@ class LlamaEngine:
         """What the engine holds for its linear layers beside the module's parameters: float32
         panels of the row kernel, or the compact weights (int8/int4 values and scales, 16-bit values)."""
         return self.forward_impl.packed_bytes()
+
+    def release_float_linears(self, *, keep_head: bool = False) -> int:
+        """Free the module's float weights of the linears this engine holds in compact weights: every
+        decoder linear, and the LM head unless ``keep_head`` or it is the embedding too. They become
+        meta tensors (shape and dtype kept, no storage), so the process holds the compact weights
+        beside the float embedding and norms. For the loader that knows nothing else reads them (a
+        drafter sharing the target's layers or head does); the module's own forward no longer runs.
+        Returns the bytes released (0 when the linears are float32)."""
+        if self.weights is WeightPrecision.FLOAT32:
+            return 0
+        modules = [layer.get_submodule(name) for layer in self.model.base_model.layers for name in LAYER_LINEARS]
+        head = self.model.get_output_embeddings()
+        head_compact = self.forward_impl.head is not None and self.forward_impl.head.compact is not None
+        if head_compact and not keep_head and head.weight is not self.model.get_input_embeddings().weight:
+            modules.append(head)
+        freed = 0
+        for module in modules:
+            weight = module.weight
+            if weight.is_meta:
+                continue
+            freed += weight.numel() * weight.element_size()
+            module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+        del weight
+        _trim_heap()
+        logger.info("%s: released %.1f MiB of float linear weights (%d layers; compact copies serve them)", self.name,
+                    freed / 2**20, len(modules))
+        return freed
+
+    def resident_weight_bytes(self) -> int:
+        """The weights this engine holds: the module's parameters that have storage (a tied one
+        once), the linears' compact weights or kernel panels, and float32 decodings of compact
+        weights where no compact kernel runs."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters() if not p.is_meta)
+        decoded = sum(l.weight.numel() * l.weight.element_size() for l in self.forward_impl.linears
+                      if l.compact is not None and l.weight is not None)
+        return params + self.linear_weight_bytes() + decoded
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

@@ -134,12 +134,19 @@ def make_torch_engine(model: PreTrainedModel, *, name: str = "model", runtime: R
 
 
 def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *, name: str | None = None,
-                checkpoint: str | Path | None = None) -> tuple[LlamaEngine | TorchEngine, Any]:
-    """A torch engine (see :func:`make_torch_engine`) and its tokenizer."""
+                checkpoint: str | Path | None = None, keep_float: bool = False,
+                keep_float_head: bool = False) -> tuple[LlamaEngine | TorchEngine, Any]:
+    """A torch engine (see :func:`make_torch_engine`) and its tokenizer. The model is this engine's
+    alone, so where the engine holds compact linears their float weights are released
+    (:meth:`LlamaEngine.release_float_linears`) unless ``keep_float`` (the caller builds on the
+    model's float layers, e.g. a layer-skip draft) or, for the LM head, ``keep_float_head`` (a
+    drafter reads the float head: Medusa, EAGLE)."""
     tokenizer = load_tokenizer(source)
     model = load_model(source, runtime)
     engine = make_torch_engine(model, name=name or Path(str(source)).name, runtime=runtime,
                                eos_token_ids=eos_ids(model, tokenizer), checkpoint=checkpoint)
+    if isinstance(engine, LlamaEngine) and not keep_float:
+        engine.release_float_linears(keep_head=keep_float_head)
     logger.info("loaded %r", engine)
     return engine, tokenizer
 
