@@ -15,7 +15,8 @@ model:
   calibration text, and their ratio.
 
 A model below ``quality.min_agreement`` or above ``quality.max_ppl_ratio`` gets a warning (logged and
-among the build's notices). A model whose float32 copy would not fit this machine's available memory; the manifest and the notices say so.
+among the build's notices). A model whose float32 copy would not fit this machine's available
+memory is not measured; the manifest and the notices say so.
 """
 
 from __future__ import annotations
