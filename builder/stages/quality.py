@@ -58,9 +58,7 @@ def quality_target(role: str, source: str, arch: ModelArchitecture, planned: Mod
                    checkpoint: Path | None, checkpoint_label: str | None) -> QualityTarget | str:
     """What to measure for ``role``, or why it is not measured."""
     served = torch_weight_precision(planned.precision)
-    if served is WeightPrecision.FLOAT32:
-        if planned.precision.is_quantized:
-            return f"planned {planned.precision.value}: the torch runtime has no {planned.precision.value} kernel to measure it on"
+    if served is WeightPrecision.FLOAT32:  # every planned precision has its torch kernel: only float32 lands here
         return "float32: nothing to compare"
     return QualityTarget(role, source, arch, served, checkpoint, checkpoint_label, planned.int4_group_size or 0)
 
