@@ -13,8 +13,7 @@ import pytest
 from conftest import tiny_engine
 from test_eagle import _exact_joint, _random_drafter
 from test_medusa_tree import random_heads
-from test_scheduler import submit_all
-from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+from test_scheduler import assert_mixed_batch_matches_alone
 from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SamplingParams, SpeculationConfig,
                                         SpeculationMode)
 from triton_backend.core.sampling import LogitsProcessor
@@ -148,19 +147,7 @@ def test_auto_sampling_matches_target_distribution(sources, monkeypatch):
 def test_auto_batched_identical_to_alone(kind, policy, sources):
     """Auto rows in the batch scheduler (EAGLE rows; draft-model rows, whose drafter runs batched
     across rows) give what each request gives alone, greedy and seeded sampling."""
-    decoder = _decoder(kind)
-    requests = []
-    for i, prompt in enumerate(PROMPTS * 2):
-        sampling = i % 2 == 1
-        params = SamplingParams(max_tokens=16 + i, temperature=0.9 if sampling else 0.0,
-                                seed=50 + i if sampling else None, ignore_eos=True)
-        requests.append((prompt, params, _auto()))
-    expected = [decoder.generate(p, params, spec).token_ids for p, params, spec in requests]
-    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4, policy=policy))
-    try:
-        assert [c.tokens() for c in submit_all(scheduler, requests)] == expected
-    finally:
-        scheduler.shutdown()
+    assert_mixed_batch_matches_alone(_decoder(kind), PROMPTS, _auto(), policy, base_tokens=16, base_seed=50)
     assert sources[DraftSource.NGRAM] > 0 and sources[DraftSource.MODEL] > 0, sources
 
 

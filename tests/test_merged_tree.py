@@ -15,8 +15,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from test_auto_source import PROMPTS, _auto, _decoder
-from test_scheduler import submit_all
-from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+from test_scheduler import assert_mixed_batch_matches_alone
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.core.sampling import sample
 from triton_backend.speculation.auto_source import AutoSource, DraftSource
@@ -205,19 +204,8 @@ def test_auto_with_merged_trees_greedy_identical_to_plain(merged_rounds):
 
 @pytest.mark.parametrize("policy", ["per_request", "load_aware"])
 def test_merged_rows_batched_identical_to_alone(policy, merged_rounds):
-    decoder = _decoder(SpeculationMode.EAGLE)
-    requests = []
-    for i, prompt in enumerate(PROMPTS * 2):
-        sampling = i % 2 == 1
-        params = SamplingParams(max_tokens=20 + i, temperature=0.9 if sampling else 0.0,
-                                seed=70 + i if sampling else None, ignore_eos=True)
-        requests.append((prompt, params, _merging()))
-    expected = [decoder.generate(p, params, spec).token_ids for p, params, spec in requests]
-    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4, policy=policy))
-    try:
-        assert [c.tokens() for c in submit_all(scheduler, requests)] == expected
-    finally:
-        scheduler.shutdown()
+    assert_mixed_batch_matches_alone(_decoder(SpeculationMode.EAGLE), PROMPTS, _merging(), policy, base_tokens=20,
+                                     base_seed=70)
     assert merged_rounds[DraftSource.MERGED] > 0, merged_rounds
 
 

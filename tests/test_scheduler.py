@@ -102,6 +102,24 @@ def submit_all(scheduler: BatchScheduler, requests) -> list[Collector]:
     return clients
 
 
+def assert_mixed_batch_matches_alone(decoder, prompts, spec: SpeculationConfig, policy: str, *, base_tokens: int,
+                                     base_seed: int) -> None:
+    """Each prompt twice, greedy and seeded sampling alternating, lengths growing from
+    ``base_tokens``: the scheduler's outputs (4 rows a pass) equal each request decoded alone."""
+    requests = []
+    for i, prompt in enumerate(list(prompts) * 2):
+        sampling = i % 2 == 1
+        params = SamplingParams(max_tokens=base_tokens + i, temperature=0.9 if sampling else 0.0,
+                                seed=base_seed + i if sampling else None, ignore_eos=True)
+        requests.append((prompt, params, spec))
+    expected = [decoder.generate(p, params, s).token_ids for p, params, s in requests]
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4, policy=policy))
+    try:
+        assert [c.tokens() for c in submit_all(scheduler, requests)] == expected
+    finally:
+        scheduler.shutdown()
+
+
 @pytest.mark.parametrize("policy", ["per_request", "load_aware"])
 def test_batched_outputs_identical_to_each_request_alone(decoder, policy) -> None:
     requests = _requests(12)
