@@ -270,6 +270,7 @@ def test_warm_start_keeps_the_drafter_and_its_vocabulary(tmp_path, tiny_data):
     (tmp_path / "target" / "config.json").write_text(json.dumps(meta))
     with pytest.raises(BuildSpecError, match="drafter for target 'another-model'"):
         train_eagle3(replace(cfg, out=str(tmp_path / "w4"), init_from=str(tmp_path / "target")), progress=False)
+    assert not any((tmp_path / w).exists() for w in ("w2", "w3", "w4"))
     with pytest.raises(BuildSpecError, match="exclude each other"):
         replace(cfg, init_from_target=True)
 

@@ -368,9 +368,9 @@ def _prepare(cfg: Eagle3TrainConfig) -> _Run:
 
 
 def _train(cfg: Eagle3TrainConfig, progress: bool) -> Eagle3Report:
+    run = _prepare(cfg)  # a refused setting leaves no folder behind
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    run = _prepare(cfg)
     net, embed, held = run.net, run.embed, run.held
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0)
     ckpt = out / STATE
