@@ -169,34 +169,130 @@ def test_features_are_the_capture_layers_outputs(tmp_path):
         h.remove()
 
 
-def test_training_learns_resumes_and_writes_a_loadable_drafter(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    """A tiny 6-layer target, training features stored by its corpus run (the corpus folder) and
+    held-out features by prefill: ``(target, train folder, held-out feature folder)``."""
     from build_fixtures import make_tiny_llama
-    from builder.train.eagle3 import Eagle3TrainConfig, train_eagle3
     from builder.train.eagle_corpus import CorpusConfig, generate_corpus
     from builder.train.eagle_features import FeatureConfig, generate_features
     from triton_backend.core.reference_model import ensure_reference_model
 
-    tiny = str(make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=48, layers=6, heads=4, kv_heads=2,
+    root = tmp_path_factory.mktemp("eagle3")
+    tiny = str(make_tiny_llama(root / "tiny", ensure_reference_model(), hidden=48, layers=6, heads=4, kv_heads=2,
                                intermediate=96))
     for name, prompts, share in (("train", ["Say hi.", "Count to three.", "Name a colour.", "Spell cat.", "Say bye.",
                                             "Name a fruit."], 0.5), ("held", ["What is two plus two?", "Give me a number."], 0.0)):
-        (tmp_path / f"{name}.txt").write_text("\n".join(prompts) + "\n")
-        generate_corpus(CorpusConfig(target=tiny, out_dir=str(tmp_path / name), prompts_file=str(tmp_path / f"{name}.txt"),
+        (root / f"{name}.txt").write_text("\n".join(prompts) + "\n")
+        generate_corpus(CorpusConfig(target=tiny, out_dir=str(root / name), prompts_file=str(root / f"{name}.txt"),
                                      max_new_tokens=12, rows=4, shard_size=4, sampled_share=share,
                                      features="eagle3" if name == "train" else "none"))
-    # training features stored by the corpus run itself (the corpus folder given), held-out ones by prefill
-    generate_features(FeatureConfig(target=tiny, corpus_dir=str(tmp_path / "held"), out_dir=str(tmp_path / "held-f")))
-    cfg = Eagle3TrainConfig(target=tiny, features_dir=str(tmp_path / "train"), heldout_dir=str(tmp_path / "held-f"),
-                            out=str(tmp_path / "drafter"), draft_vocab=64, ttt_steps=2, epochs=8, batch_size=2, lr=3e-3,
-                            time_limit_s=120, eval_every_s=0.0)
+    generate_features(FeatureConfig(target=tiny, corpus_dir=str(root / "held"), out_dir=str(root / "held-f")))
+    return tiny, str(root / "train"), str(root / "held-f")
+
+
+def _train_cfg(tiny_data, out, **kw):
+    from builder.train.eagle3 import Eagle3TrainConfig
+
+    tiny, train, held = tiny_data
+    settings = dict(draft_vocab=64, ttt_steps=2, epochs=8, batch_size=2, lr=3e-3, time_limit_s=120, eval_every_s=0.0)
+    settings.update(kw)
+    return Eagle3TrainConfig(target=tiny, features_dir=settings.pop("features_dir", train), heldout_dir=held, out=str(out),
+                             **settings)
+
+
+def test_training_learns_resumes_and_writes_a_loadable_drafter(tmp_path, tiny_data):
+    from builder.train.eagle3 import train_eagle3
+
+    cfg = _train_cfg(tiny_data, tmp_path / "drafter")
     report = train_eagle3(cfg, progress=False)
     assert report.steps == 24 and len(report.curve) >= 2 and len(report.acceptance) == 2
     assert 0 < report.draft_vocab_coverage <= 1 and report.draft_vocab == 64
     assert sum(report.losses[-3:]) < sum(report.losses[:3])  # it learns
     assert all(0 <= a <= 1 for a in report.acceptance) and report.acceptance[1] <= report.acceptance[0]
+    assert report.curve[0].steps == 0 and report.curve[0].acceptance == report.start_acceptance
+    assert report.init_from is None and report.threads == torch.get_num_threads()
     again = train_eagle3(cfg, progress=False)  # finished: resumes to its end
     assert again.steps == 24 and again.acceptance == report.acceptance
+    assert again.start_acceptance == report.start_acceptance
     net = load_eagle3(tmp_path / "drafter")
     assert net.info.capture_layers == default_capture_layers(6) and net.info.draft_vocab_size == 64
     saved = json.loads((tmp_path / "drafter" / "training_report.json").read_text())
     assert saved["training"]["curve"] and saved["settings"]["ttt_steps"] == 2
+    assert saved["settings"]["target"].startswith("<outside the repository>/")  # no machine paths in reports
+
+
+def test_warm_start_keeps_the_drafter_and_its_vocabulary(tmp_path, tiny_data):
+    """``init_from``: the run starts from the drafter's own weights and vocabulary map (not one
+    recomputed from the new data), its step-0 acceptance is the drafter's, and a checkpoint in
+    ``out`` still resumes first; a drafter of other capture layers, another target or another
+    draft vocabulary size is refused."""
+    from dataclasses import replace
+
+    from builder.errors import BuildSpecError
+    from builder.train.eagle3 import _prepare, train_eagle3
+    from builder.train.eagle3_init import draft_vocabulary
+
+    first = train_eagle3(_train_cfg(tiny_data, tmp_path / "first", epochs=4), progress=False)
+    init = load_eagle3(tmp_path / "first")
+    held = tiny_data[2]  # new data: the held-out features, whose most written tokens differ
+    cfg = _train_cfg(tiny_data, tmp_path / "warm", draft_vocab=None, init_from=str(tmp_path / "first"),
+                     features_dir=held, epochs=2, lr=1e-3)
+    run = _prepare(cfg)
+    for k, v in init.state_dict().items():
+        assert torch.equal(run.net.state_dict()[k], v), k
+    fresh_ids, _ = draft_vocabulary([s.top1[s.first:] for s in run.train], 64, init.info.vocab_size)
+    init_ids = torch.arange(64) + init.d2t
+    assert not torch.equal(fresh_ids, init_ids)  # a recomputed vocabulary would differ
+    report = train_eagle3(cfg, progress=False)
+    assert report.curve[0].steps == 0 and report.start_acceptance == report.curve[0].acceptance == first.acceptance
+    assert report.steps > 0 and report.draft_vocab == 64 and report.init_from == "<outside the repository>/first"
+    warm = load_eagle3(tmp_path / "warm")
+    assert torch.equal(warm.d2t, init.d2t) and torch.equal(warm.t2d, init.t2d)
+    assert not torch.equal(warm.fc.weight, init.fc.weight)  # trained on
+    saved = json.loads((tmp_path / "warm" / "training_report.json").read_text())
+    assert saved["training"]["init_from"] == "<outside the repository>/first"
+    assert saved["training"]["start_acceptance"] == first.acceptance
+    again = train_eagle3(cfg, progress=False)  # the checkpoint wins: no new start from the init
+    assert again.steps == report.steps and again.acceptance == report.acceptance
+
+    with pytest.raises(BuildSpecError, match="disagrees"):
+        train_eagle3(replace(cfg, out=str(tmp_path / "w2"), draft_vocab=32), progress=False)
+    other = replace(init.info, capture_layers=(1, 2, 3))
+    net = Eagle3Net(other)
+    net.load_state_dict(init.state_dict())
+    save_eagle3(tmp_path / "layers", net)
+    with pytest.raises(BuildSpecError, match=r"reads target layers \(1, 2, 3\)"):
+        train_eagle3(replace(cfg, out=str(tmp_path / "w3"), init_from=str(tmp_path / "layers")), progress=False)
+    save_eagle3(tmp_path / "target", init)
+    meta = json.loads((tmp_path / "target" / "config.json").read_text())
+    meta["specbuild"]["target"] = "another-model"
+    (tmp_path / "target" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(BuildSpecError, match="drafter for target 'another-model'"):
+        train_eagle3(replace(cfg, out=str(tmp_path / "w4"), init_from=str(tmp_path / "target")), progress=False)
+    assert not any((tmp_path / w).exists() for w in ("w2", "w3", "w4"))
+    with pytest.raises(BuildSpecError, match="exclude each other"):
+        replace(cfg, init_from_target=True)
+
+
+def test_init_from_target_copies_the_last_layer(tiny_data):
+    """``init_from_target``: the fresh drafter's decoder layer starts from the target's last
+    layer where the shapes fit (q/k/v: their hidden-state half), its LM head from the target's
+    rows of the draft vocabulary."""
+    from builder.train.eagle3_init import fresh_net, target_parts
+
+    parts = target_parts(tiny_data[0])
+    top1 = [torch.randint(0, 300, (50,))]
+    net, _ = fresh_net(parts, top1, 32, (1, 2, 2), "tiny", 0, from_target_layer=True)
+    plain, _ = fresh_net(parts, top1, 32, (1, 2, 2), "tiny", 0)
+    last, m, h = parts.last_layer, net.midlayer, 48
+    for name in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "self_attn.o_proj.weight",
+                 "input_layernorm.weight", "post_attention_layernorm.weight"):
+        assert torch.equal(m.get_parameter(name), last[name]), name
+    assert torch.equal(m.hidden_norm.weight, last["input_layernorm.weight"])
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        mine = m.self_attn.get_parameter(f"{proj}.weight")
+        assert torch.equal(mine[:, h:], last[f"self_attn.{proj}.weight"])
+        assert torch.equal(mine[:, :h], plain.midlayer.self_attn.get_parameter(f"{proj}.weight")[:, :h])
+    ids = torch.arange(32) + net.d2t
+    assert torch.equal(net.lm_head.weight, parts.head[ids]) and torch.equal(net.fc.weight, plain.fc.weight)

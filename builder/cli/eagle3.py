@@ -34,7 +34,8 @@ def _cmd_train(a: argparse.Namespace) -> int:
     cfg = Eagle3TrainConfig(target=a.target, features_dir=a.features, heldout_dir=a.heldout_features, out=a.out,
                             draft_vocab=a.draft_vocab, ttt_steps=a.ttt_steps, step_decay=a.step_decay, epochs=a.epochs,
                             batch_size=a.batch_size, max_len=a.max_len, lr=a.lr, time_limit_s=a.time_limit,
-                            eval_every_s=a.eval_every, seed=a.seed)
+                            eval_every_s=a.eval_every, seed=a.seed, init_from=a.init_from or "",
+                            init_from_target=a.init_from_target, threads=a.threads)
     print(train_eagle3(cfg, progress=not a.quiet).summary())
     return 0
 
@@ -74,7 +75,15 @@ def register_eagle3_commands(sub: "argparse._SubParsersAction[argparse.ArgumentP
                         "folders (their stored feat-*.pt used, shards without one prefilled first)")
     t.add_argument("--heldout-features", required=True, help="held-out feature folder (greedy responses), of either kind")
     t.add_argument("--out", required=True, help="drafter folder (config.json, model.safetensors, training_report.json)")
-    t.add_argument("--draft-vocab", type=int, default=8192, help="size of the draft vocabulary")
+    t.add_argument("--draft-vocab", type=int, default=None,
+                   help="size of the draft vocabulary (default 8192; with --init-from, the init's)")
+    t.add_argument("--init-from", default=None, metavar="DRAFTER",
+                   help="warm start from an EAGLE-3 drafter folder of the same target (its weights and vocabulary "
+                        "map; capture layers must match the features'); a checkpoint in --out still resumes first")
+    t.add_argument("--init-from-target", action="store_true",
+                   help="fresh start: the decoder layer from the target's last decoder layer where shapes fit")
+    t.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default 0: torch's default, the cores it sees or OMP_NUM_THREADS)")
     t.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (draft depth trained)")
     t.add_argument("--step-decay", type=float, default=0.8, help="loss weight decay per TTT step")
     t.add_argument("--epochs", type=int, default=4)

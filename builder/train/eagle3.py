@@ -6,7 +6,9 @@ are used and whose shards without one are prefilled first): per position the fus
 target features and the target's greedy next token. The drafter is trained to predict the
 target's choice ``top1[j + 1]`` from ``(features_j, token_{j+1})``, over a reduced draft
 vocabulary (the ``draft_vocab`` tokens the target writes most in the training data, mapped to
-the target's ids by ``d2t``), initialised from the target's own LM-head rows and final norm.
+the target's ids by ``d2t``), initialised from the target's own LM-head rows and final norm, or
+warm-started from an existing drafter folder (``init_from``: its weights and vocabulary map;
+:mod:`builder.train.eagle3_init`).
 
 Training-time test (``ttt_steps`` = S): step 0 reads the target's features; step ``s`` reads
 the drafter's own output of step ``s - 1`` one position back, as chain drafting does, and
@@ -18,7 +20,9 @@ starting positions where the drafter's first ``d`` greedy drafts all equal the t
 greedy tokens (what greedy verification of a ``d``-token chain accepts), from greedy responses.
 
 Resumable: ``<out>/train_state.pt`` (net, optimizer, step, curve) every ``save_every_s``; a rerun
-with the same settings continues. The report (``training_report.json``) holds the learning curve.
+with the same settings continues (a checkpoint in ``out`` wins over ``init_from``: the init only
+starts a run). The report (``training_report.json``) holds the learning curve, whose first point
+is step 0: the untrained drafter's acceptance, or the init's.
 """
 
 from __future__ import annotations
@@ -28,21 +32,25 @@ import logging
 import pickle
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
 from builder.errors import BuildSpecError
+from builder.report_paths import portable, repo_path
+from builder.train.eagle3_init import (InitDrafter, TargetParts, check_layers, coverage_of, fresh_net, read_init,
+                                       target_parts, warm_net)
 from builder.train.eagle_features import feature_files
 from builder.train.schedule import TimedCosine
-from triton_backend.speculation.drafters.eagle3_model import Eagle3Info, Eagle3Net, save_eagle3
+from triton_backend.speculation.drafters.eagle3_model import Eagle3Net, save_eagle3
 
 logger = logging.getLogger(__name__)
 
 STATE = "train_state.pt"
 REPORT = "training_report.json"
+DEFAULT_DRAFT_VOCAB = 8192
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class Eagle3TrainConfig:
     heldout_dir: str
     out: str  # output folder (config.json, model.safetensors, training_report.json)
     # features_dir / heldout_dir: one folder, or several comma-separated
-    draft_vocab: int = 8192
+    draft_vocab: int | None = None  # None: DEFAULT_DRAFT_VOCAB, or the init's (init_from)
     ttt_steps: int = 3
     step_decay: float = 0.8
     epochs: int = 4
@@ -64,17 +72,33 @@ class Eagle3TrainConfig:
     save_every_s: float = 120.0
     max_eval_sequences: int = 64
     seed: int = 0
+    init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": a fresh drafter)
+    init_from_target: bool = False  # fresh drafter: decoder layer from the target's last layer
+    threads: int = 0  # torch CPU threads (0: torch's default, the cores it sees or OMP_NUM_THREADS)
 
     def __post_init__(self) -> None:
-        if self.ttt_steps < 1 or self.epochs < 1 or self.batch_size < 1 or self.draft_vocab < 1 or self.max_len < 4:
+        vocab = DEFAULT_DRAFT_VOCAB if self.draft_vocab is None else self.draft_vocab
+        if self.ttt_steps < 1 or self.epochs < 1 or self.batch_size < 1 or vocab < 1 or self.max_len < 4:
             raise BuildSpecError("ttt_steps, epochs, batch_size, draft_vocab >= 1 and max_len >= 4")
         if self.lr <= 0 or self.time_limit_s <= 0 or not 0 < self.step_decay <= 1:
             raise BuildSpecError("lr and time_limit_s must be > 0, step_decay in (0, 1]")
+        if not 0 <= self.threads <= 1024:
+            raise BuildSpecError(f"threads must be between 0 (torch's default) and 1024, got {self.threads}")
+        if self.init_from and self.init_from_target:
+            raise BuildSpecError("--init-from (a drafter) and --init-from-target (a fresh drafter's layer from the "
+                                 "target) exclude each other")
 
     def identity(self) -> dict[str, object]:
-        keep = ("target", "features_dir", "draft_vocab", "ttt_steps", "step_decay", "epochs", "batch_size", "max_len",
-                "lr", "seed")
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        """The settings a checkpoint must share to be resumed (threads may change)."""
+        keep = ("target", "features_dir", "ttt_steps", "step_decay", "epochs", "batch_size", "max_len", "lr", "seed")
+        ident: dict[str, object] = {k: v for k, v in asdict(self).items() if k in keep}
+        if self.init_from:  # the draft vocabulary is the init's (checked to agree)
+            ident["init_from"] = str(Path(self.init_from).resolve())
+        else:
+            ident["draft_vocab"] = DEFAULT_DRAFT_VOCAB if self.draft_vocab is None else self.draft_vocab
+        if self.init_from_target:
+            ident["init_from_target"] = True
+        return ident
 
 
 @dataclass
@@ -92,18 +116,22 @@ class Eagle3Report:
     heldout_positions: int
     steps: int
     seconds: float
-    acceptance: list[float]
-    untrained_acceptance: list[float]
+    acceptance: list[float]  # of the drafter as saved (float16 weights)
+    start_acceptance: list[float]  # at step 0: the untrained drafter's, or the init's ([]: unknown)
     draft_vocab: int
     draft_vocab_coverage: float  # share of training targets inside the draft vocabulary
+    init_from: str | None = None  # the warm start's drafter folder (relative to the repository)
+    threads: int = 0  # torch CPU threads the run used
     curve: list[CurvePoint] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # this run's first and last few step losses
 
     def summary(self) -> str:
         acc = ", ".join(f"{a:.3f}" for a in self.acceptance)
+        start = (f"{self.start_acceptance[0]:.3f} at depth 1 at step 0" if self.start_acceptance else "step 0 unknown")
+        origin = f"warm start from {self.init_from}" if self.init_from else "fresh start"
         return (f"EAGLE-3 drafter -> {self.out}: {self.train_positions} training positions, {self.steps} steps in "
-                f"{self.seconds:.0f}s; held-out chain acceptance by draft depth: {acc} "
-                f"(untrained {self.untrained_acceptance[0]:.3f} at depth 1)")
+                f"{self.seconds:.0f}s on {self.threads} thread(s); held-out chain acceptance by draft depth: {acc} "
+                f"({origin}: {start})")
 
 
 @dataclass
@@ -131,16 +159,6 @@ def load_sequences(files: list[Path], max_len: int, limit: int | None = None,
             if limit and len(out) >= limit:
                 return out
     return out
-
-
-def draft_vocabulary(seqs: list[_Seq], size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
-    """The ``size`` target ids the target writes most (ascending) and the share they cover."""
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for s in seqs:
-        counts += torch.bincount(s.top1[s.first:], minlength=vocab_size)
-    size = min(size, vocab_size)
-    ids = counts.topk(size).indices.sort().values
-    return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
 
 
 def _batch(seqs: list[_Seq], net: Eagle3Net) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -234,28 +252,31 @@ def chain_acceptance(net: Eagle3Net, embed: torch.Tensor, seqs: list[_Seq], step
     return [h / max(1, starts) for h in hits]
 
 
-def _target_parts(target: str) -> tuple[object, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The target's config, embedding, LM head and final-norm weights (frozen copies)."""
-    from triton_backend.engines.torch.model_loading import load_model
+def _start_net(cfg: Eagle3TrainConfig, train: list[_Seq], layers: tuple[int, ...],
+               init: InitDrafter | None, parts: TargetParts) -> tuple[Eagle3Net, float]:
+    """The drafter the run starts from (fresh, or the init's) and its draft vocabulary's coverage."""
+    top1 = [s.top1[s.first:] for s in train]
+    name = Path(cfg.target).name
+    if init is not None:
+        net = warm_net(init, layers, name)
+        coverage = coverage_of(net, top1)
+        logger.info("warm start from %s: %d-token draft vocabulary kept, covering %.3f of the training targets",
+                    repo_path(Path(cfg.init_from).absolute()), net.info.draft_vocab_size, coverage)
+        return net, coverage
+    return fresh_net(parts, top1, cfg.draft_vocab or DEFAULT_DRAFT_VOCAB, layers, name,
+                     cfg.seed, from_target_layer=cfg.init_from_target)
 
-    model = load_model(target).eval()
-    embed = model.get_input_embeddings().weight.detach().float().clone()
-    head = model.get_output_embeddings().weight.detach().float().clone()
-    norm = model.model.norm.weight.detach().float().clone()
-    return model.config, embed, head, norm
 
+def _as_saved(net: Eagle3Net) -> Eagle3Net:
+    """A copy of ``net`` with its weights rounded as :func:`save_eagle3` stores them (float16):
+    the drafter that serving (and a later warm start) loads."""
+    import copy
 
-def _new_net(cfg: Eagle3TrainConfig, train: list[_Seq], layers: tuple[int, ...]) -> tuple[Eagle3Net, torch.Tensor, float]:
-    config, embed, head, norm = _target_parts(cfg.target)
-    ids, coverage = draft_vocabulary(train, cfg.draft_vocab, int(config.vocab_size))
-    info = Eagle3Info.from_target_config(config, len(ids), layers, target=Path(cfg.target).name)
-    torch.manual_seed(cfg.seed)
-    net = Eagle3Net(info)
-    net.set_vocab(ids)
-    with torch.no_grad():  # start from the target's own LM head rows and final norm
-        net.lm_head.weight.copy_(head[ids])
-        net.norm.weight.copy_(norm)
-    return net, embed, coverage
+    saved = copy.deepcopy(net).eval()
+    with torch.no_grad():
+        for p in saved.parameters():
+            p.copy_(p.half().float())
+    return saved
 
 
 def _save_state(path: Path, cfg: Eagle3TrainConfig, net: Eagle3Net, opt: torch.optim.Optimizer, state: dict,
@@ -312,24 +333,88 @@ def _step(cfg: Eagle3TrainConfig, net: Eagle3Net, embed: torch.Tensor, opt: torc
 
 
 def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Report:
-    """Train (or resume) and write the drafter folder with its report; see the module docstring."""
-    from tqdm.auto import tqdm
+    """Train (or resume) and write the drafter folder with its report; see the module docstring.
+    Runs on ``cfg.threads`` torch threads (0: as torch is set), restored afterwards."""
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, progress)
+    finally:
+        torch.set_num_threads(previous)
 
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+
+@dataclass
+class _Run:
+    net: Eagle3Net
+    embed: torch.Tensor  # [V, H] the target's
+    coverage: float
+    train: list[_Seq]
+    held: list[_Seq]
+
+
+def _prepare(cfg: Eagle3TrainConfig) -> _Run:
+    """Target, init (checked before the bulk of the features is read), features, starting drafter."""
+    parts = target_parts(cfg.target)
+    init = read_init(cfg.init_from, cfg.target, parts.config, cfg.draft_vocab) if cfg.init_from else None
     train_files = feature_files(cfg.target, cfg.features_dir)
     layers = tuple(torch.load(train_files[0], weights_only=True)["layers"])
+    if init is not None:
+        check_layers(init, layers)
     train = load_sequences(train_files, cfg.max_len, layers=layers)
     held = load_sequences(feature_files(cfg.target, cfg.heldout_dir), cfg.max_len, cfg.max_eval_sequences, layers)
-    net, embed, coverage = _new_net(cfg, train, layers)
-    untrained = chain_acceptance(net, embed, held, cfg.ttt_steps)
+    net, coverage = _start_net(cfg, train, layers, init, parts)
+    return _Run(net, parts.embed, coverage, train, held)
+
+
+def _train(cfg: Eagle3TrainConfig, progress: bool) -> Eagle3Report:
+    run = _prepare(cfg)  # a refused setting leaves no folder behind
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    net, embed, held = run.net, run.embed, run.held
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0)
     ckpt = out / STATE
-    state, curve = _resume(ckpt, cfg, net, opt)
-    per_epoch = -(-len(train) // cfg.batch_size)
+    state, curve = _resume(ckpt, cfg, net, opt)  # a checkpoint wins over the init
+    if state["steps"] == 0 and not curve:  # a new run: the curve starts at step 0
+        state["start_acceptance"] = chain_acceptance(net, embed, held, cfg.ttt_steps)
+        curve.append(CurvePoint(0, 0, 0.0, state["start_acceptance"]))
+        logger.info("step 0: held-out chain acceptance %s", state["start_acceptance"])
+    start_acceptance = state.get("start_acceptance") or (curve[0].acceptance if curve and curve[0].steps == 0 else [])
+    per_epoch = -(-len(run.train) // cfg.batch_size)
     sched = TimedCosine(opt, cfg.epochs * per_epoch, cfg.time_limit_s)
     sched.steps, sched.start = state["steps"] - 1, sched.start - state["seconds"]
     sched.step()
+    losses = _epochs(cfg, run, opt, sched, state, curve, ckpt, progress)
+    seconds = time.monotonic() - sched.start
+    final = chain_acceptance(_as_saved(net), embed, held, cfg.ttt_steps)
+    curve.append(CurvePoint(state["steps"], state["positions"], seconds, final))
+    _save_state(ckpt, cfg, net, opt, state, curve, seconds)
+    init = repo_path(Path(cfg.init_from).absolute()) if cfg.init_from else None
+    net.info.extra.update({"heldout_chain_acceptance": [round(a, 4) for a in final]})
+    net.info.extra.pop("init_from", None)
+    if init:
+        net.info.extra["init_from"] = init
+    save_eagle3(out, net)
+    report = Eagle3Report(out=str(out), train_positions=sum(len(s.tokens) - 1 - s.first for s in run.train),
+                          heldout_positions=sum(len(s.tokens) - 1 - s.first for s in held), steps=state["steps"],
+                          seconds=seconds, acceptance=final, start_acceptance=list(start_acceptance),
+                          draft_vocab=net.info.draft_vocab_size, draft_vocab_coverage=run.coverage, init_from=init,
+                          threads=torch.get_num_threads(), curve=curve,
+                          losses=losses[:5] + losses[-5:] if len(losses) > 10 else losses)
+    written = replace(report, out=repo_path(out.absolute()))  # no machine paths in the file
+    (out / REPORT).write_text(json.dumps(portable({"settings": asdict(cfg), "training": asdict(written),
+                                                   "summary": written.summary()}), indent=2) + "\n")
+    return report
+
+
+def _epochs(cfg: Eagle3TrainConfig, run: _Run, opt: torch.optim.Optimizer, sched: TimedCosine, state: dict,
+            curve: list[CurvePoint], ckpt: Path, progress: bool) -> list[float]:
+    """The training steps left (curve points every ``eval_every_s``, checkpoints every
+    ``save_every_s``); returns this call's step losses."""
+    from tqdm.auto import tqdm
+
+    net, embed, train = run.net, run.embed, run.train
+    per_epoch = -(-len(train) // cfg.batch_size)
     last_eval = last_save = time.monotonic()
     losses: list[float] = []
     bar = tqdm(total=cfg.epochs * per_epoch, initial=state["steps"], desc="eagle3 steps", disable=not progress)
@@ -339,8 +424,7 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
         for index, members in enumerate(batches):
             if epoch * per_epoch + index < state["steps"] or sched.done:
                 continue
-            chunk = [train[i] for i in members]
-            loss, positions = _step(cfg, net, embed, opt, chunk)
+            loss, positions = _step(cfg, net, embed, opt, [train[i] for i in members])
             sched.step()
             state["steps"] += 1
             state["positions"] += positions
@@ -350,28 +434,15 @@ def train_eagle3(cfg: Eagle3TrainConfig, *, progress: bool = True) -> Eagle3Repo
             now = time.monotonic()
             if now - last_eval >= cfg.eval_every_s:
                 curve.append(CurvePoint(state["steps"], state["positions"], now - sched.start,
-                                        chain_acceptance(net, embed, held, cfg.ttt_steps)))
+                                        chain_acceptance(net, embed, run.held, cfg.ttt_steps)))
                 logger.info("step %d: held-out chain acceptance %s", state["steps"], curve[-1].acceptance)
                 last_eval = time.monotonic()
             if now - last_save >= cfg.save_every_s:
                 _save_state(ckpt, cfg, net, opt, state, curve, now - sched.start)
                 last_save = now
     bar.close()
-    seconds = time.monotonic() - sched.start
-    final = chain_acceptance(net, embed, held, cfg.ttt_steps)
-    curve.append(CurvePoint(state["steps"], state["positions"], seconds, final))
-    _save_state(ckpt, cfg, net, opt, state, curve, seconds)
-    net.info.extra.update({"heldout_chain_acceptance": [round(a, 4) for a in final]})
-    save_eagle3(out, net)
-    report = Eagle3Report(out=str(out), train_positions=sum(len(s.tokens) - 1 - s.first for s in train),
-                          heldout_positions=sum(len(s.tokens) - 1 - s.first for s in held), steps=state["steps"],
-                          seconds=seconds, acceptance=final, untrained_acceptance=untrained,
-                          draft_vocab=net.info.draft_vocab_size, draft_vocab_coverage=coverage, curve=curve,
-                          losses=losses[:5] + losses[-5:] if len(losses) > 10 else losses)
-    (out / REPORT).write_text(json.dumps({"settings": asdict(cfg), "training": asdict(report),
-                                          "summary": report.summary()}, indent=2) + "\n")
-    return report
+    return losses
 
 
-__all__ = ["Eagle3Report", "Eagle3TrainConfig", "chain_acceptance", "draft_vocabulary", "length_batches", "load_sequences",
+__all__ = ["Eagle3Report", "Eagle3TrainConfig", "chain_acceptance", "length_batches", "load_sequences",
            "train_eagle3", "ttt_forward", "ttt_hidden", "ttt_loss", "ttt_mask"]
