@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from triton_backend.core.config import WeightPrecision
+from triton_backend.core.config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.quantize_weights import quantize_fp8, quantize_int4, quantize_int8
 from triton_backend.engines.torch.weight_gemm import PackedWeight, pack_float, pack_fp8, pack_int4, pack_int8
 
@@ -71,6 +71,13 @@ def compact_linear(weight: torch.Tensor, precision: WeightPrecision, group: int 
     raise ValueError(f"{precision.value} is not a compact precision")
 
 
+def head_precision(runtime: RuntimeConfig) -> WeightPrecision:
+    """The LM head's precision when quantizing at load: ``runtime.weights`` when
+    ``runtime.quantize_lm_head`` (or the weights are 16-bit), else float16 (as TensorRT-LLM checkpoints keep it)."""
+    quantized = runtime.quantize_lm_head or not runtime.weights.is_quantized
+    return runtime.weights if quantized else WeightPrecision.FLOAT16
+
+
 def compact_linears(tensors: Mapping[str, torch.Tensor], names: list[str], precision: WeightPrecision,
                     group: int = 0) -> dict[str, CompactLinear]:
     """``names`` (their ``<name>.weight`` in ``tensors``) in ``precision``; int4 with one group size
@@ -84,4 +91,4 @@ def compact_linears(tensors: Mapping[str, torch.Tensor], names: list[str], preci
     return out
 
 
-__all__ = ["CompactLinear", "HEAD", "LAYER_LINEARS", "compact_linear", "compact_linears", "int4_group", "linear_names"]
+__all__ = ["CompactLinear", "HEAD", "LAYER_LINEARS", "compact_linear", "compact_linears", "head_precision", "int4_group", "linear_names"]

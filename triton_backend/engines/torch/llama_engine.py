@@ -20,12 +20,13 @@ from transformers import PreTrainedModel
 
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.compact_weights import (HEAD, LAYER_LINEARS, CompactLinear, compact_linear, compact_linears,
-                                                          linear_names)
+                                                          head_precision, linear_names)
 from triton_backend.engines.torch.weight_gemm import WeightFormat, load_weight_gemm
 from triton_backend.engines.batch import BatchRow, RowOutput
 from triton_backend.engines.torch.kv_cache import SlotKVCache
 from triton_backend.engines.torch.llama_forward import LlamaForward, RowPlan, run_layers
 from triton_backend.engines.torch.row_gemm import RowGemm, load_row_gemm
+from triton_backend.engines.torch.heap import trim_heap
 from triton_backend.engines.torch.hf_engine import configure_threads
 from triton_backend.core.eos import eos_token_ids as model_eos
 from triton_backend.core.errors import ContextLengthError, InvalidRequestError
@@ -55,11 +56,24 @@ def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[st
                                   runtime.int4_group_size)
         head = model.get_output_embeddings()
         if isinstance(head, torch.nn.Linear):
-            quantized = runtime.quantize_lm_head or not runtime.weights.is_quantized
             group = next(iter(compact.values())).weight.group  # the decoder's int4 group (0 for other formats)
-            compact[HEAD] = compact_linear(head.weight.detach(), runtime.weights if quantized else WeightPrecision.FLOAT16,
-                                           group)
+            compact[HEAD] = compact_linear(head.weight.detach(), head_precision(runtime), group)
     return compact
+
+
+def _placed(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    """``model`` on ``device`` with floating tensors in ``dtype``, in eval mode. Tensors without storage
+    (meta: linears a streamed load never materialised, or released) stay as they are."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if not any(t.is_meta for t in tensors):
+        return model.to(device=device, dtype=dtype).eval()
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return t
+        return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+
+    return model._apply(move).eval()
 
 
 def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
@@ -70,21 +84,6 @@ def _precision_of(compact: Mapping[str, CompactLinear]) -> WeightPrecision:
     return {WeightFormat.INT8: WeightPrecision.INT8, WeightFormat.INT4: WeightPrecision.INT4,
             WeightFormat.FLOAT16: WeightPrecision.FLOAT16, WeightFormat.BFLOAT16: WeightPrecision.BFLOAT16,
             WeightFormat.FP8: WeightPrecision.FP8}[formats.pop()]
-
-
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): weights of a few MiB each live
-    in the heap, not in their own mappings, so freeing them alone leaves the process's RSS as it was."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()  # the module's reference cycles may hold the released weights until collected
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): the pages stay reusable in-process
-        logger.debug("malloc_trim is not available here")
 
 
 class LlamaEngine:
@@ -102,7 +101,7 @@ class LlamaEngine:
         configure_threads(runtime.num_threads)
         self.runtime = runtime
         self.device = torch.device(runtime.device)
-        self.model = model.to(device=self.device, dtype=_DTYPES[runtime.dtype]).eval()
+        self.model = _placed(model, self.device, _DTYPES[runtime.dtype])
         self.name = name
         pack = runtime.packed_gemm_rows if self.device.type == "cpu" else 0
         row_gemm = _row_kernel(runtime, self.device)
@@ -174,7 +173,7 @@ class LlamaEngine:
             freed += weight.numel() * weight.element_size()
             module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
         del weight
-        _trim_heap()
+        trim_heap()
         logger.info("%s: released %.1f MiB of float linear weights (%d layers; compact copies serve them)", self.name,
                     freed / 2**20, len(modules))
         return freed

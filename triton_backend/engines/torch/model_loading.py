@@ -14,6 +14,7 @@ from triton_backend.core.config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.llama_forward import unsupported_reason
 from triton_backend.engines.torch.hf_engine import TorchEngine
+from triton_backend.engines.torch.streamed_loading import StreamedModel, stream_compact_model
 from triton_backend.core.eos import eos_token_ids
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.core.reference_model import REFERENCE_MODELS, ensure_reference_model
@@ -134,21 +135,39 @@ def make_torch_engine(model: PreTrainedModel, *, name: str = "model", runtime: R
 
 
 def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *, name: str | None = None,
-                checkpoint: str | Path | None = None, keep_float: bool = False,
-                keep_float_head: bool = False) -> tuple[LlamaEngine | TorchEngine, Any]:
+                checkpoint: str | Path | None = None, keep_float: bool = False, keep_float_head: bool = False,
+                eos_token_ids: Sequence[int] | None = None) -> tuple[LlamaEngine | TorchEngine, Any]:
     """A torch engine (see :func:`make_torch_engine`) and its tokenizer. The model is this engine's
-    alone, so where the engine holds compact linears their float weights are released
-    (:meth:`LlamaEngine.release_float_linears`) unless ``keep_float`` (the caller builds on the
-    model's float layers, e.g. a layer-skip draft) or, for the LM head, ``keep_float_head`` (a
-    drafter reads the float head: Medusa, EAGLE)."""
+    alone, so where the engine holds compact linears their float weights are never kept: the load
+    streams (:mod:`~triton_backend.engines.torch.streamed_loading`: the float32 copy of those linears
+    is never materialised, one tensor at a time is read) or, where the folder cannot be streamed, loads
+    in full and releases them (:meth:`LlamaEngine.release_float_linears`). Unless ``keep_float``
+    (the caller builds on the model's float layers, e.g. a layer-skip draft: loads in full, keeps
+    them) or, for the LM head, ``keep_float_head`` (a drafter reads the float head: Medusa, EAGLE).
+    ``eos_token_ids``: the engine's EOS ids (default: the model's own)."""
+    runtime = runtime or RuntimeConfig()
     tokenizer = load_tokenizer(source)
-    model = load_model(source, runtime)
-    engine = make_torch_engine(model, name=name or Path(str(source)).name, runtime=runtime,
-                               eos_token_ids=eos_ids(model, tokenizer), checkpoint=checkpoint)
-    if isinstance(engine, LlamaEngine) and not keep_float:
-        engine.release_float_linears(keep_head=keep_float_head)
+    name = name or Path(str(source)).name
+    streamed = None if keep_float else _streamed(source, runtime, checkpoint, keep_float_head)
+    if streamed is not None:
+        eos = eos_ids(streamed.model, tokenizer) if eos_token_ids is None else eos_token_ids
+        engine: LlamaEngine | TorchEngine = LlamaEngine(streamed.model, name=name, runtime=runtime, eos_token_ids=eos,
+                                                        compact=streamed.compact)
+    else:
+        model = load_model(source, runtime)
+        eos = eos_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids
+        engine = make_torch_engine(model, name=name, runtime=runtime, eos_token_ids=eos, checkpoint=checkpoint)
+        if isinstance(engine, LlamaEngine) and not keep_float:
+            engine.release_float_linears(keep_head=keep_float_head)
     logger.info("loaded %r", engine)
     return engine, tokenizer
+
+
+def _streamed(source: str | Path, runtime: RuntimeConfig, checkpoint: str | Path | None,
+              keep_float_head: bool) -> StreamedModel | None:
+    """The streamed load of ``source`` where it applies (see :func:`stream_compact_model`)."""
+    folder, gguf = resolve_model_path(source)
+    return stream_compact_model(folder, gguf, runtime, checkpoint=checkpoint, keep_float_head=keep_float_head)
 
 
 def layer_skip_draft(model: PreTrainedModel, keep_layers: Sequence[int]) -> PreTrainedModel:

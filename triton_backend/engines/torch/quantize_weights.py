@@ -8,13 +8,32 @@ precision is served from float weights (no exported checkpoint); a checkpoint's 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 _TINY = 1e-12  # an all-zero channel or group gets this scale (its values quantize to 0)
+BLOCK_ELEMENTS = 1 << 22  # rows quantized at a time: about 16 MiB of float32 (the temporaries stay that small)
+
+
+def _by_rows(quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+             w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize`` over blocks of rows, concatenated. Every scale covers part of one row, so the
+    result is the same bits as one call over the whole tensor, with temporaries of one block
+    (a 2 GiB float32 LM head would otherwise need several float32 copies of itself)."""
+    rows = max(1, BLOCK_ELEMENTS // max(1, w.shape[1]))
+    if w.shape[0] <= rows:
+        return quantize(w)
+    parts = [quantize(block) for block in w.split(rows)]
+    return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q int8 [n, k], scales float32 [n])`` with ``w ~ q * scales[:, None]``."""
+    return _by_rows(_int8_block, w)
+
+
+def _int8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = w.float()
     scales = (w.abs().amax(dim=1) / 127.0).clamp_min(_TINY)
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
@@ -33,6 +52,10 @@ def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     values), and e4m3's 3-bit mantissa has the same relative precision at any magnitude, so the scale
     only sets the range: with one scale set by the tensor's largest channel, channels of small weights
     fall into e4m3's subnormals (below ``2^-6`` of the scale) and lose mantissa bits."""
+    return _by_rows(_fp8_block, w)
+
+
+def _fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = w.float()
     scales = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(_TINY)
     q = (w / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -41,9 +64,13 @@ def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q int8 [n, k] in [-8, 7], scales float32 [n, k / group])``, ``w ~ q * scales`` per group."""
+    if group <= 0 or w.shape[1] % group:
+        raise ValueError(f"int4 groups of {group} do not divide the input width {w.shape[1]}")
+    return _by_rows(lambda block: _int4_block(block, group), w)
+
+
+def _int4_block(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = w.shape
-    if group <= 0 or k % group:
-        raise ValueError(f"int4 groups of {group} do not divide the input width {k}")
     blocks = w.float().reshape(n, k // group, group)
     scales = (blocks.abs().amax(dim=-1) / 7.0).clamp_min(_TINY)
     q = torch.round(blocks / scales[..., None]).clamp(-8, 7).to(torch.int8)
