@@ -16,6 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.batch import BatchRow
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.compact_weights import HEAD, LAYER_LINEARS
@@ -141,6 +142,9 @@ def test_what_is_not_streamed_loads_in_full(tmp_path):
     assert stream_compact_model(folder, None, _runtime(WeightPrecision.INT8, torch_engine="hf")) is None
     (folder / "model.safetensors").rename(folder / "other.bin")
     assert stream_compact_model(folder, None, _runtime(WeightPrecision.INT8)) is None  # no safetensors
+    (folder / "model.safetensors").write_bytes(b"\0" * 64)
+    with pytest.raises(ModelLoadError, match="model.safetensors is corrupt or truncated"):
+        stream_compact_model(folder, None, _runtime(WeightPrecision.INT8))
 
 
 def test_load_engine_streams_the_reference_model_with_the_full_loads_logits():
@@ -207,3 +211,13 @@ def test_loading_large_linears_raises_the_peak_by_far_less_than_their_float_copy
     assert out.returncode == 0, out.stderr[-2000:]
     raised = int(out.stdout.strip().splitlines()[-1])
     assert raised < 0.6 * float_linears, (raised, float_linears)
+
+
+def test_quantizing_in_row_blocks_gives_the_same_bits(monkeypatch):
+    from triton_backend.engines.torch import quantize_weights as qw
+
+    w = torch.randn(37, 128, generator=torch.Generator().manual_seed(1))
+    whole = [qw.quantize_int8(w), qw.quantize_int4(w, 64), qw.quantize_fp8(w)]
+    monkeypatch.setattr(qw, "BLOCK_ELEMENTS", 5 * 128)  # blocks of 5 rows, the last of 2
+    for (q, s), (q2, s2) in zip(whole, [qw.quantize_int8(w), qw.quantize_int4(w, 64), qw.quantize_fp8(w)]):
+        assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)

@@ -51,12 +51,10 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
         drafters[SpeculationMode.DRAFT] = self_drafter(self_engine, target, config.self_draft,
                                                        settings=repr(config.runtime))
     elif config.draft is not None:
-        draft_tokenizer = load_tokenizer(config.draft)
-        draft_engine = make_torch_engine(load_model(config.draft, config.runtime), name=Path(config.draft).name,
-                                         runtime=config.runtime, eos_token_ids=sorted(target.eos_token_ids),
-                                         checkpoint=config.draft_checkpoint)
-        if isinstance(draft_engine, LlamaEngine):  # its model is its own: only the compact linears stay
-            draft_engine.release_float_linears()
+        # its model is its own: only the compact linears stay (streamed where the folder allows)
+        draft_engine, draft_tokenizer = load_engine(config.draft, config.runtime, name=Path(config.draft).name,
+                                                    checkpoint=config.draft_checkpoint,
+                                                    eos_token_ids=sorted(target.eos_token_ids))
         drafters[SpeculationMode.DRAFT] = DraftModelDrafter(draft_engine, target=target, target_tokenizer=tokenizer,
                                                             draft_tokenizer=draft_tokenizer)
     elif config.draft_layers is not None:

@@ -52,26 +52,28 @@ class StreamedModel:
 
 
 def weight_files(folder: Path) -> dict[str, Path] | None:
-    """Each tensor name of the folder's safetensors -> its file; ``None`` when the folder has none."""
+    """Each tensor name of the folder's safetensors -> its file; ``None`` when the folder has none.
+    A file that is missing, or whose header does not match its size, raises :class:`ModelLoadError` naming it."""
     from safetensors import safe_open
 
     index = folder / "model.safetensors.index.json"
+    files = sorted(folder.glob("*.safetensors"))
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as exc:
+            files = sorted({folder / file for file in json.loads(index.read_text())["weight_map"].values()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"weight index {index} is unreadable: {exc}") from None
-        return {name: folder / file for name, file in weight_map.items()}
-    files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
     names: dict[str, Path] = {}
     for path in files:
+        if not path.is_file():
+            raise ModelLoadError(f"weight file {path} is missing" + (f" (named in {index.name})" if index.is_file() else ""))
         try:
             with safe_open(str(path), framework="pt") as handle:
                 names.update((name, path) for name in handle.keys())
         except Exception as exc:  # safetensors raises its own error types for bad headers / sizes
-            raise ModelLoadError(f"weight file {path} is corrupt or truncated: {exc}") from None
+            raise ModelLoadError(f"weight file {path} is corrupt or truncated ({path.stat().st_size} bytes): {exc}") from None
     return names
 
 
