@@ -68,6 +68,8 @@ HEADLINE_ROWS = (
     HeadlineRow("int8_plain_x_fp32", "int8 weights: plain tok/s, 1 row, over float32", 1.6),
     HeadlineRow("int4_greedy_agreement", "int4 weights: float32's greedy token, teacher-forced share", None, digits=3),
     HeadlineRow("int8_greedy_agreement", "int8 weights: float32's greedy token, teacher-forced share", None, digits=3),
+    HeadlineRow("fp8_plain_x_fp32", "fp8 weights: plain tok/s, 1 row, over float32", None),
+    HeadlineRow("fp8_greedy_agreement", "fp8 weights: float32's greedy token, teacher-forced share", None, digits=3),
 )
 
 
