@@ -161,13 +161,25 @@ def test_fused_norm_and_signed_rope_give_the_same_bits():
         assert torch.equal(lf.rotate_signed(q, cos, lf.signed_sin(sin)), lf.rotate(q, cos, sin))
 
 
+def assert_compiles_without_warnings(source, flags) -> None:
+    """``source`` passes a syntax-only compile with ``flags`` and -Wall -Wextra -Werror (skipped
+    without a C++ compiler)."""
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler on PATH")
+    done = subprocess.run([compiler, *flags, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", str(source)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_the_source_is_a_real_file_that_compiles_without_warnings(isa, tmp_path):
     """The kernels' C++ lives in row_gemm.cpp beside its loader (not in a Python string), its
     text names the built library, and it compiles clean with -Wall -Wextra."""
     import hashlib
-    import shutil
-    import subprocess
     from pathlib import Path
 
     source = Path(row_gemm_module.__file__).with_name("row_gemm.cpp")
@@ -175,9 +187,4 @@ def test_the_source_is_a_real_file_that_compiles_without_warnings(isa, tmp_path)
     flags = row_gemm_module._FLAGS + row_gemm_module._ISA_FLAGS[isa]
     want = hashlib.sha256((source.read_text() + " ".join(flags)).encode()).hexdigest()[:16]
     assert row_gemm_module.kernel_digest(isa) == want
-    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no C++ compiler on PATH")
-    done = subprocess.run([compiler, *flags, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", str(source)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert_compiles_without_warnings(source, flags)

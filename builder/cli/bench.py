@@ -112,6 +112,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_bench)
 
 
+def _print_report(markdown: str, paths: dict[str, Path]) -> None:
+    """A bench's table, then where its files went (one line per kind)."""
+    print(markdown)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+
+
 def _headline(args: argparse.Namespace) -> Path | None:
     """The one rule for every figure of every bench run: --headline FILE, else OUT/headline.json."""
     return None if args.no_headline else headline_file(args.out, args.headline)
@@ -152,15 +159,11 @@ def _cmd_concurrency(args: argparse.Namespace) -> int:
 
         summary = openai_api.run_api_bench(config)
         paths = openai_api.write_api_report(summary, config)
-        print(openai_api.to_markdown(summary))
-        for kind, path in paths.items():
-            print(f"{kind}: {path}")
+        _print_report(openai_api.to_markdown(summary), paths)
         return 0
     summary = run_concurrency_bench(config)
     paths = write_concurrency_report(summary, config)
-    print(to_markdown(summary))
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    _print_report(to_markdown(summary), paths)
     return 0
 
 
@@ -172,9 +175,7 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
                             context=args.pass_context, repeats=args.repeats * 3, num_threads=args.threads)
     result = measure_pass_cost(config)
     paths = write_pass_cost(result, args.out, args.label, headline=_headline(args))
-    print(pass_cost_markdown(result))
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    _print_report(pass_cost_markdown(result), paths)
     return 0
 
 
@@ -188,9 +189,7 @@ def _cmd_json(args: argparse.Namespace) -> int:
                              num_threads=args.threads, out_dir=args.out, label=args.label)
     summary = summarize_json(run_json_bench(config))
     paths = write_json_report(summary, config.out_dir, config.label, _headline(args))
-    print(json_markdown(summary))
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    _print_report(json_markdown(summary), paths)
     return 0
 
 
@@ -206,9 +205,7 @@ def _cmd_precisions(args: argparse.Namespace) -> int:
         raise ConfigError(f"--precisions: {exc}") from None
     result = run_precision_bench(config)
     paths = write_precision_bench(result, args.out, args.label, headline=_headline(args))
-    print(precision_markdown(result))
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    _print_report(precision_markdown(result), paths)
     return 0
 
 
@@ -272,7 +269,5 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from builder.train.eagle_job import eagle_bench_headline
 
         eagle_bench_headline(summary, headline)
-    print(to_markdown(summary))
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    _print_report(to_markdown(summary), paths)
     return 0
