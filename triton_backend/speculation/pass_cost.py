@@ -108,6 +108,18 @@ def _time_pass(engine: Any, slots: list[int], tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def _fastest_in_turn(first: Callable[[], float], second: Callable[[], float]) -> tuple[float, float]:
+    """The fastest of ``2 * REPEATS`` timings of each after ``WARMUP`` rounds, the two timed in turn
+    (a busy machine slows both alike)."""
+    a, b = [], []
+    for i in range(WARMUP + 2 * REPEATS):
+        x, y = first(), second()
+        if i >= WARMUP:
+            a.append(x)
+            b.append(y)
+    return min(a), min(b)
+
+
 def measure_seconds(engine: Any, budget_s: float = 3.0) -> dict[tuple[int, int], float]:
     """Seconds per pass (the fastest of a few: robust to a busy machine's spikes) for
     ``(rows, tokens_per_row)`` cells in :data:`CELLS` order,
@@ -221,13 +233,8 @@ def measure_eagle_draft_seconds(drafter: Any, engine: Any) -> tuple[float, float
             drafter.draft_chain(kv, start, features[:, :NEW_PAIRS], tokens[:, :NEW_PAIRS], count, DRAFT_K, greedy, [None])
             return time.perf_counter() - t0
 
-        drafts, steps = [], []
-        for i in range(WARMUP + 2 * REPEATS):
-            draft, step = one_round(), _time_pass(engine, [slot], 1)
-            if i >= WARMUP:
-                drafts.append(draft)
-                steps.append(step)
-        return min(drafts) / DRAFT_K, min(steps)
+        draft, step = _fastest_in_turn(one_round, lambda: _time_pass(engine, [slot], 1))
+        return draft / DRAFT_K, step
     finally:
         engine.release(slot)
 
@@ -235,19 +242,27 @@ def measure_eagle_draft_seconds(drafter: Any, engine: Any) -> tuple[float, float
 def measured_eagle_draft_cost(drafter: Any, engine: Any, settings: str = "", cache_dir: Path | None = None) -> float | None:
     """The drafter's cost per drafted token in target steps: this machine's cached measurement,
     else measured now and cached; None when the measurement is not believable (a busy machine)."""
-    identity = drafter.cost_identity()
+    return _cached_draft_cost(engine, settings, cache_dir, drafter.cost_identity(),
+                              lambda: measure_eagle_draft_seconds(drafter, engine),
+                              f"EAGLE drafter (parameter ratio {drafter.relative_cost:.3f})")
+
+
+def _cached_draft_cost(engine: Any, settings: str, cache_dir: Path | None, identity: str,
+                       measure: Callable[[], tuple[float, float]], what: str) -> float | None:
+    """A drafted token's cost in target steps under ``identity``: the cached figure of this machine,
+    else ``measure()`` (seconds per drafted token, per target step) now, cached when believable."""
     path = _cache_path(cache_dir, engine, settings + identity)
     cached = _read_cache(path, lambda data: float(data["draft_cost"]))
     if cached is not None:
         return cached
-    per_token, step = measure_eagle_draft_seconds(drafter, engine)
+    per_token, step = measure()
     cost = per_token / step
     if not 0.0 < cost <= MAX_DRAFT_COST:
-        logger.warning("EAGLE draft cost of %.3f target steps per token is not believable; keeping %.3f",
-                       cost, drafter.relative_cost)
+        logger.warning("%s: a drafted token costing %.3f target steps is not believable; keeping the estimate",
+                       what, cost)
         return None
-    logger.info("EAGLE drafter on %s: %.3f target steps per drafted token (%.2f ms per token, %.2f ms per step; "
-                "parameter ratio %.3f)", engine.name, cost, 1e3 * per_token, 1e3 * step, drafter.relative_cost)
+    logger.info("%s on %s: %.3f target steps per drafted token (%.2f ms per token, %.2f ms per step)",
+                what, engine.name, cost, 1e3 * per_token, 1e3 * step)
     _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
     return cost
 
@@ -261,13 +276,7 @@ def measure_step_seconds(draft: Any, engine: Any) -> tuple[float, float]:
         slots.append((engine, engine.allocate()))
         for eng, slot in slots:
             eng.forward([BatchRow(slot=slot, start=0, tokens=[(13 * i + 5) % eng.vocab_size for i in range(CONTEXT)])])
-        drafts, steps = [], []
-        for i in range(WARMUP + 2 * REPEATS):
-            d, s = _time_pass(draft, [slots[0][1]], 1), _time_pass(engine, [slots[1][1]], 1)
-            if i >= WARMUP:
-                drafts.append(d)
-                steps.append(s)
-        return min(drafts), min(steps)
+        return _fastest_in_turn(lambda: _time_pass(draft, [slots[0][1]], 1), lambda: _time_pass(engine, [slots[1][1]], 1))
     finally:
         for eng, slot in slots:
             eng.release(slot)
@@ -279,23 +288,11 @@ def measured_step_cost(draft: Any, engine: Any, settings: str = "", cache_dir: P
     engine contract or the measurement is not believable (a busy machine)."""
     if not (isinstance(draft, BatchedEngine) and isinstance(engine, BatchedEngine)):
         return None
-    identity = f"draft-step:{draft.name}:{getattr(draft, 'kernel_name', '')}"
-    path = _cache_path(cache_dir, engine, settings + identity)
-    cached = _read_cache(path, lambda data: float(data["draft_cost"]))
-    if cached is not None:
-        return cached
     try:
-        per_token, step = measure_step_seconds(draft, engine)
+        return _cached_draft_cost(engine, settings, cache_dir, f"draft-step:{draft.name}:{getattr(draft, 'kernel_name', '')}",
+                                  lambda: measure_step_seconds(draft, engine), f"draft {draft.name}")
     except SlotsExhaustedError:
         return None
-    cost = per_token / step
-    if not 0.0 < cost <= MAX_DRAFT_COST:
-        logger.warning("draft step of %.3f target steps is not believable; keeping the estimate", cost)
-        return None
-    logger.info("draft %s on %s: %.3f target steps per drafted token (%.2f ms per step, target %.2f ms)",
-                draft.name, engine.name, cost, 1e3 * per_token, 1e3 * step)
-    _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
-    return cost
 
 
 def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], settings: str = "",
