@@ -52,3 +52,11 @@ def test_selfdraft_chat_figure_is_the_best_exact_self_draft_row_on_chat():
                         _entry("chat", "draft k<=4 adaptive", 1.7, kind="ours", method="draft", identical_to_plain=True)]
     assert headline_figures(summary)["selfdraft_chat_x_plain"] == 1.45  # an output differing from plain never counts
     assert "selfdraft_chat_x_plain" not in headline_figures(_summary())
+
+
+def test_a_cuda_run_writes_its_figures_under_gpu_keys():
+    from builder.bench.report import device_keys
+
+    assert device_keys({"best_all_x_plain": 1.3}, "cpu") == {"best_all_x_plain": 1.3}
+    assert device_keys({"best_all_x_plain": 1.3, "auto_all_x_plain": 1.2}, "cuda:0") == {
+        "gpu_best_all_x_plain": 1.3, "gpu_auto_all_x_plain": 1.2}

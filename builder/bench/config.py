@@ -48,6 +48,7 @@ class BenchConfig:
     triton: bool = False  # the same requests through a real Triton server
     compare_unpacked: bool = False  # plain and n-gram rows again without prepacked linear layers
     num_threads: int = 1
+    device: str = "cpu"  # the torch runtime's device ("cpu", "cuda", "cuda:N")
     out_dir: Path = DEFAULT_OUT
     plot: bool = True
     label: str = "cpu"

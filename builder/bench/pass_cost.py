@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from triton_backend.core.config import RuntimeConfig
@@ -47,6 +48,7 @@ class PassCostConfig:
     num_threads: int = 1
     packed_gemm_rows: int = RuntimeConfig().packed_gemm_rows
     row_kernel: bool = RuntimeConfig().row_kernel  # ours: the row-invariant CPU matmul (engines/row_gemm.py)
+    device: str = "cpu"  # the engines' device ("cpu", "cuda", "cuda:N")
 
     def __post_init__(self) -> None:
         if not self.sizes or not self.batch or min(self.sizes) < 1 or min(self.batch) < 1:
@@ -63,7 +65,7 @@ def load_engines(config: PassCostConfig, max_rows: int) -> dict[str, Any]:
     from triton_backend.engines.torch.model_loading import load_model
 
     runtime = RuntimeConfig(num_threads=config.num_threads, packed_gemm_rows=config.packed_gemm_rows,
-                            row_kernel=config.row_kernel, max_batch_size=max_rows, max_seq_len=config.context + max(config.sizes) + 1)
+                            row_kernel=config.row_kernel, device=config.device, max_batch_size=max_rows, max_seq_len=config.context + max(config.sizes) + 1)
     model = load_model(config.target, runtime)
     ours = LlamaEngine(model, name="ours", runtime=runtime, eos_token_ids=[])
     hf = HFBatchedEngine(TorchEngine(model, name="hf", runtime=runtime, eos_token_ids=[]), max_rows)
@@ -79,9 +81,16 @@ def _warm_slots(engine: Any, rows: int, context: list[int]) -> list[int]:
 
 def _pass_seconds(engine: Any, slots: list[int], start: int, tokens: list[int]) -> float:
     rows = [BatchRow(slot, start, tokens, num_logits=len(tokens)) for slot in slots]
+    _synchronize(engine)
     t0 = time.perf_counter()
     engine.forward(rows)
+    _synchronize(engine)  # a CUDA pass runs asynchronously: time it to its end
     return time.perf_counter() - t0
+
+
+def _synchronize(engine: Any) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def measure_pass_cost(config: PassCostConfig) -> dict:
@@ -115,7 +124,7 @@ def measure_pass_cost(config: PassCostConfig) -> dict:
     if 8 in batch:
         headline["engine_decode_throughput_8_over_1"] = 8 * med[("ours", 1, 1)] / med[("ours", 8, 1)]
     return {"config": {"target": config.target, "context": config.context, "repeats": config.repeats,
-                       "threads": config.num_threads, "packed_gemm_rows": config.packed_gemm_rows,
+                       "threads": config.num_threads, "device": config.device, "packed_gemm_rows": config.packed_gemm_rows,
                        "row_kernel": engines["ours"].forward_impl.row_invariant},
             "rows": rows, "headline": headline}
 
@@ -147,6 +156,9 @@ def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: Path |
     if headline is not None:
         from builder.headline import update_headline
 
-        update_headline({k: round(v, 3) for k, v in result["headline"].items()}, headline)
+        from builder.bench.report import device_keys
+
+        figures = device_keys(result["headline"], result["config"].get("device", "cpu"))
+        update_headline({k: round(v, 3) for k, v in figures.items()}, headline)
         paths["headline"] = headline
     return paths

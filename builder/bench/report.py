@@ -223,6 +223,12 @@ def plot(summary: dict, path: Path) -> Path | None:
     return path
 
 
+def device_keys(figures: dict[str, float], device: str) -> dict[str, float]:
+    """Headline keys as a run on ``device`` writes them: a CUDA run's carry the ``gpu_`` prefix, so
+    one headline file holds the CPU and GPU figures of the same measure side by side."""
+    return figures if str(device).startswith("cpu") else {f"gpu_{k}": v for k, v in figures.items()}
+
+
 def write_report(summary: dict, out_dir: Path, label: str, headline: Path | None = None) -> dict[str, Path]:
     """The run's JSON, markdown and plot in ``out_dir``; its headline figures merged into
     ``headline`` (see :func:`builder.bench.config.headline_file`; None: not written)."""
@@ -230,7 +236,7 @@ def write_report(summary: dict, out_dir: Path, label: str, headline: Path | None
     paths = {"json": out_dir / f"bench-{label}.json", "markdown": out_dir / f"bench-{label}.md"}
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
     paths["markdown"].write_text(to_markdown(summary))
-    figures = headline_figures(summary)
+    figures = device_keys(headline_figures(summary), summary.get("environment", {}).get("device", "cpu"))
     if figures and headline is not None:
         update_headline(figures, headline)
         paths["headline"] = headline

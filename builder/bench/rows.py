@@ -73,7 +73,7 @@ class PeerRow:
     info: dict = field(default_factory=dict)
 
     def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
-        ids = torch.tensor([prompt.ids])
+        ids = torch.tensor([prompt.ids], device=self.model.device)
         clock = _FirstTokenClock()
         # ignore_eos: transformers has no "generate EOS but keep going"; min_new_tokens masks EOS
         # instead, so past an EOS the peer's text differs from ours (reported as not identical)

@@ -142,7 +142,7 @@ def _deployment(config: BenchConfig) -> DeploymentConfig:
         return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
 
     fields = {"target": absolute(config.target), "draft": absolute(config.draft),
-              "runtime": RuntimeConfig(num_threads=config.num_threads)}
+              "runtime": RuntimeConfig(num_threads=config.num_threads, device=config.device)}
     if config.eagle is not None:
         fields["eagle"] = absolute(config.eagle)
     if config.medusa is not None:

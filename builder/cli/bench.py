@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare-unpacked", action="store_true",
                    help="add plain and n-gram rows on torch's own kernels (no row kernel, no prepacked layers), side by side")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu",
+                   help="the torch runtime's device for the bench and --pass-cost rows: cpu, cuda or cuda:N (GPU figures "
+                        "go to the headline as gpu_* keys)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--label", default="cpu", help="results file name suffix")
     p.add_argument("--no-plot", action="store_true")
@@ -172,7 +175,7 @@ def _cmd_pass_cost(args: argparse.Namespace) -> int:
                                          pass_cost_markdown, write_pass_cost)
 
     config = PassCostConfig(target=args.target, sizes=args.pass_sizes or DEFAULT_SIZES, batch=args.pass_batch or DEFAULT_BATCH,
-                            context=args.pass_context, repeats=args.repeats * 3, num_threads=args.threads)
+                            context=args.pass_context, repeats=args.repeats * 3, num_threads=args.threads, device=args.device)
     result = measure_pass_cost(config)
     paths = write_pass_cost(result, args.out, args.label, headline=_headline(args))
     _print_report(pass_cost_markdown(result), paths)
@@ -260,7 +263,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
         ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, auto_unmerged=args.auto_unmerged, draft_k=args.draft_k,
         self_draft=args.self_draft, self_draft_k=args.self_draft_k, peer=not args.no_peer, triton=args.triton, compare_unpacked=args.compare_unpacked,
-        num_threads=args.threads, out_dir=args.out, plot=not args.no_plot, label=args.label,
+        num_threads=args.threads, device=args.device, out_dir=args.out, plot=not args.no_plot, label=args.label,
     )
     summary = summarize(run_bench(config))
     headline = _headline(args)
