@@ -10,7 +10,7 @@ STAGE=/tmp/stage
 RES=/tmp/res
 mkdir -p $STAGE $RES/engine
 exec > >(tee $OUT/log.txt) 2>&1
-cp .gpu/* $STAGE/ 2>/dev/null
+cp .gpu/final/* $STAGE/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers, numpy; print(torch.__version__, transformers.__version__, numpy.__version__)"
 T=/tmp/target/smollm2-135m-instruct
