@@ -43,7 +43,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--prompts", default="artifacts/eagle-corpus/corpus/prompts.jsonl.gz")
-    p.add_argument("--corpus", default="artifacts/eagle-corpus/corpus,artifacts/eagle-corpus/distill",
+    p.add_argument("--corpus", default="artifacts/eagle-corpus/corpus,artifacts/eagle-corpus/distill,artifacts/eagle-corpus/gpu",
                    help="token corpus folders whose sequences are trained on too (comma-separated; '' none)")
     p.add_argument("--heldout", default="artifacts/eagle-corpus/held")
     p.add_argument("--init-from", default="artifacts/smollm2-135m-eagle3")
@@ -57,6 +57,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--max-prompt-tokens", type=int, default=384)
     p.add_argument("--max-prompts", type=int, default=0, help="use the first N prompts only (0: all)")
     p.add_argument("--gen-s", type=float, default=150.0)
+    p.add_argument("--skip-batches", type=int, default=0,
+                   help="leave out the first N generate batches (made by an earlier run: pass its corpus to --corpus)")
     p.add_argument("--feature-tokens", type=int, default=32768, help="padded tokens per feature prefill batch")
     p.add_argument("--train-s", type=float, default=200.0)
     p.add_argument("--finish-by", type=float, default=0.0,
@@ -94,6 +96,8 @@ def generate(model, prompt_ids: list[list[int]], args, eos: int, deadline: float
     t0 = time.monotonic()
     positions = 0
     for n, (k, temp, members) in enumerate(jobs):
+        if n < args.skip_batches:
+            continue
         if time.monotonic() > deadline:
             logger.info("generation budget spent after %d of %d batches", n, len(jobs))
             break
@@ -260,10 +264,12 @@ def main() -> None:
     del model
     torch.cuda.empty_cache() if args.device.startswith("cuda") else None
 
+    torch.set_default_device("cpu")  # the drafter is read on the host, then moved
     parts = target_parts(args.target)
     init = read_init(args.init_from, args.target, parts.config, None)
     net = warm_net(init, layers, Path(args.target).name).to(args.device)
     embed = parts.embed.to(args.device)
+    torch.set_default_device(args.device)  # training builds its masks and positions on the device
     coverage = coverage_of(net, [s.top1[s.first:] for s in train_seqs])
     deadline = time.monotonic() + args.train_s
     if args.finish_by:
