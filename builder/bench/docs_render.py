@@ -70,6 +70,8 @@ HEADLINE_ROWS = (
     HeadlineRow("int8_greedy_agreement", "int8 weights: float32's greedy token, teacher-forced share", None, digits=3),
     HeadlineRow("fp8_plain_x_fp32", "fp8 weights: plain tok/s, 1 row, over float32", None),
     HeadlineRow("fp8_greedy_agreement", "fp8 weights: float32's greedy token, teacher-forced share", None, digits=3),
+    HeadlineRow("gpu_engine_plain_decode_x_hf", "H200: slot engine 1 x 1 pass over the HF path", None),
+    HeadlineRow("gpu_eagle_data_positions_per_s", "H200: drafter data, positions/s (batched generate)", None, digits=0),
 )
 
 
