@@ -11,7 +11,7 @@ pass, acceptance, drafted tokens per round. Example::
         --rows "context=draft;context=prompt;context=committed;layers=24;stop=0.5,k=6"
 
 A row is ``;``-separated from the next, its settings ``,``-separated ``name=value`` (``precision``,
-``context``, ``layers``, ``stop``, ``k``); unset ones are :class:`SelfDraftConfig`'s defaults, k=4.
+``context``, ``layers``, ``stop``, ``k``; ``fallback=off``: always draft, the gain rule off); unset ones are :class:`SelfDraftConfig`'s defaults, k=4.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from builder.bench.config import BenchPrompt
 from builder.bench.rows import OursRow, Row
 from builder.plan.planner import self_draft_layers
-from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.core.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SpeculationConfig, SpeculationMode, WeightPrecision
 from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.deployment.torch_deployment import build_decoder
@@ -36,6 +36,7 @@ HELDOUT = Path(__file__).resolve().parents[2] / "builder" / "data" / "heldout_pr
 
 def parse_row(text: str, num_layers: int) -> tuple[str, SelfDraftConfig, int]:
     fields = dict(part.split("=", 1) for part in text.split(",") if part)
+    fields.pop("fallback", None)
     layers = None
     if "layers" in fields:
         layers = self_draft_layers(num_layers, int(fields["layers"]))
@@ -51,13 +52,16 @@ def build_rows(decoder: SpeculativeDecoder, specs: list[str]) -> list[Row]:
     engines = {}
     for spec in specs:
         name, config, k = parse_row(spec, int(target.model.config.num_hidden_layers))
+        fields = dict(part.split("=", 1) for part in spec.split(",") if part)
         key = (config.precision, config.layers)
         if key not in engines:
             engines[key] = self_draft_engine(target.model, target.runtime, config, name=target.name,
                                              eos_token_ids=sorted(target.eos_token_ids))
         drafter = self_drafter(engines[key], target, config, settings=repr(target.runtime))
         own = SpeculativeDecoder(target, decoder.tokenizer, drafters={SpeculationMode.DRAFT: drafter})
-        speculation = SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k))
+        fallback = FallbackConfig(enabled=fields.get("fallback", "on") != "off")
+        speculation = SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k),
+                                        fallback=fallback)
         rows.append(OursRow(name, own, speculation, {"cost": drafter.relative_cost}))
     return rows
 
