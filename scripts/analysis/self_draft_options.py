@@ -5,7 +5,10 @@ held-out chat prompts (not the bench's): where the draft's context comes from (`
 target's layers, as the planner picks them), the confidence stop (``stop``) and the draft length
 ``k``. Rows run every prompt, repeats interleaved in a shuffled order; every row's greedy output is
 checked against plain's. Per row: tok/s and its ratio over plain, mean TTFT, tokens per target
-pass, acceptance, drafted tokens per round. Example::
+pass, acceptance, drafted tokens per round, and ``x cost``: the ratio over plain in pass-cost units,
+which a busy machine does not disturb (every target pass after the prompt's by the new tokens it
+carried, the measured table; every draft pass the same, times the drafter's measured cost per
+drafted token, the draft's own prompt prefill included). Example::
 
     .venv/bin/python scripts/analysis/self_draft_options.py --prompts 6 --repeats 2 \\
         --rows "context=draft;context=prompt;context=committed;layers=24;stop=0.5,k=6"
@@ -30,6 +33,7 @@ from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.policy import current_cost_model
 
 HELDOUT = Path(__file__).resolve().parents[2] / "builder" / "data" / "heldout_prompts.txt"
 
@@ -46,8 +50,36 @@ def parse_row(text: str, num_layers: int) -> tuple[str, SelfDraftConfig, int]:
     return text, config, int(fields.get("k", 4))
 
 
-def build_rows(decoder: SpeculativeDecoder, specs: list[str]) -> list[Row]:
+class Meter:
+    """Pass-cost units of what runs: target passes after a request's first (its prompt's), and
+    draft passes priced at the drafter's cost per drafted token."""
+
+    def __init__(self) -> None:
+        self.units = 0.0
+        self._first = True
+
+    def start(self) -> None:
+        self._first = True
+
+    def wrap(self, engine, scale: float | None) -> None:
+        forward = engine.forward
+
+        def counted(rows):
+            sizes = [len(r.tokens) for r in rows]
+            if scale is not None:
+                self.units += scale * current_cost_model().pass_cost(sizes)
+            elif self._first:
+                self._first = False
+            else:
+                self.units += current_cost_model().pass_cost(sizes)
+            return forward(rows)
+
+        engine.forward = counted
+
+
+def build_rows(decoder: SpeculativeDecoder, specs: list[str], meter: Meter) -> list[Row]:
     target = decoder.target
+    meter.wrap(target, None)
     rows: list[Row] = [OursRow("plain", decoder, SpeculationConfig(method=SpeculationMode.OFF))]
     engines = {}
     for spec in specs:
@@ -57,6 +89,8 @@ def build_rows(decoder: SpeculativeDecoder, specs: list[str]) -> list[Row]:
         if key not in engines:
             engines[key] = self_draft_engine(target.model, target.runtime, config, name=target.name,
                                              eos_token_ids=sorted(target.eos_token_ids))
+            drafter = self_drafter(engines[key], target, config, settings=repr(target.runtime))
+            meter.wrap(engines[key], drafter.relative_cost)  # once per engine, at its measured cost
         drafter = self_drafter(engines[key], target, config, settings=repr(target.runtime))
         own = SpeculativeDecoder(target, decoder.tokenizer, drafters={SpeculationMode.DRAFT: drafter})
         fallback = FallbackConfig(enabled=fields.get("fallback", "on") != "off")
@@ -76,7 +110,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     decoder = build_decoder(DeploymentConfig(runtime=RuntimeConfig(num_threads=1), ngram=False))
-    rows = build_rows(decoder, [s for s in args.rows.split(";") if s])
+    meter = Meter()
+    rows = build_rows(decoder, [s for s in args.rows.split(";") if s], meter)
     texts = [t for t in HELDOUT.read_text().splitlines() if t.strip()][args.skip:args.skip + args.prompts]
     prompts = []
     for i, text in enumerate(texts):
@@ -94,7 +129,10 @@ def main() -> None:
             order.shuffle(shuffled)
             shuffled.sort(key=lambda r: r.name != "plain")  # plain first: its output is the reference
             for row in shuffled:
+                meter.start()
+                before = meter.units
                 result = row.run(prompt, args.max_tokens, False)
+                totals[row.name]["units"] += meter.units - before
                 t = totals[row.name]
                 if row.name == "plain":
                     plain_out[prompt.index] = result.tokens
@@ -111,13 +149,14 @@ def main() -> None:
     plain = totals["plain"]
     plain_rate = plain["tokens"] / plain["seconds"]
     print(f"{'row':42s} {'tok/s':>7s} {'x plain':>7s} {'TTFT s':>7s} {'tok/pass':>8s} {'accept':>6s} "
-          f"{'k/round':>7s} {'cost':>5s} differ")
+          f"{'k/round':>7s} {'cost':>5s} {'x cost':>6s} differ")
     for row in rows:
         t = totals[row.name]
         rate = t["tokens"] / t["seconds"]
         print(f"{row.name:42s} {rate:7.1f} {rate / plain_rate:7.3f} {t['ttft'] / t['runs']:7.3f} "
               f"{t['tokens'] / max(1, t['passes']):8.2f} {t['accepted'] / max(1, t['drafted']):6.3f} "
-              f"{t['drafted'] / max(1, t['rounds']):7.2f} {row.info.get('cost', 0):5.2f} {int(t['differ'])}")
+              f"{t['drafted'] / max(1, t['rounds']):7.2f} {row.info.get('cost', 0):5.2f} "
+              f"{(t['tokens'] / t['units']) / (plain['tokens'] / plain['units']):6.3f} {int(t['differ'])}")
 
 
 if __name__ == "__main__":
