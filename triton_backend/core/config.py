@@ -439,7 +439,7 @@ class DraftContext(str, enum.Enum):
     committed tokens: ``draft``: it runs them itself (the prompt prefilled through the draft);
     ``prompt``: the prompt's are copied from the target's cache after the target's prefill (the
     request's first round is then plain); ``committed``: as ``prompt``, and every round the
-    positions the target has verified since. Every draft token is verified, so output is the
+    verified positions the draft does not hold (the token after its last accepted draft). Every draft token is verified, so output is the
     same whichever; only acceptance and the draft's prefill time differ."""
 
     DRAFT = "draft"

@@ -32,15 +32,15 @@ class SelfDraftConfig:
     reference model at ~2.3x the speed of a float32 step; int4 is faster but agrees far less.
 
     ``context``: where the draft's keys and values of the committed tokens come from
-    (:class:`DraftContext`: ``prompt`` copies the prompt's from the target's prefill instead of
-    prefilling it through the draft; a layer-skip draft takes each kept layer's from that target
-    layer). ``stop_below``: a round stops drafting after a token the draft itself gave a top-1
+    (:class:`DraftContext`; the default ``committed`` copies the prompt's from the target's
+    prefill instead of prefilling it through the draft, then each round the verified positions the
+    draft lacks; a layer-skip draft takes each kept layer's from that target layer). ``stop_below``: a round stops drafting after a token the draft itself gave a top-1
     probability below this (0: always draft the round's length), so doubtful positions cost no
     draft step. Neither changes the output (every draft token is verified)."""
 
     precision: WeightPrecision = WeightPrecision.INT8
     layers: tuple[int, ...] | None = None
-    context: DraftContext = DraftContext.PROMPT
+    context: DraftContext = DraftContext.COMMITTED
     stop_below: float = 0.0
 
     def __post_init__(self) -> None:
