@@ -111,6 +111,7 @@ def test_bench_self_draft_rows(tmp_path):
     rows = {(e["workload"], e["row"]): e for e in summarize(run)["rows"]}
     entry = rows[("chat", "self-int8 k=3")]
     assert entry["identical_to_plain"] is True and entry["precision"] == "int8" and 0 < entry["draft_cost"] < 1
+    assert entry["context"] == "committed"  # the default: the draft takes its context from the target
     assert headline_figures(summarize(run))["selfdraft_chat_x_plain"] == entry["speedup_vs_plain"]
     with pytest.raises(ConfigError, match="self-draft precisions"):
         BenchConfig(self_draft=("int3",))

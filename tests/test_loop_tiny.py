@@ -145,6 +145,40 @@ def test_sampling_matches_target_distribution(params, mode):
     assert all(s in exact for s in counts), "sampled a sequence the target forbids"
 
 
+def test_sampling_with_a_confidence_stop_matches_target_distribution():
+    """A draft that stops a round after a token it gave a top-1 probability below ``stop_below``
+    (its proposal length then depends on its own ``q``): three sampled tokens still follow the
+    target's distribution, the first two jointly and the third's marginal (total variation)."""
+    vocab = 8
+    target, draft = tiny_engine(10, vocab=vocab), tiny_engine(20, vocab=vocab, sharpness=1.0)
+    drafter = DraftModelDrafter(draft, target=target, stop_below=0.35)
+    decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.DRAFT: drafter})
+    prompt = [1, 2, 1, 3, 1]
+    processor = LogitsProcessor(temperature=1.0)
+    exact = _exact_joint(target, prompt, 3, processor)
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=2), **NO_FALLBACK)
+    n = 3000
+    pairs: dict[tuple[int, ...], int] = {}
+    thirds: dict[int, int] = {}
+    rounds = drafted = 0
+    for seed in range(n):
+        result = decoder.generate(prompt, SamplingParams(max_tokens=3, seed=seed, temperature=1.0), spec)
+        out = tuple(result.token_ids)
+        pairs[out[:2]] = pairs.get(out[:2], 0) + 1
+        thirds[out[2]] = thirds.get(out[2], 0) + 1
+        rounds += result.stats.speculative_rounds
+        drafted += result.stats.drafted_tokens
+    assert 0 < drafted < 2 * rounds  # drafting happened, and some rounds stopped after one token
+    exact_pairs: dict[tuple[int, ...], float] = {}
+    exact_thirds: dict[int, float] = {}
+    for seq, mass in exact.items():
+        exact_pairs[seq[:2]] = exact_pairs.get(seq[:2], 0.0) + mass
+        exact_thirds[seq[2]] = exact_thirds.get(seq[2], 0.0) + mass
+    for counts, want in ((pairs, exact_pairs), (thirds, exact_thirds)):
+        tv = 0.5 * sum(abs(counts.get(s, 0) / n - want.get(s, 0.0)) for s in set(counts) | set(want))
+        assert tv < 0.06, tv
+
+
 def test_clear_errors(pair):
     target, _, decoder = pair
     with pytest.raises(InvalidRequestError, match="empty"):

@@ -9,10 +9,11 @@ tests/test_loop_tiny.py."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.conftest import tiny_llama
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
-from triton_backend.core.config import DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.core.config import DraftContext, DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import estimated_cost, self_draft_engine, self_drafter
@@ -31,12 +32,18 @@ def test_config_reads_and_refuses_bad_values():
     config = DeploymentConfig.from_dict({"self_draft": {"precision": "int4", "layers": [3, 0, 1]}})
     assert config.self_draft == SelfDraftConfig(precision=WeightPrecision.INT4, layers=(0, 1, 3))
     assert DeploymentConfig.from_dict({"self_draft": {}}).self_draft.precision is WeightPrecision.INT8
+    tuned = DeploymentConfig.from_dict({"self_draft": {"context": "committed", "stop_below": 0.25}}).self_draft
+    assert tuned.context is DraftContext.COMMITTED and tuned.stop_below == 0.25
+    assert DeploymentConfig.from_dict(json_round_trip(DeploymentConfig(self_draft=tuned))).self_draft == tuned
     assert DeploymentConfig.from_dict(json_round_trip(config)) == config
     bad = [({"self_draft": {"precision": "int3"}}, "precision"),
            ({"self_draft": {"layers": [1, 2]}}, "layer 0"),
            ({"self_draft": {"layers": []}}, "non-empty"),
            ({"self_draft": {"layers": [0, -1]}}, "layer indices"),
            ({"self_draft": {"depth": 3}}, "unknown"),
+           ({"self_draft": {"context": "target"}}, "context must be one of"),
+           ({"self_draft": {"stop_below": 1.0}}, "stop_below"),
+           ({"self_draft": {"stop_below": "high"}}, "stop_below"),
            ({"self_draft": {}, "draft_layers": [0, 1]}, "one draft"),
            ({"self_draft": {}, "draft": "smollm2-135m-instruct"}, "one draft"),
            ({"self_draft": {}, "runtime": {"weights": "int8"}}, "target itself"),
@@ -64,14 +71,35 @@ def _tiny_pair(precision: WeightPrecision, layers: tuple[int, ...] | None = None
     return target, draft
 
 
+def _draft_row_starts(engine) -> list[int]:
+    """Record the start of every row ``engine`` runs (what the draft computes itself)."""
+    starts: list[int] = []
+    forward = engine.forward
+
+    def recording(rows):
+        starts.extend(r.start for r in rows)
+        return forward(rows)
+
+    engine.forward = recording
+    return starts
+
+
 @needs_kernels
-@pytest.mark.parametrize("precision,layers", [(WeightPrecision.INT8, None), (WeightPrecision.INT4, (0, 2, 3))])
-def test_greedy_self_draft_equals_plain_alone_and_batched(precision, layers):
+@pytest.mark.parametrize("precision,layers,context,stop", [
+    (WeightPrecision.INT8, None, "draft", 0.0), (WeightPrecision.INT8, None, "prompt", 0.0),
+    (WeightPrecision.INT8, None, "committed", 0.5), (WeightPrecision.INT4, (0, 2, 3), "prompt", 0.5)])
+def test_greedy_self_draft_equals_plain_alone_and_batched(precision, layers, context, stop):
+    """Whatever the draft's context (its own prefill, or the target's keys and values copied, layer
+    by layer for a layer-skip draft) and its confidence stop, greedy output is plain decoding's; a
+    draft taking the prompt from the target never runs a prompt position itself."""
     target, draft = _tiny_pair(precision, layers)
     assert draft.weights is precision and target.weights is WeightPrecision.FLOAT32
     assert draft.forward_impl.embed.data_ptr() == target.forward_impl.embed.data_ptr()  # shared, not copied
     assert draft.forward_impl.shape.num_layers == (4 if layers is None else len(layers))
-    drafter = self_drafter(draft, target, SelfDraftConfig(precision=precision, layers=layers), measure=False)
+    config = SelfDraftConfig(precision=precision, layers=layers, context=context, stop_below=stop)
+    drafter = self_drafter(draft, target, config, measure=False)
+    assert (drafter.context is None) == (context == "draft") and drafter.stop_below == stop
+    starts = _draft_row_starts(draft)
     decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.DRAFT: drafter})
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4),
@@ -83,6 +111,8 @@ def test_greedy_self_draft_equals_plain_alone_and_batched(precision, layers):
         assert result.token_ids == expected
         drafted += result.stats.drafted_tokens
         accepted += result.stats.accepted_tokens
+        assert context == "draft" or min(starts) >= len(prompt), "the draft ran the prompt itself"
+        starts.clear()
     assert drafted > 0 and accepted > 0
     scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4))
     try:
@@ -90,6 +120,40 @@ def test_greedy_self_draft_equals_plain_alone_and_batched(precision, layers):
         assert [c.tokens() for c in clients] == plain
     finally:
         scheduler.shutdown()
+    assert starts and (context == "draft" or min(starts) >= min(len(p) for p in PROMPTS))
+
+
+@needs_kernels
+def test_self_draft_from_the_target_context_keeps_seeded_sampling_batched_as_alone():
+    """Seeded sampling and greedy requests mixed in a batch, the draft taking the prompt from the
+    target and stopping on doubtful tokens: each request's output is what it gives alone."""
+    from test_scheduler import assert_mixed_batch_matches_alone
+
+    target, draft = _tiny_pair(WeightPrecision.INT8)
+    drafter = self_drafter(draft, target, SelfDraftConfig(context="prompt", stop_below=0.3), measure=False)
+    decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.DRAFT: drafter})
+    spec = SpeculationConfig(method="draft", draft_length=DraftLengthConfig(num_draft_tokens=4),
+                             fallback=FallbackConfig(enabled=False))
+    assert_mixed_batch_matches_alone(decoder, PROMPTS[:3], spec, "per_request", base_tokens=10, base_seed=7)
+
+
+@needs_kernels
+def test_kv_copied_from_the_target_layer_by_layer():
+    """A layer-skip draft's cache takes each kept layer's keys and values from that target layer;
+    a layer map that does not fit the draft is refused."""
+    from triton_backend.engines.batch import BatchRow
+
+    target, draft = _tiny_pair(WeightPrecision.INT8, (0, 2, 3))
+    src, dst = target.allocate(), draft.allocate()
+    target.forward([BatchRow(src, 0, [1, 2, 3, 4, 5])])
+    draft.copy_kv_from(target, src, dst, 1, 4, (0, 2, 3))
+    for i, layer in enumerate((0, 2, 3)):
+        assert torch.equal(draft.cache.keys[i, dst, :, 1:4], target.cache.keys[layer, src, :, 1:4])
+        assert torch.equal(draft.cache.values[i, dst, :, 1:4], target.cache.values[layer, src, :, 1:4])
+    with pytest.raises(ValueError, match="cannot take"):
+        draft.copy_kv_from(target, src, dst, 0, 4, (0, 1))
+    with pytest.raises(ValueError, match="cannot copy positions"):
+        draft.copy_kv_from(target, src, dst, 3, 2, (0, 2, 3))
 
 
 @needs_kernels

@@ -39,7 +39,8 @@ def self_draft_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Ro
             speculation = SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k))
             rows.append(OursRow(f"self-{self_draft.precision.value} k={k}", own, speculation,
                                 {"kind": "ours", "method": "draft", "draft": "self", "precision": self_draft.precision.value,
-                                 "k": k, "strategy": "chain", "draft_cost": round(drafter.relative_cost, 4)}))
+                                 "k": k, "strategy": "chain", "draft_cost": round(drafter.relative_cost, 4),
+                                 "context": self_draft.context.value}))
     return rows
 
 

@@ -27,6 +27,7 @@ import torch
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, doubtful
 from triton_backend.speculation.drafters.eagle import EagleSession, FeatureDrafter
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.drafters.medusa import MedusaSession
@@ -34,6 +35,7 @@ from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.speculation.eagle_round import accept_eagle, eagle_parents
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.engines.batch import BatchedEngine, BatchRow, RowOutput
+from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.speculation.policy import RowOption
 from triton_backend.speculation.run_state import Accepted, RunState
 from triton_backend.speculation.tree_round import accept_tree
@@ -213,17 +215,24 @@ def propose_per_row(planned: Sequence[PlannedRow]) -> None:
         row.draft_s += time.perf_counter() - t0
 
 
-def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow]) -> int:
+def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow], target: BatchedEngine) -> int:
     """A draft model batched across rows: draft position ``j`` of every row drafting more
-    than ``j`` tokens in one pass (as :class:`_DraftModelSession` drafts alone: argmax, or a
-    sample from the processed ``q`` with the row's own generator). Returns the passes run."""
+    than ``j`` tokens in one pass (as :class:`DraftModelSession` drafts alone: argmax, or a
+    sample from the processed ``q`` with the row's own generator; a row whose drafter stops on a
+    doubtful token drafts no further). A drafter taking its context from the target's cache
+    copies it from ``target``'s slot first. Returns the passes run."""
     rows = [r for r in planned if r.k > 0 and r.seq.draft_slot is not None and r.seq.model_drafts and not r.forced]
     drafted: dict[int, list[int]] = {id(r): [] for r in rows}
     probs: dict[int, list[torch.Tensor]] = {id(r): [] for r in rows}
+    stopped: set[int] = set()
     passes = 0
     t0 = time.perf_counter()
+    for r in rows:
+        _take_context(engine, target, r.seq)
     for j in range(max((r.k for r in rows), default=0)):
-        active = [r for r in rows if r.k > j]
+        active = [r for r in rows if r.k > j and id(r) not in stopped]
+        if not active:
+            break
         batch = []
         for r in active:
             seq, length = r.seq, len(r.seq.tokens)
@@ -240,14 +249,35 @@ def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow
             if q is not None:
                 probs[id(r)].append(q)
             drafted[id(r)].append(token)
+            if doubtful(out.logits[:1], q, _stop_below(seq.drafter)):
+                stopped.add(id(r))
         passes += 1
     spent = time.perf_counter() - t0
     for r in rows:
-        r.seq.draft_valid = len(r.seq.tokens) + r.k - 1  # the last draft is never fed
+        tokens = drafted[id(r)]
+        r.seq.draft_valid = len(r.seq.tokens) + len(tokens) - 1  # the last draft is never fed
         rows_q = probs[id(r)]
-        r.proposal = DraftProposal(drafted[id(r)], torch.stack(rows_q) if rows_q else None)
+        r.proposal = DraftProposal(tokens, torch.stack(rows_q) if rows_q else None)
         r.draft_s += spent / max(1, len(rows))
     return passes
+
+
+def _stop_below(drafter: Drafter | None) -> float:
+    return drafter.stop_below if isinstance(drafter, DraftModelDrafter) else 0.0
+
+
+def _take_context(engine: BatchedEngine, target: BatchedEngine, seq: BatchSequence) -> None:
+    """Copy into ``seq``'s draft slot the committed positions its drafter takes from the target's
+    slot (:class:`TargetContext`) and the draft does not hold yet."""
+    context = seq.target_context
+    if context is None or seq.slot is None or seq.draft_slot is None:
+        return
+    if not isinstance(engine, LlamaEngine) or not isinstance(target, LlamaEngine):
+        raise TypeError("a draft taking the target's context needs slot engines for both")
+    end = min(seq.valid, context.limit(seq.commit.prompt_len, len(seq.tokens)))
+    if end > seq.draft_valid:
+        engine.copy_kv_from(target, seq.slot, seq.draft_slot, seq.draft_valid, end, context.layers)
+        seq.draft_valid = end
 
 
 def verify_row(engine: BatchedEngine, row: PlannedRow, out: RowOutput) -> Accepted:

@@ -293,14 +293,16 @@ class BatchScheduler:
         # a prompt short enough for the round's budget rides in a planned row: such a round
         # runs several plain rounds long, whatever the regime, so it is not measured either
         prompting = bool(prefill) or any(r.seq.prompting for r in planned)
-        free = [r for r in planned if not r.offer_forced()]  # structured output: forced tokens ride for free
+        # structured output: forced tokens ride for free; a draft taking the prompt from the
+        # target's cache waits for the target's prefill (the row's first round is plain)
+        free = [r for r in planned if not r.offer_forced() and not r.seq.context_pending]
         ks = self.planner.plan([r.seq for r in free])
         for row, k in zip(free, ks):
             row.k = k
         propose_eagle_rows(planned)
         propose_per_row(planned)
         if self.draft_engine is not None:
-            propose_with_draft_model(self.draft_engine, planned)
+            propose_with_draft_model(self.draft_engine, planned, self.target)
         rows = prefill + [r.target_row() for r in planned]
         t0 = time.perf_counter()
         outputs = self.target.forward(rows)

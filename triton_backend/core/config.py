@@ -434,6 +434,19 @@ class WeightPrecision(str, enum.Enum):
         return self in (WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FP8)
 
 
+class DraftContext(str, enum.Enum):
+    """Where a draft over the target's own model (a self draft) gets the keys and values of the
+    committed tokens: ``draft``: it runs them itself (the prompt prefilled through the draft);
+    ``prompt``: the prompt's are copied from the target's cache after the target's prefill (the
+    request's first round is then plain); ``committed``: as ``prompt``, and every round the
+    verified positions the draft does not hold (the token after its last accepted draft). Every draft token is verified, so output is the
+    same whichever; only acceptance and the draft's prefill time differ."""
+
+    DRAFT = "draft"
+    PROMPT = "prompt"
+    COMMITTED = "committed"
+
+
 INT4_GROUP_SIZES = (32, 64, 128)
 
 
@@ -484,6 +497,6 @@ class RuntimeConfig:
         _config(_is_int(self.num_threads) and self.num_threads >= 1, "num_threads must be >= 1")
 
 
-__all__ = ["CrossRequestConfig", "CrossRequestContinuation", "DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
+__all__ = ["CrossRequestConfig", "CrossRequestContinuation", "DraftContext", "DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
            "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "WeightPrecision", "INT4_GROUP_SIZES",
            "migrate_flat_speculation", "MAX_TOP_LOG_PROBS", "TopLogProbs"]

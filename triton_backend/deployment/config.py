@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triton_backend.core.config import RuntimeConfig, SpeculationConfig, WeightPrecision
+from triton_backend.core.config import DraftContext, RuntimeConfig, SpeculationConfig, WeightPrecision
 from triton_backend.core.config_io import read_config, to_plain
 from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
 from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
@@ -29,10 +29,19 @@ class SelfDraftConfig:
     construction, no second model to load; the draft shares the embedding and norms.
 
     ``precision`` int8 (the default) agrees with float32's greedy token ~97 % of the time on the
-    reference model at ~2.3x the speed of a float32 step; int4 is faster but agrees far less."""
+    reference model at ~2.3x the speed of a float32 step; int4 is faster but agrees far less.
+
+    ``context``: where the draft's keys and values of the committed tokens come from
+    (:class:`DraftContext`; the default ``committed`` copies the prompt's from the target's
+    prefill instead of prefilling it through the draft, then each round the verified positions the
+    draft lacks; a layer-skip draft takes each kept layer's from that target layer). ``stop_below``: a round stops drafting after a token the draft itself gave a top-1
+    probability below this (0: always draft the round's length), so doubtful positions cost no
+    draft step. Neither changes the output (every draft token is verified)."""
 
     precision: WeightPrecision = WeightPrecision.INT8
     layers: tuple[int, ...] | None = None
+    context: DraftContext = DraftContext.COMMITTED
+    stop_below: float = 0.0
 
     def __post_init__(self) -> None:
         try:
@@ -47,6 +56,15 @@ class SelfDraftConfig:
             if layers[0] != 0:
                 raise ConfigError(f"self_draft layers must include layer 0, got {list(layers)}")
             object.__setattr__(self, "layers", layers)
+        try:
+            object.__setattr__(self, "context", DraftContext(self.context))
+        except ValueError:
+            raise ConfigError(f"self_draft context must be one of {[c.value for c in DraftContext]}, "
+                              f"got {self.context!r}") from None
+        stop = self.stop_below
+        if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0.0 <= stop < 1.0:
+            raise ConfigError(f"self_draft stop_below must be a probability in [0, 1), got {stop!r}")
+        object.__setattr__(self, "stop_below", float(stop))
 
     def label(self) -> str:
         """A short name: ``self-int8`` or ``self-int8[10 layers]``."""

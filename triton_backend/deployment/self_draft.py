@@ -19,12 +19,12 @@ from typing import Any, Sequence
 
 from transformers import PreTrainedModel
 
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.config import DraftContext, RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.config import SelfDraftConfig
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.model_loading import layer_skip_draft, make_torch_engine
-from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, TargetContext
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +84,19 @@ def self_drafter(engine: LlamaEngine, target: Any, self_draft: SelfDraftConfig, 
         if measured is not None:
             cost = measured
     prior = SELF_DRAFT_PRIOR.get(self_draft.precision) if self_draft.layers is None else None
-    logger.info("self draft %s: %.3f target steps per drafted token, starting acceptance %s", engine.name, cost,
-                "the draft-model default" if prior is None else prior)
+    context = None
+    if self_draft.context is not DraftContext.DRAFT:
+        if isinstance(target, LlamaEngine):
+            context = TargetContext(self_draft.context, self_draft.layers)
+        else:  # only two slot engines' caches can be copied between
+            logger.info("self draft %s prefills its own context: the target %s is not on the slot engine",
+                        engine.name, target.name)
+    logger.info("self draft %s: %.3f target steps per drafted token, starting acceptance %s, context %s, "
+                "stops below %.2f", engine.name, cost, "the draft-model default" if prior is None else prior,
+                "the draft's" if context is None else f"the target's ({context.scope.value})", self_draft.stop_below)
     return DraftModelDrafter(engine, target=target, relative_cost=cost,
-                             prior_acceptance=None if prior is None else (prior, prior))
+                             prior_acceptance=None if prior is None else (prior, prior), context=context,
+                             stop_below=self_draft.stop_below)
 
 
 __all__ = ["SELF_DRAFT_PRIOR", "STEP_COST", "estimated_cost", "self_draft_engine", "self_drafter"]

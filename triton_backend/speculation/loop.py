@@ -95,9 +95,10 @@ class ChainRound:
         t0 = time.perf_counter()
         proposal = run.forced_draft()  # structured output: what the grammar forces, drafted for free
         forced = bool(proposal.tokens)
-        if not forced:
+        if not forced and not run.context_pending:
             k = run.draft_length()
             if k > 0:
+                run.take_context(self.session)
                 proposal = run.constrain(run.propose(k))
         t1 = time.perf_counter()
         logits = self.session.logits(run.tokens + proposal.tokens, len(proposal) + 1)

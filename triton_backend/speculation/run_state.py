@@ -15,6 +15,7 @@ from triton_backend.speculation.commit import Commit
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.controller import controller_for
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, DraftModelSession
 from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.core.eos import min_tokens_end_ids
@@ -67,6 +68,8 @@ class RunState:
             params, prompt_len=len(prompt_ids), end_ids=min_tokens_end_ids(params, target.eos_token_ids),
             bad_words=_tokenize_words(tokenizer, params.bad_words), guide=self.guide)
         self.rng = make_generator(params.seed)
+        # a draft over the target's own model taking its context from the target's cache
+        self.target_context = drafter.context if isinstance(drafter, DraftModelDrafter) else None
         self.drafter_session = drafter.new_session() if drafter is not None and drafter_session else None
         # greedy and unseeded requests start from the drafter's acceptance measured over the
         # deployment's requests; a seeded sampling request's draft lengths depend on it alone
@@ -104,6 +107,18 @@ class RunState:
     def tokens(self) -> list[int]:
         """The prompt and the committed tokens (read only)."""
         return self.commit.tokens
+
+    @property
+    def context_pending(self) -> bool:
+        """The drafter takes the prompt's keys and values from the target's cache, which has not
+        run the prompt yet: this round is plain (its pass is the prompt's prefill)."""
+        return self.target_context is not None and len(self.tokens) == self.commit.prompt_len
+
+    def take_context(self, target: Any) -> None:
+        """Before drafting alone: the drafter session copies what it takes of the committed
+        tokens' keys and values from ``target`` (the run's target session)."""
+        if self.target_context is not None and isinstance(self.drafter_session, DraftModelSession):
+            self.drafter_session.take_context(target, self.tokens, self.commit.prompt_len)
 
     def draft_length(self) -> int:
         """This round's draft length from the controller (0 without a drafter)."""

@@ -86,6 +86,19 @@ class SlotKVCache:
         for cache in (self.keys, self.values):
             cache[:, destination, :, :length] = cache[:, source, :, :length]
 
+    def copy_from(self, source: "SlotKVCache", source_slot: int, slot: int, start: int, end: int,
+                  layers: Sequence[int] | None = None) -> None:
+        """Positions ``start .. end - 1`` of ``source``'s slot ``source_slot`` into this cache's
+        ``slot``: this cache's layer ``i`` from ``source``'s layer ``layers[i]`` (None: the same
+        layers). Another engine's cache of the same model (a draft sharing the target's context)."""
+        if layers is None:
+            for cache, other in ((self.keys, source.keys), (self.values, source.values)):
+                cache[:, slot, :, start:end] = other[:, source_slot, :, start:end]
+            return
+        for i, layer in enumerate(layers):
+            for cache, other in ((self.keys, source.keys), (self.values, source.values)):
+                cache[i, slot, :, start:end] = other[layer, source_slot, :, start:end]
+
     def move_positions(self, slot: int, sources: Sequence[int], destination: int) -> None:
         """Every layer: positions ``sources`` (ascending) to ``destination, destination + 1, ...``."""
         if not sources:

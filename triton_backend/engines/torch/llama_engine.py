@@ -212,6 +212,25 @@ class LlamaEngine:
             raise ValueError(f"cannot copy {length} positions of a {self.max_context}-position slot")
         self.cache.copy_prefix(source, destination, length)
 
+    def copy_kv_from(self, source: "LlamaEngine", source_slot: int, slot: int, start: int, end: int,
+                     layers: Sequence[int] | None = None) -> None:
+        """Positions ``start .. end - 1`` of ``source``'s slot into ``slot``: a draft over the same
+        model taking the target's keys and values for context it would otherwise prefill itself.
+        ``layers``: the ``source`` layer of each of this engine's layers (a layer-skip draft's kept
+        layers; None: the same layers). Not exact for this engine's own forward (the values are the
+        source's): for a draft, whose every token is verified."""
+        source.cache.check_taken(source_slot)
+        self.cache.check_taken(slot)
+        mine, theirs = self.forward_impl.shape, source.forward_impl.shape
+        wanted = list(range(mine.num_layers)) if layers is None else list(layers)
+        if (len(wanted) != mine.num_layers or any(not 0 <= i < theirs.num_layers for i in wanted)
+                or (mine.num_kv_heads, mine.head_dim) != (theirs.num_kv_heads, theirs.head_dim)
+                or self.model.dtype != source.model.dtype):
+            raise ValueError(f"{self.name} cannot take keys and values of {source.name} (layers {wanted})")
+        if not 0 <= start <= end <= min(self.max_context, source.max_context):
+            raise ValueError(f"cannot copy positions {start}..{end} between {self.name} and {source.name}")
+        self.cache.copy_from(source.cache, source_slot, slot, start, end, None if layers is None else wanted)
+
     def forward(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
         if not rows:
             return []
@@ -364,6 +383,19 @@ class SlotSession:
         if not 1 <= num_last <= len(tokens):
             raise ValueError(f"num_last must be in [1, {len(tokens)}], got {num_last}")
         return self._row(tokens, num_last).logits
+
+    def adopt_prefix(self, source: "SlotSession", tokens: Sequence[int], limit: int,
+                     layers: Sequence[int] | None = None) -> None:
+        """Take the keys and values of the positions before ``limit`` of ``tokens`` that ``source``
+        (a session of another engine over the same model) holds and this session does not
+        (:meth:`LlamaEngine.copy_kv_from`): a draft taking the target's context."""
+        have = self._shared_prefix(tokens)
+        end = min(limit, source._shared_prefix(tokens))
+        if end > have and source.slot is not None:
+            self._engine.copy_kv_from(source._engine, source.slot, self._acquire(), have, end, layers)
+            self.keep_tree_path([])
+            del self._cached[have:]
+            self._cached.extend(tokens[have:end])
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (bookkeeping)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -9,7 +10,9 @@ import torch
 from triton_backend.speculation.drafters.base import DraftProposal
 from triton_backend.engines.base import CausalLMEngine, EngineSession
 from triton_backend.core.errors import VocabMismatchError
+from triton_backend.core.config import DraftContext
 from triton_backend.core.sampling import LogitsProcessor
+from triton_backend.engines.torch.llama_engine import SlotSession
 
 
 def check_vocab_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_vocab: int, draft_vocab: int) -> None:
@@ -30,9 +33,51 @@ def check_vocab_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_v
         )
 
 
-class _DraftModelSession:
-    def __init__(self, session: EngineSession) -> None:
+@dataclass(frozen=True)
+class TargetContext:
+    """A draft over the target's own model taking the committed tokens' keys and values from the
+    target's cache instead of running them itself: ``scope`` which positions (:class:`DraftContext`),
+    ``layers`` the target layer of each draft layer (a layer-skip draft; None: the same layers)."""
+
+    scope: DraftContext
+    layers: tuple[int, ...] | None = None
+
+    def limit(self, prompt_len: int, length: int) -> int:
+        """Positions to take of a sequence of ``length`` committed tokens (the last one, never
+        seen by the target, is always the draft's to run)."""
+        return min(prompt_len, length - 1) if self.scope is DraftContext.PROMPT else length - 1
+
+
+def doubtful(logits: torch.Tensor, q: torch.Tensor | None, stop_below: float) -> bool:
+    """Whether a draft stops after this token: its own top-1 probability (of ``q`` when it sampled,
+    else of the raw ``logits`` ``[1, vocab]``) is below ``stop_below`` (0: never)."""
+    if stop_below <= 0.0:
+        return False
+    top = q.max() if q is not None else torch.softmax(logits[0].float(), -1).max()
+    return float(top) < stop_below
+
+
+class DraftModelSession:
+    """One sequence's drafting on its own KV session of the draft engine."""
+
+    def __init__(self, session: EngineSession, drafter: "DraftModelDrafter") -> None:
         self._session = session
+        self._drafter = drafter
+
+    @property
+    def waits_for_target(self) -> bool:
+        """The draft takes the prompt from the target: it cannot draft before the target's prefill."""
+        return self._drafter.context is not None
+
+    def take_context(self, target: EngineSession, tokens: Sequence[int], prompt_len: int) -> None:
+        """Copy the keys and values of ``tokens`` that the drafter's context scope takes from
+        ``target``'s session (nothing without a :class:`TargetContext`)."""
+        context = self._drafter.context
+        if context is None:
+            return
+        if not isinstance(self._session, SlotSession) or not isinstance(target, SlotSession):
+            raise TypeError("a draft taking the target's context needs slot-engine sessions for both")
+        self._session.adopt_prefix(target, tokens, context.limit(prompt_len, len(tokens)), context.layers)
 
     def propose(self, tokens: Sequence[int], k: int, processor: LogitsProcessor,
                 generator: torch.Generator | None) -> DraftProposal:
@@ -47,6 +92,8 @@ class _DraftModelSession:
                 rows.append(q)
             drafted.append(token)
             seq.append(token)
+            if doubtful(logits, q, self._drafter.stop_below):
+                break
         probs = torch.stack(rows) if rows else None
         return DraftProposal(tokens=drafted, probs=probs)
 
@@ -55,11 +102,15 @@ class _DraftModelSession:
 
 
 class DraftModelDrafter:
-    """Autoregressive drafting with its own KV session, rolled back like the target's."""
+    """Autoregressive drafting with its own KV session, rolled back like the target's.
+    ``context``: take the committed tokens' keys and values from the target's cache (a draft
+    over the target's own model); ``stop_below``: end a round's draft after a token the draft
+    gave a top-1 probability below this (0: never)."""
 
     def __init__(self, engine: CausalLMEngine, *, target: CausalLMEngine, relative_cost: float | None = None,
                  target_tokenizer: Any = None, draft_tokenizer: Any = None,
-                 prior_acceptance: tuple[float, float] | None = None) -> None:
+                 prior_acceptance: tuple[float, float] | None = None, context: TargetContext | None = None,
+                 stop_below: float = 0.0) -> None:
         check_vocab_compatible(target_tokenizer, draft_tokenizer, target.vocab_size, engine.vocab_size)
         self.engine = engine
         self.name = f"draft:{engine.name}"
@@ -70,6 +121,8 @@ class DraftModelDrafter:
         # the draft-model type's (policy.PRIOR_ACCEPTANCE). A draft known to agree closely (the
         # target quantized) starts higher, or at its low cost it would never draft, so never learn.
         self.prior_acceptance = prior_acceptance
+        self.context = None if context is None or context.scope is DraftContext.DRAFT else context
+        self.stop_below = float(stop_below)
 
-    def new_session(self) -> _DraftModelSession:
-        return _DraftModelSession(self.engine.new_session())
+    def new_session(self) -> DraftModelSession:
+        return DraftModelSession(self.engine.new_session(), self)
