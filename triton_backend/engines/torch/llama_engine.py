@@ -61,6 +61,13 @@ def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[st
     return compact
 
 
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in host memory: a pass on an accelerator hands its logits to the host, where verification,
+    sampling and logits processing run (one copy per pass); hidden states and captured features stay
+    on the device for the drafters, which run beside the target."""
+    return t if t.device.type == "cpu" else t.to("cpu")
+
+
 def _placed(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     """``model`` on ``device`` with floating tensors in ``dtype``, in eval mode. Tensors without storage
     (meta: linears a streamed load never materialised, or released) stay as they are."""
@@ -261,7 +268,7 @@ class LlamaEngine:
         for r in rows:
             starts.append(starts[-1] + r.num_logits)
         index = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in wanted]).to(self.device)
-        logits = self.forward_impl.head_logits(hidden.index_select(0, index))
+        logits = _to_host(self.forward_impl.head_logits(hidden.index_select(0, index)))
         out, at = {}, 0
         for i in wanted:
             out[i] = logits[at:at + rows[i].num_logits]
