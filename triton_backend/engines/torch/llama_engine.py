@@ -199,7 +199,7 @@ class LlamaEngine:
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.forward_impl.head_logits(hidden)
+            return _to_host(self.forward_impl.head_logits(hidden))
 
     def keep_tree_path(self, slot: int, root_length: int, path: Sequence[int]) -> None:
         self.cache.check_taken(slot)
