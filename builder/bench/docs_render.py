@@ -72,6 +72,8 @@ HEADLINE_ROWS = (
     HeadlineRow("fp8_greedy_agreement", "fp8 weights: float32's greedy token, teacher-forced share", None, digits=3),
     HeadlineRow("gpu_engine_plain_decode_x_hf", "H200: slot engine 1 x 1 pass over the HF path", None),
     HeadlineRow("gpu_eagle_data_positions_per_s", "H200: drafter data, positions/s (batched generate)", None, digits=0),
+    HeadlineRow("gpu_auto_all_x_plain", "H200: auto x plain, all workloads (3 prompts, 48 tokens)", None),
+    HeadlineRow("gpu_eagle_tokens_per_pass", "H200: EAGLE tokens per target pass (3 prompts)", None),
 )
 
 

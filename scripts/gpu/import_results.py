@@ -31,6 +31,10 @@ sys.path.insert(0, str(REPO))
 from builder.headline import update_headline  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+# the GPU figures the README's headline table shows (builder/bench/docs_render.py); the bench's
+# other gpu_* figures stay in its own files
+HEADLINE_KEYS = ("gpu_engine_plain_decode_x_hf", "gpu_eagle_data_positions_per_s", "gpu_auto_all_x_plain",
+                 "gpu_eagle_tokens_per_pass")
 
 
 def _portable(value, target_name: str):
@@ -91,6 +95,39 @@ def _page(label: str, device: str, pass_cost: dict, drafter: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _bench(engine: Path, label: str, target_name: str) -> dict | None:
+    src = engine / f"bench-{label}.json"
+    if not src.is_file():
+        return None
+    summary = _portable(json.loads(src.read_text()), target_name)
+    (RESULTS / src.name).write_text(json.dumps(summary, indent=2) + "\n")
+    md = (engine / f"bench-{label}.md").read_text()
+    (RESULTS / f"bench-{label}.md").write_text(md)
+    if (engine / f"bench-{label}.png").is_file():
+        shutil.copy(engine / f"bench-{label}.png", RESULTS / f"bench-{label}.png")
+    return summary
+
+
+def _two(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _bench_lines(summary: dict) -> list[str]:
+    cfg = summary["config"]
+    rows = [r for r in summary["rows"] if r["workload"] == "all"]
+    same = all(r.get("identical_to_plain") for r in summary["rows"] if r.get("identical_to_plain") is not None)
+    lines = ["", "## Speculative decoding on CUDA (`specbuild bench --device cuda`)", "",
+             f"{cfg['prompts_per_workload']} prompt(s) per workload (chat, code, copy), up to {cfg['max_tokens']} "
+             f"tokens, {cfg['repeats']} repeat(s): a check that every row runs on the device and equals plain "
+             f"decoding there ({'every row identical to plain' if same else 'NOT every row identical to plain'}), "
+             "with first speed figures; the full table is in the bench's files beside this page.", "",
+             "| row (all workloads) | tok/s | x plain | tokens per target pass | identical |", "|---|---|---|---|---|"]
+    lines += [f"| {r['row']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} | "
+              f"{_two(r.get('tokens_per_target_pass'))} | {'yes' if r.get('identical_to_plain') else 'no'} |"
+              for r in rows]
+    return lines
+
+
 def _adopt(scale: Path, dest: Path, report: dict, acceptance: list[float]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(scale / "drafter" / "model.safetensors", dest / "model.safetensors")
@@ -114,16 +151,21 @@ def main() -> None:
     drafter = _portable(json.loads((args.results / "scale" / "drafter" / "gpu_training_report.json").read_text()),
                         args.target_name)
     (RESULTS / f"{args.label}-drafter.json").write_text(json.dumps(drafter, indent=2) + "\n")
-    (RESULTS / f"{args.label}.md").write_text(_page(args.label, drafter["device"], pass_cost, drafter))
+    page = _page(args.label, drafter["device"], pass_cost, drafter)
+    bench = _bench(args.results / "engine", args.label, args.target_name)
+    if bench is not None:
+        page += "\n".join(_bench_lines(bench)) + "\n"
+    (RESULTS / f"{args.label}.md").write_text(page)
     figures = json.loads((args.results / "engine" / "headline-gpu.json").read_text())
     figures["gpu_eagle_data_positions_per_s"] = round(drafter["generation"]["positions_per_s"], 1)
-    update_headline({k: v for k, v in figures.items() if k.startswith("gpu_")}, RESULTS / "headline.json")
+    figures = {k: v for k, v in figures.items() if k in HEADLINE_KEYS}
+    update_headline(figures, RESULTS / "headline.json")
     if args.adopt_drafter:
         acceptance = [float(a) for a in args.heldout_acceptance.split(",") if a]
         if not acceptance:
             raise SystemExit("--adopt-drafter needs --heldout-acceptance (the CPU measure on the served weights)")
         _adopt(args.results / "scale", args.adopt_drafter, drafter, acceptance)
-    print(json.dumps({k: v for k, v in figures.items() if k.startswith("gpu_")}))
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
