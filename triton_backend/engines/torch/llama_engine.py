@@ -12,6 +12,7 @@ starts earlier.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from typing import Mapping, Sequence
 
@@ -316,6 +317,7 @@ class SlotSession:
         self._cached: list[int] = []
         self._tree: list[int] = []  # draft nodes written after the cached tokens, until keep_tree_path
         self.forward_calls = 0
+        self.pass_time_s = 0.0  # in the engine's passes and LM-head products (what a round costs beyond them: the rest)
 
     def _acquire(self) -> int:
         if self.slot is None:
@@ -353,7 +355,9 @@ class SlotSession:
         new = list(tokens[keep:]) + list(tree)
         row = BatchRow(self._acquire(), keep, new, num_logits=num_last + len(tree), tree_parents=parents,
                        return_hidden=hidden, return_logits=logits, capture=capture)
+        started = time.perf_counter()
         out = self._engine.forward([row])[0]
+        self.pass_time_s += time.perf_counter() - started
         del self._cached[keep:]
         self._cached.extend(tokens[keep:])
         self._tree = list(tree)
@@ -389,7 +393,10 @@ class SlotSession:
         return out.logits, out.hidden
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._engine.head_logits(hidden)
+        started = time.perf_counter()
+        logits = self._engine.head_logits(hidden)
+        self.pass_time_s += time.perf_counter() - started
+        return logits
 
     def keep_tree_path(self, path: Sequence[int]) -> None:
         if not self._tree:
