@@ -128,8 +128,9 @@ class LlamaEngine:
         limit = int(max_context or getattr(model.config, "max_position_embeddings", runtime.max_seq_len))
         self.max_context = min(limit, runtime.max_seq_len)
         self.num_slots = runtime.max_batch_size
+        self.dtype = self.model.dtype  # read once: the module's property walks its parameters (every pass did)
         self.cache = SlotKVCache(shape.num_layers, self.num_slots, shape.num_kv_heads, self.max_context,
-                                 shape.head_dim, self.model.dtype, self.device)
+                                 shape.head_dim, self.dtype, self.device)
         self.eos_token_ids = (model_eos(model.config) if eos_token_ids is None
                               else frozenset(int(t) for t in eos_token_ids))
         self.forward_calls = 0
@@ -258,7 +259,7 @@ class LlamaEngine:
         positions: list[int] = []
         plans: list[RowPlan] = []
         out_index: list[int] = []
-        dtype = self.model.dtype
+        dtype = self.dtype
         for row in rows:
             if row.slot in seen:
                 raise InvalidRequestError(f"slot {row.slot} appears twice in one batched pass")
