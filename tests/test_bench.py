@@ -26,9 +26,14 @@ def test_bench_tiny_budget(tmp_path):
     assert rows[("all", "plain")]["tokens_per_target_pass"] == pytest.approx(1.0)
     assert rows[("all", "hf plain")]["identical_to_plain"] is True  # the peer on the same weights, EOS not masked
     assert all(1 <= len(s.tokens) == s.num_tokens <= 6 for s in run.samples)  # stops at EOS or 6 tokens
+    for name in ("plain", "ngram k=3"):  # the round time beyond the target's passes, and its share
+        entry = rows[("all", name)]
+        assert entry["target_pass_ms"] > 0 and entry["outside_target_ms_per_pass"] >= 0
+        assert 0 <= entry["outside_target_share"] < 1
+    assert "outside_target_share" not in rows[("all", "hf plain")]  # the peer's passes are not timed apart
     paths = write_report(summary, tmp_path, "t")
     assert json.loads(paths["json"].read_text())["rows"]
-    assert "| all | ngram k=3 |" in to_markdown(summary)
+    assert "| all | ngram k=3 |" in to_markdown(summary) and "outside target ms/pass (share)" in to_markdown(summary)
     assert paths["plot"].stat().st_size > 1000
 
 

@@ -321,6 +321,44 @@ def test_scheduler_drafts_every_eagle_row_in_one_call_and_equals_alone(monkeypat
         calls.clear()
 
 
+def test_a_prompt_joining_the_batch_is_fed_apart_and_changes_no_output(monkeypatch):
+    """A row whose drafter lacks a whole prompt is fed in its own call, so the rows with a few new
+    pairs are not padded to its length; every request's output still equals it alone (greedy and
+    seeded sampling)."""
+    from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
+    from triton_backend.speculation.drafters.eagle import FEED_TOGETHER, feed_groups
+    from test_scheduler import submit_all
+
+    assert feed_groups([1, 3, FEED_TOGETHER + 1, 2, 40]) == [[0, 1, 3], [2], [4]]
+    assert feed_groups([40]) == [[0]] and feed_groups([2, 3]) == [[0, 1]]
+    target = tiny_engine(0)
+    drafter = _random_drafter(target, seed=5, scale=0.15)
+    decoder = _decoder(target, drafter)
+    long_prompt = [(7 * i) % 30 + 1 for i in range(24)]
+    requests = []
+    for i, prompt in enumerate(([1, 2, 3], long_prompt, [5, 9, 9, 4], [30, 3, 30])):
+        sampling = i % 2 == 1
+        params = SamplingParams(max_tokens=12, temperature=0.9 if sampling else 0.0, seed=60 + i if sampling else None,
+                                ignore_eos=True)
+        requests.append((prompt, params, _tree_spec(3, FallbackConfig(enabled=False), max_tree_nodes=6, tree_top_k=2)))
+    alone = [decoder.generate(p, params, spec).token_ids for p, params, spec in requests]
+    widths: list[tuple[int, int]] = []
+    feed_net = EagleDrafter._feed_net
+
+    def spy(self, features, *args):
+        widths.append(tuple(features.shape[:2]))
+        return feed_net(self, features, *args)
+
+    monkeypatch.setattr(EagleDrafter, "_feed_net", spy)
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=4))
+    try:
+        assert [c.tokens() for c in submit_all(scheduler, requests)] == alone
+    finally:
+        scheduler.shutdown()
+    assert (1, len(long_prompt)) in widths  # the prompt's pairs alone (then the first committed token's)
+    assert all(w <= FEED_TOGETHER for rows, w in widths if rows > 1)  # nobody padded to it
+
+
 @pytest.mark.parametrize("layout", ["eagle", "eagle3"])
 def test_a_tree_step_over_a_chain_equals_the_chain_step(layout):
     """Both drafter layouts place tree nodes through :class:`TreeStep`: two sibling nodes after

@@ -226,5 +226,36 @@ def test_stats_are_consistent(pair):
     assert s.generated_tokens == s.accepted_tokens + s.target_passes
     assert sum(s.drafted_per_position) == s.drafted_tokens and sum(s.accepted_per_position) == s.accepted_tokens
     assert 0 <= s.acceptance_rate <= 1 and s.time_to_first_token_s > 0 and s.total_time_s >= s.time_to_first_token_s
+    # the target's passes are timed apart from the rest of the round (the draft model's passes are the rest)
+    assert 0 < s.target_pass_time_s < s.total_time_s
     d = s.to_dict()
     assert d["acceptance_rate"] == s.acceptance_rate and d["method"] == "draft"
+
+
+def test_target_pass_time_is_the_sessions_passes_only(pair):
+    """What the stats call the target's pass time is the time its session spent in the engine's
+    passes: a round's drafting (here a draft model made slow on purpose) falls outside it."""
+    import time
+
+    target, draft, _ = pair
+
+    class SlowDrafter(DraftModelDrafter):
+        def new_session(self):
+            session = super().new_session()
+            propose = session.propose
+
+            def slow(*args, **kwargs):
+                time.sleep(0.01)
+                return propose(*args, **kwargs)
+
+            session.propose = slow
+            return session
+
+    decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.DRAFT: SlowDrafter(draft, target=target)})
+    r = decoder.generate([1, 2, 3], SamplingParams(max_tokens=12), SpeculationConfig(
+        method="draft", draft_length=DraftLengthConfig(num_draft_tokens=2), **NO_FALLBACK))
+    s = r.stats
+    rounds_drafted = s.speculative_rounds
+    assert rounds_drafted >= 1
+    assert s.total_time_s - s.target_pass_time_s >= 0.01 * rounds_drafted  # the sleeps are outside the passes
+    assert s.target_pass_time_s > 0

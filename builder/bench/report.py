@@ -50,6 +50,7 @@ def _acceptance(samples: list[Sample]) -> dict:
     lengths = [k for st in stats for k in st["draft_lengths"]]
     out = {"target_passes_per_token": passes / generated if generated else 0.0,
            "tokens_per_target_pass": generated / passes if passes else 0.0}
+    out.update(_outside_target(stats))
     if drafted:
         a = accepted / drafted
         k_mean = sum(lengths) / len(lengths)
@@ -63,6 +64,21 @@ def _acceptance(samples: list[Sample]) -> dict:
                    per_position_acceptance=[acc / d if d else 0.0 for _, (d, acc) in sorted(positions.items())],
                    fallbacks=sum(1 for st in stats if st["fallback"]))
     return out
+
+
+def _outside_target(stats: list[dict]) -> dict:
+    """What the rows' rounds cost beyond the target's passes (drafting, tree building,
+    verification, commits, bookkeeping): ms per target pass and its share of the request time,
+    beside the target's own ms per pass. Empty where no pass was timed (rows sharing a batched pass)."""
+    timed = [st for st in stats if st.get("target_pass_time_s")]
+    passes = sum(st["target_passes"] for st in timed)
+    total = sum(st["total_time_s"] for st in timed)
+    target = sum(st["target_pass_time_s"] for st in timed)
+    if not passes or total <= 0:
+        return {}
+    outside = max(0.0, total - target)
+    return {"target_pass_ms": 1e3 * target / passes, "outside_target_ms_per_pass": 1e3 * outside / passes,
+            "outside_target_share": outside / total}
 
 
 def _same_output(sample: Sample, plain: Sample | None) -> bool:
@@ -162,17 +178,20 @@ def to_markdown(summary: dict) -> str:
         f"({'past EOS' if cfg.get('ignore_eos') else 'stopping at EOS'}), {cfg['repeats']} interleaved repeats; "
         f"greedy, float32.",
         "",
-        "| workload | row | tok/s | x plain (spread) | x HF plain | TTFT p50 s | p50 s | p95 s | accept | mean acc len | tok/pass | E(a,k) | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | row | tok/s | x plain (spread) | x HF plain | TTFT p50 s | p50 s | p95 s | accept | mean acc len | tok/pass | E(a,k) "
+        "| outside target ms/pass (share) | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in summary["rows"]:
         spread = e.get("speedup_vs_plain_spread")
         x_plain = f"{_fmt(e['speedup_vs_plain'])} ({_fmt(spread[0])}-{_fmt(spread[1])})" if spread else "-"
+        share = e.get("outside_target_share")
+        outside = (f"{_fmt(e['outside_target_ms_per_pass'], '.1f')} ({100 * share:.0f} %)" if share is not None else "-")
         lines.append(
             f"| {e['workload']} | {e['row']} | {_fmt(e['tokens_per_s'], '.1f')} | {x_plain} | {_fmt(e['speedup_vs_hf_plain'])} "
             f"| {_fmt(e['ttft_s_p50'], '.3f')} | {_fmt(e['latency_s_p50'])} | {_fmt(e['latency_s_p95'])} "
             f"| {_fmt(e.get('acceptance_rate'), '.3f')} | {_fmt(e.get('mean_accepted_length'))} "
-            f"| {_fmt(e.get('tokens_per_target_pass'))} | {_fmt(e.get('expected_tokens_per_pass'))} | {_fmt(e['identical_to_plain'])} |"
+            f"| {_fmt(e.get('tokens_per_target_pass'))} | {_fmt(e.get('expected_tokens_per_pass'))} | {outside} | {_fmt(e['identical_to_plain'])} |"
         )
     overheads = [e for e in summary["rows"] if e["workload"] == "all" and e.get("serving_overhead") is not None]
     drafters = sorted({(e["drafter"], e["eagle_format"]) for e in summary["rows"] if e.get("drafter")})

@@ -23,6 +23,9 @@ class GenerationStats:
     time_to_first_token_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    # the target's passes alone (forward and LM head; the single-request loop's, 0 where rows share
+    # a batched pass): total_time_s - target_pass_time_s is what a round costs beyond them
+    target_pass_time_s: float = 0.0
     total_time_s: float = 0.0
 
     def record_fallback(self, at_token: int) -> None:

@@ -17,6 +17,8 @@ import torch
 
 @runtime_checkable
 class EngineSession(Protocol):
+    pass_time_s: float  # seconds this session spent in the engine's passes and LM-head products
+
     def logits(self, tokens: Sequence[int], num_last: int) -> torch.Tensor:
         """Logits (float32, ``[num_last, vocab]``) predicting the token after each of the
         last ``num_last`` positions of ``tokens``. Afterwards the cache holds ``tokens``."""

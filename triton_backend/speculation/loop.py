@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
+from triton_backend.core.stats import GenerationStats
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.decoding import GenerationResult, collect, encode_prompt, resolve_mode
@@ -74,7 +75,8 @@ class SpeculativeDecoder:
                        ngram=self.auto_ngram(spec.method, mode))
         session = self.target.new_session()
         try:
-            yield from generation_loop(run.commit, run.controller, repeat(round_for(run, session)))
+            outcomes = clocked(repeat(round_for(run, session)), run.commit.stats, session)
+            yield from generation_loop(run.commit, run.controller, outcomes)
         finally:
             session.release()
             if run.drafter_session is not None:
@@ -106,6 +108,15 @@ class ChainRound:
         return accepted.outcome(t1 - t0, time.perf_counter() - t1, forced=forced)
 
 
+def clocked(outcomes: Iterator[RoundOutcome], stats: GenerationStats, session: EngineSession) -> Iterator[RoundOutcome]:
+    """``outcomes``, noting in ``stats`` before each is recorded the time the request's target
+    passes took so far (the last chunk carries it: the round time beyond the target's passes is
+    the rest of ``total_time_s``)."""
+    for outcome in outcomes:
+        stats.target_pass_time_s = session.pass_time_s
+        yield outcome
+
+
 def round_for(run: RunState, session: EngineSession) -> Round:
     """The round strategy of ``run``'s drafter: Medusa trees, EAGLE chains, or chain rounds."""
     drafter = run.drafter_session
@@ -116,4 +127,4 @@ def round_for(run: RunState, session: EngineSession) -> Round:
     return ChainRound(run, session)
 
 
-__all__ = ["ChainRound", "SpeculativeDecoder", "round_for"]
+__all__ = ["ChainRound", "SpeculativeDecoder", "clocked", "round_for"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Sequence
 
 import torch
@@ -42,6 +43,7 @@ class TorchSession:
         self._cached: list[int] = []
         self._tree: list[int] = []  # tree nodes in the cache after tree_hidden, until keep_tree_path
         self.forward_calls = 0
+        self.pass_time_s = 0.0  # in the model's passes and LM-head products
 
     @property
     def cached_length(self) -> int:
@@ -68,6 +70,7 @@ class TorchSession:
         self.rollback(keep)
         new = list(tokens[keep:])
         input_ids = torch.tensor([new], dtype=torch.long, device=self._engine.device)
+        started = time.perf_counter()
         with torch.inference_mode():
             out = self._engine.model(
                 input_ids=input_ids,
@@ -75,6 +78,7 @@ class TorchSession:
                 use_cache=True,
                 logits_to_keep=num_last,
             )
+        self.pass_time_s += time.perf_counter() - started
         self._cached.extend(new)
         self.forward_calls += 1
         return out.logits[0, -num_last:].float()
@@ -96,9 +100,11 @@ class TorchSession:
         new = list(tokens[keep:])
         mask, positions = tree_attention_inputs(parents, keep, len(new), self._engine.model.dtype, self._engine.device)
         input_ids = torch.tensor([new + list(tree_tokens)], dtype=torch.long, device=self._engine.device)
+        started = time.perf_counter()
         with torch.inference_mode():
             hidden = self._engine.model.base_model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                                                    past_key_values=self._cache, use_cache=True).last_hidden_state
+        self.pass_time_s += time.perf_counter() - started
         self._cached.extend(new)
         self._tree = list(tree_tokens)
         self.forward_calls += 1
@@ -106,8 +112,11 @@ class TorchSession:
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's logits (float32, ``[r, vocab]``) for last hidden states ``[r, hidden]``."""
+        started = time.perf_counter()
         with torch.inference_mode():
-            return self._engine.model.get_output_embeddings()(hidden).float()
+            logits = self._engine.model.get_output_embeddings()(hidden).float()
+        self.pass_time_s += time.perf_counter() - started
+        return logits
 
     def tree_logits(self, tokens: Sequence[int], tree_tokens: Sequence[int],
                     parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ starts earlier.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from typing import Mapping, Sequence
 
@@ -134,8 +135,9 @@ class LlamaEngine:
         limit = int(max_context or getattr(model.config, "max_position_embeddings", runtime.max_seq_len))
         self.max_context = min(limit, runtime.max_seq_len)
         self.num_slots = runtime.max_batch_size
+        self.dtype = self.model.dtype  # read once: the module's property walks its parameters (every pass did)
         self.cache = SlotKVCache(shape.num_layers, self.num_slots, shape.num_kv_heads, self.max_context,
-                                 shape.head_dim, self.model.dtype, self.device)
+                                 shape.head_dim, self.dtype, self.device)
         self.eos_token_ids = (model_eos(model.config) if eos_token_ids is None
                               else frozenset(int(t) for t in eos_token_ids))
         self.forward_calls = 0
@@ -283,7 +285,7 @@ class LlamaEngine:
         positions: list[int] = []
         plans: list[RowPlan] = []
         out_index: list[int] = []
-        dtype = self.model.dtype
+        dtype = self.dtype
         for row in rows:
             if row.slot in seen:
                 raise InvalidRequestError(f"slot {row.slot} appears twice in one batched pass")
@@ -342,6 +344,7 @@ class SlotSession:
         self._cached: list[int] = []
         self._tree: list[int] = []  # draft nodes written after the cached tokens, until keep_tree_path
         self.forward_calls = 0
+        self.pass_time_s = 0.0  # in the engine's passes and LM-head products (what a round costs beyond them: the rest)
 
     def _acquire(self) -> int:
         if self.slot is None:
@@ -379,7 +382,9 @@ class SlotSession:
         new = list(tokens[keep:]) + list(tree)
         row = BatchRow(self._acquire(), keep, new, num_logits=num_last + len(tree), tree_parents=parents,
                        return_hidden=hidden, return_logits=logits, capture=capture)
+        started = time.perf_counter()
         out = self._engine.forward([row])[0]
+        self.pass_time_s += time.perf_counter() - started
         del self._cached[keep:]
         self._cached.extend(tokens[keep:])
         self._tree = list(tree)
@@ -428,7 +433,10 @@ class SlotSession:
         return out.logits, out.hidden
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._engine.head_logits(hidden)
+        started = time.perf_counter()
+        logits = self._engine.head_logits(hidden)
+        self.pass_time_s += time.perf_counter() - started
+        return logits
 
     def keep_tree_path(self, path: Sequence[int]) -> None:
         if not self._tree:

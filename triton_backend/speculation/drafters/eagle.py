@@ -41,6 +41,18 @@ def target_kernel(target: Any) -> RowGemm | None:
     return target.forward_impl.kernel if isinstance(target, LlamaEngine) else None
 
 
+FEED_TOGETHER = 8  # rows whose drafter lacks at most this many pairs are fed in one call; longer backlogs alone
+
+
+def feed_groups(counts: Sequence[int]) -> list[list[int]]:
+    """The rows fed together: every row with a short backlog (``<= FEED_TOGETHER`` new pairs, a
+    round's accepted tokens) in one group, each longer one (a prompt) on its own, so a new
+    request's prompt never pads the other rows' feed to its length."""
+    short = [b for b, n in enumerate(counts) if n <= FEED_TOGETHER]
+    groups = [short] if short else []
+    return groups + [[b] for b, n in enumerate(counts) if n > FEED_TOGETHER]
+
+
 class FeatureDrafter(ABC):
     """The EAGLE family's drafting core, shared by the EAGLE-1 drafter (:class:`EagleDrafter`)
     and the EAGLE-3 one (:mod:`triton_backend.speculation.drafters.eagle3`): chains, dynamic trees,
@@ -137,9 +149,26 @@ class FeatureDrafter(ABC):
         the feature after each row's last pair (its first draft's feature)."""
         if features.ndim != 3 or tokens.shape != features.shape[:2] or not len(processors) == len(generators) == tokens.shape[0]:
             raise ValueError("features [B, T, H], tokens [B, T] and one processor and generator per row expected")
-        rows = torch.arange(tokens.shape[0], device=self.device)
-        out = self._feed_net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
-        return out[rows, counts - 1]
+        groups = feed_groups(counts.tolist())
+        if len(groups) == 1:
+            rows = torch.arange(tokens.shape[0], device=self.device)
+            out = self._feed_net(features.to(self.dtype), self.embed[tokens], starts, kv, slots)  # [B, T, H]
+            return out[rows, counts - 1]
+        # a long backlog (a prompt that just joined) is fed on its own: the rows with a few new pairs
+        # are not padded to its width (each row's outputs are the same whichever rows it is fed with)
+        slots = torch.arange(tokens.shape[0], device=self.device) if slots is None else slots
+        roots: torch.Tensor | None = None
+        for group in groups:
+            index = torch.tensor(group, device=self.device)
+            width = int(counts[index].max())
+            out = self._feed_net(features[index, :width].to(self.dtype), self.embed[tokens[index, :width]], starts[index],
+                                 kv, slots[index])
+            last = out[torch.arange(len(group), device=self.device), counts[index] - 1]
+            if roots is None:
+                roots = last.new_empty((tokens.shape[0], last.shape[1]))
+            roots[index] = last
+        assert roots is not None
+        return roots
 
     @torch.inference_mode()
     def draft_trees(self, kv: EagleKV, starts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor,

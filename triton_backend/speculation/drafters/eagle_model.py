@@ -172,14 +172,13 @@ class _Attention(nn.Module):
         rows = slots[:, None]
         kv.k[rows, :, index] = k.transpose(1, 2).to(kv.k.dtype)  # write each row at its own cache entries
         kv.v[rows, :, index] = v.transpose(1, 2).to(kv.v.dtype)
-        keys, values = kv.k[slots, :, :end], kv.v[slots, :, :end]
-        group = info.num_heads // info.num_kv_heads
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        keys, values = kv.k[slots, :, :end], kv.v[slots, :, :end]  # [B, kv_heads, end, d]: the kernel groups the heads
         if tree is None:
             visible = torch.arange(end, device=x.device)[None, None, :] <= positions[..., None]  # [B, T, end]
         else:
             visible = tree.visible
-        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=visible[:, None])
+        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=visible[:, None],
+                                             enable_gqa=info.num_heads != info.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, info.num_heads * info.head_dim))
 
 

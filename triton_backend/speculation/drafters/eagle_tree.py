@@ -97,20 +97,37 @@ class _Row:
 Logits = Callable[[torch.Tensor], torch.Tensor]  # features [M, H] -> candidate logits [M, C]
 
 
-def _children(row: _Row, parent: int, logits: torch.Tensor, vocab: torch.Tensor | None,
-              expand: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Add ``parent``'s children (``logits`` ``[C]``: its candidate logits) to ``row``."""
+def _parent_place(row: _Row, parent: int) -> tuple[float, int, list[int]]:
+    """(score, depth of its children, their cache ancestors) of ``parent`` (-1: the root)."""
+    if parent < 0:
+        return 0.0, 1, []
+    node = row.nodes[parent]
+    return node.score, node.depth + 1, node.ancestors + [node.entry]
+
+
+def _greedy_tops(small: torch.Tensor, width: int, vocab: torch.Tensor | None) -> tuple[list[list[int]], list[list[float]]]:
+    """The ``width`` likeliest candidates of every row of ``small`` ``[M, C]`` (token ids and log
+    probabilities, as lists): one log-softmax, one top-k and one copy to Python for all the
+    level's greedy nodes (each row's values are those of the row alone)."""
+    logp = torch.log_softmax(small.float(), -1)
+    top = torch.topk(logp, min(width, logp.shape[-1]))
+    ids = vocab[top.indices] if vocab is not None else top.indices
+    return ids.tolist(), top.values.tolist()
+
+
+def _greedy_children(row: _Row, parent: int, ids: list[int], logps: list[float]) -> None:
+    """Add ``parent``'s children (its ``top_k`` likeliest tokens and their log probabilities) to a greedy ``row``."""
+    base, depth, ancestors = _parent_place(row, parent)
+    for r, (token, lp) in enumerate(zip(ids, logps)):
+        row.nodes.append(_Node(int(token), parent, base + lp, r, depth, -1, ancestors=ancestors))
+
+
+def _sampled_children(row: _Row, parent: int, logits: torch.Tensor,
+                      expand: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Add ``parent``'s children (``logits`` ``[C]``: its candidate logits) to a sampling ``row``:
+    ``top_k`` tokens drawn without replacement from its processed ``q``."""
     k = row.shape.top_k
-    base = 0.0 if parent < 0 else row.nodes[parent].score
-    depth = 1 if parent < 0 else row.nodes[parent].depth + 1
-    ancestors = [] if parent < 0 else row.nodes[parent].ancestors + [row.nodes[parent].entry]
-    if row.processor.greedy:
-        logp = torch.log_softmax(logits.float(), -1)
-        top = torch.topk(logp, min(k, logp.shape[0]))
-        ids = vocab[top.indices] if vocab is not None else top.indices
-        for r, (token, lp) in enumerate(zip(ids.tolist(), top.values.tolist())):
-            row.nodes.append(_Node(int(token), parent, base + lp, r, depth, -1, ancestors=ancestors))
-        return
+    base, depth, ancestors = _parent_place(row, parent)
     q = row.processor.probs(expand(logits[None]))[0]  # [vocab]: processed as the target's p (no penalties)
     row.dists.append(q)
     ranked = torch.topk(q, min(k, q.shape[0])).values  # the k largest probabilities, descending
@@ -128,6 +145,24 @@ def draw_without_replacement(q: torch.Tensor, k: int, generator: torch.Generator
     return torch.topk(keys, min(k, int((q > 0).sum()))).indices.tolist()
 
 
+def _level_tops(small: torch.Tensor, rows: Sequence[tuple[_Row, int]],
+                vocab: torch.Tensor | None) -> dict[int, tuple[list[int], list[float]]]:
+    """The children of a level's greedy frontier nodes (``rows``: each row and its frontier's
+    size, in the order of ``small``'s rows), batched per ``top_k``: node index -> (ids, log probs)."""
+    by_width: dict[int, list[int]] = {}
+    at = 0
+    for row, size in rows:
+        if row.processor.greedy:
+            by_width.setdefault(row.shape.top_k, []).extend(range(at, at + size))
+        at += size
+    out: dict[int, tuple[list[int], list[float]]] = {}
+    for width, nodes in by_width.items():
+        picked = small if len(nodes) == small.shape[0] else small[nodes]
+        ids, logps = _greedy_tops(picked, width, vocab)
+        out.update(zip(nodes, zip(ids, logps)))
+    return out
+
+
 def _best(nodes: Sequence[_Node], candidates: Sequence[int], n: int) -> list[int]:
     """The ``n`` best of ``candidates`` by score (ties: the earlier), dropping impossible ones."""
     alive = [i for i in candidates if nodes[i].score > float("-inf")]
@@ -135,27 +170,43 @@ def _best(nodes: Sequence[_Node], candidates: Sequence[int], n: int) -> list[int
 
 
 def _step_inputs(rows: Sequence[_Row], frontiers: Sequence[list[int]], device: torch.device) -> TreeStep:
-    """Place the frontier nodes of every row (padded to the widest) in the drafter's cache."""
+    """Place the frontier nodes of every row (padded to the widest) in the drafter's cache. The
+    positions, entries and what each node sees are gathered as lists and written in one indexed
+    copy each (no per-element tensor write)."""
     width = max(len(f) for f in frontiers)
     for row, frontier in zip(rows, frontiers):
         for i in frontier:
             row.nodes[i].entry = row.committed + row.entries
             row.entries += 1
     end = max(row.committed + row.entries + width for row in rows)
-    positions = torch.zeros(len(rows), width, dtype=torch.long)
-    index = torch.zeros(len(rows), width, dtype=torch.long)
-    visible = torch.zeros(len(rows), width, end, dtype=torch.bool)
+    positions: list[list[int]] = []
+    index: list[list[int]] = []
+    seen_b: list[int] = []
+    seen_t: list[int] = []
+    seen_e: list[int] = []  # (row, node, entry) seen beyond the row's committed entries
     for b, (row, frontier) in enumerate(zip(rows, frontiers)):
-        visible[b, :, :row.committed] = True
+        row_positions, row_index = [], []
         for t in range(width):
             if t < len(frontier):
                 node = row.nodes[frontier[t]]
-                positions[b, t], index[b, t] = row.committed + node.depth - 1, node.entry
-                visible[b, t, node.ancestors + [node.entry]] = True
+                row_positions.append(row.committed + node.depth - 1)
+                row_index.append(node.entry)
+                seen = node.ancestors + [node.entry]
             else:  # padding: an unused entry after the row's own, seeing only itself
-                positions[b, t] = index[b, t] = row.committed + row.entries + t
-                visible[b, t, row.committed + row.entries + t] = True
-    return TreeStep(positions.to(device), index.to(device), visible.to(device))
+                entry = row.committed + row.entries + t
+                row_positions.append(entry)
+                row_index.append(entry)
+                seen = [entry]
+            seen_b += [b] * len(seen)
+            seen_t += [t] * len(seen)
+            seen_e += seen
+        positions.append(row_positions)
+        index.append(row_index)
+    committed = torch.tensor([row.committed for row in rows])
+    visible = (torch.arange(end)[None, None, :] < committed[:, None, None]).expand(len(rows), width, end).clone()
+    visible[seen_b, seen_t, seen_e] = True
+    as_long = lambda v: torch.tensor(v, dtype=torch.long).to(device)  # noqa: E731
+    return TreeStep(as_long(positions), as_long(index), visible.to(device))
 
 
 def _finish(row: _Row) -> DraftTree:
@@ -189,15 +240,22 @@ def grow_trees(roots: torch.Tensor, committed: Sequence[int], shapes: Sequence[T
     features: dict[int, torch.Tensor] = {b: roots[b:b + 1] for b in range(len(rows))}  # [F, H] per row
     for depth in range(1, max(s.depth for s in shapes) + 1):
         active = [b for b in frontiers if rows[b].shape.depth >= depth]
-        small = head(torch.cat([features[b] for b in active]))  # [sum F, C]: one head call
+        stacked = torch.cat([features[b] for b in active])  # [sum F, H]: the level's frontier features
+        small = head(stacked)  # [sum F, C]: one head call
+        offset: dict[int, int] = {}
+        tops = _level_tops(small, [(rows[b], len(frontiers[b])) for b in active], vocab)
         created: dict[int, list[int]] = {}
         source: dict[tuple[int, int], int] = {}  # (row, node) -> the frontier position whose feature produced it
         at = 0
         for b in active:
             row, first = rows[b], len(rows[b].nodes)
+            offset[b] = at
             for j, parent in enumerate(frontiers[b]):
                 before = len(row.nodes)
-                _children(row, parent, small[at + j], vocab, expand)
+                if row.processor.greedy:
+                    _greedy_children(row, parent, *tops[at + j])
+                else:
+                    _sampled_children(row, parent, small[at + j], expand)
                 source.update({(b, i): j for i in range(before, len(row.nodes))})
             at += len(frontiers[b])
             created[b] = list(range(first, len(row.nodes)))
@@ -210,10 +268,13 @@ def grow_trees(roots: torch.Tensor, committed: Sequence[int], shapes: Sequence[T
         width = placement.positions.shape[1]
         inputs = torch.zeros(len(order), width, roots.shape[1], dtype=roots.dtype, device=roots.device)
         tokens = torch.zeros(len(order), width, dtype=torch.long, device=roots.device)
-        for i, b in enumerate(order):
-            for t, node in enumerate(nxt[b]):
-                inputs[i, t] = features[b][source[(b, node)]]
-                tokens[i, t] = rows[b].nodes[node].token
+        # every frontier node's parent feature and token placed in one indexed copy each (no per-node write)
+        at_row = [i for i, b in enumerate(order) for _ in nxt[b]]
+        at_col = [t for b in order for t in range(len(nxt[b]))]
+        picked = [offset[b] + source[(b, node)] for b in order for node in nxt[b]]
+        inputs[at_row, at_col] = stacked[picked]
+        tokens[at_row, at_col] = torch.tensor([rows[b].nodes[node].token for b in order for node in nxt[b]],
+                                              dtype=torch.long, device=roots.device)
         out = step(inputs, tokens, placement, order)  # [B', W, H]
         frontiers = {b: nxt[b] for b in order}
         features = {b: out[i, :len(nxt[b])] for i, b in enumerate(order)}
