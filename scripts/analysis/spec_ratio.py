@@ -15,6 +15,9 @@ Every row's greedy output is checked against plain's. Example::
     .venv/bin/python scripts/analysis/spec_ratio.py --rows plain,eagle,eagle-params  # measured draft cost vs parameter ratio
     .venv/bin/python scripts/analysis/spec_ratio.py --set check --rows plain,ngram:8,eagle,auto:8  # auto beside its sources
     .venv/bin/python scripts/analysis/spec_ratio.py --set check --rows plain,eagle-chain,eagle-tree  # EAGLE chains vs trees
+    .venv/bin/python scripts/analysis/spec_ratio.py --eagle artifacts/smollm2-135m-eagle3 --draft-cost 0.1 \
+        --rows plain,eagle-chain:3,eagle-tree:12:3,eagle-tree-fixed:2  # the bench's EAGLE rows (chain k=3, tree
+        # <= 12 nodes depth <= 3) beside eval-eagle's always-drafted depth-2 trees; eagle-tree:N:D:TOP_K
     .venv/bin/python scripts/analysis/spec_ratio.py --prompts benchmarks/repeated_prompts.json \
         --rows plain,ngram:8,ngram-x:8  # n-gram lookup with the cross-request index (fills as the row's requests run)
 """
@@ -122,15 +125,24 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
             cost = drafter.relative_cost if name == "eagle" else _parameter_ratio(drafter, decoder.target)
             rows.append(DraftCostRow(f"{name} ({cost:.3f})", decoder, SpeculationConfig(method=SpeculationMode.EAGLE),
                                      draft_cost=cost))
-        elif name in ("eagle-chain", "eagle-tree"):  # chains only; gain-sized trees of at most ``arg`` nodes
-            tree = EagleConfig(tree=name == "eagle-tree", max_tree_nodes=int(arg or 12))
-            label = name if name == "eagle-chain" else f"eagle-tree n<={tree.max_tree_nodes}"
-            rows.append(OursRow(label, decoder, SpeculationConfig(method=SpeculationMode.EAGLE, eagle=tree)))
-        elif name in ("eagle-chain-fixed", "eagle-tree-fixed"):  # always draft: chains of k, trees of depth k (12 nodes)
+        elif name == "eagle-chain":  # chains of at most ``arg`` (default 4), gain-sized
             k = int(arg or 4)
-            rows.append(OursRow(f"{name} k={k}", decoder, SpeculationConfig(
+            rows.append(OursRow(f"eagle-chain k<={k}", decoder, SpeculationConfig(
                 method=SpeculationMode.EAGLE, draft_length=DraftLengthConfig(num_draft_tokens=k),
-                fallback=FallbackConfig(enabled=False), eagle=EagleConfig(tree=name == "eagle-tree-fixed"))))
+                eagle=EagleConfig(tree=False))))
+        elif name == "eagle-tree":  # gain-sized trees: ``nodes[:depth[:top_k]]`` (default 12:4:4)
+            given = [int(x) for x in arg.split(":")] if arg else []
+            n, depth, top_k = (given + [12, 4, 4][len(given):])[:3]
+            rows.append(OursRow(f"eagle-tree n<={n} d<={depth} top{top_k}", decoder, SpeculationConfig(
+                method=SpeculationMode.EAGLE, draft_length=DraftLengthConfig(num_draft_tokens=depth),
+                eagle=EagleConfig(tree=True, max_tree_nodes=n, tree_top_k=top_k))))
+        elif name in ("eagle-chain-fixed", "eagle-tree-fixed"):  # always draft: chains of k, trees of depth k
+            k, _, n = arg.partition(":")  # eagle-tree-fixed:K[:N] (N nodes, default 12)
+            k = int(k or 4)
+            rows.append(OursRow(f"{name} k={k}" + (f" n={n}" if n else ""), decoder, SpeculationConfig(
+                method=SpeculationMode.EAGLE, draft_length=DraftLengthConfig(num_draft_tokens=k),
+                fallback=FallbackConfig(enabled=False),
+                eagle=EagleConfig(tree=name == "eagle-tree-fixed", max_tree_nodes=int(n or 12)))))
         elif name == "auto":  # n-gram match or EAGLE, chosen per round
             rows.append(OursRow(f"auto k={arg or 8}", decoder, SpeculationConfig(
                 method=SpeculationMode.AUTO, draft_length=DraftLengthConfig(num_draft_tokens=int(arg or 8)))))
@@ -165,10 +177,11 @@ class PassMeter:
         if drafter is not None:
             step = drafter.net.forward
 
-            def drafted(features, embeds, starts, kv, slots=None, tree=None):
+            def drafted(features, *args, **kwargs):  # EAGLE-1 and EAGLE-3 nets: the tree step by keyword or 6th argument
+                tree = kwargs.get("tree", args[4] if len(args) > 4 else None)
                 width = int(features.shape[1]) if tree is not None else 1
                 self.draft += drafter.relative_cost * (1.0 + ROW_SLOPE * (width - 1))
-                return step(features, embeds, starts, kv, slots, tree)
+                return step(features, *args, **kwargs)
 
             drafter.net.forward = drafted
 
@@ -193,6 +206,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--costs", default=None,
                         help="install this one-row pass-cost table (1:1,2:1.75,...) instead of the measured one")
+    parser.add_argument("--eagle", type=Path, default=EAGLE, help="the EAGLE drafter (file or folder)")
+    parser.add_argument("--draft-cost", type=float, default=None,
+                        help="price the EAGLE drafter at this many target steps per drafted token (default: measured)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -204,8 +220,10 @@ def main() -> None:
         choices = tuple(load_medusa(str(MEDUSA)).heads.info.medusa_choices[:7])  # as the bench cuts it
         fields.update(medusa=str(MEDUSA), medusa_choices=choices)
     if "eagle" in args.rows or "auto" in args.rows:
-        fields.update(eagle=str(EAGLE))
+        fields.update(eagle=str(args.eagle))
     decoder = build_decoder(DeploymentConfig(**fields))
+    if args.draft_cost is not None and SpeculationMode.EAGLE in decoder.drafters:  # a busy machine's measurement varies
+        decoder.drafters[SpeculationMode.EAGLE].relative_cost = args.draft_cost
     if args.costs is not None:  # a busy machine's measurement may fall back to the default table
         from triton_backend.speculation.policy import PassCostModel, install_cost_model
 
