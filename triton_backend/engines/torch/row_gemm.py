@@ -12,8 +12,11 @@ The matmul (AVX2 + FMA; one thread) runs on a copy of the weight packed once int
 output columns, each stored k-major (``K`` groups of 32 floats), so a pass streams every weight
 once, in order, and multiplies it into several input rows per sweep while it sits in cache
 (up to 3 rows with AVX2's 16 registers, up to 12 with AVX-512's 32: an 8-row pass or a 9-token
-verify chain streams each panel once): 2-8 row passes cost little more than one row, and a
-one-row step is cheaper than MKL's GEMV (measured: scripts/analysis/matmul_rows.py). Element ``(m, j)`` is always ONE fused multiply-add chain
+verify chain streams each panel once), and a one-row step is cheaper than MKL's GEMV (measured:
+scripts/analysis/matmul_rows.py). A tile of 3+ rows prefetches the next panel while it multiplies
+(without it the memory stream idled during the FMAs: on an AVX-512 EPYC 8 rows cost ~1.5 one-row
+passes, ~1.2 with it), and more rows than a tile holds split into near-equal tiles (13: 7 + 6, not
+12 + 1). Element ``(m, j)`` is always ONE fused multiply-add chain
 over ``k`` ascending (a vector lane), then the bias. Tile shapes (how many rows share a sweep)
 change with ``M`` but never that order, so results are bit-identical for any
 ``M`` and any row position. The attention computes every query token alone over its visible
