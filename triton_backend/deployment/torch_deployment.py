@@ -11,7 +11,6 @@ from typing import Any
 
 from triton_backend.core.config import SpeculationMode
 from triton_backend.core.drafter_format import EagleFormat
-from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
@@ -73,10 +72,6 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.ngram:
         drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n,
                                                        cross_request_index(config.speculation.ngram.cross_request))
-    preferred = config.speculation.auto_drafter
-    if preferred is not None and preferred not in drafters:
-        raise ConfigError(f"speculation auto_drafter {preferred.value!r} is not deployed (drafters: "
-                          f"{', '.join(m.value for m in drafters) or 'none'})")
     install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)
