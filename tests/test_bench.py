@@ -105,18 +105,24 @@ def test_pass_cost_profile_tiny_budget(tmp_path):
 
 
 def test_bench_self_draft_rows(tmp_path):
-    """Self-draft rows over the bench's own float32 target: outputs identical to plain, the chat
-    figure taken from them."""
+    """Self-draft rows over the bench's own float32 target, and auto with the self draft beside
+    n-gram lookup: outputs identical to plain, the chat figure taken from the self-draft row, the
+    auto figure from the auto row."""
     from builder.bench.report import headline_figures
 
     config = BenchConfig(workloads=("chat",), prompts_per_workload=1, max_tokens=8, repeats=1, ngram_k=(3,),
                          peer=False, self_draft=("int8",), self_draft_k=(3,), out_dir=tmp_path, label="t")
     run = run_bench(config)
-    assert run.rows == ["plain", "ngram k=3", "self-int8 k=3"]
+    assert run.rows == ["plain", "ngram k=3", "self-int8 k=3", "auto self-int8 k=3"]
     rows = {(e["workload"], e["row"]): e for e in summarize(run)["rows"]}
     entry = rows[("chat", "self-int8 k=3")]
     assert entry["identical_to_plain"] is True and entry["precision"] == "int8" and 0 < entry["draft_cost"] < 1
     assert entry["context"] == "committed"  # the default: the draft takes its context from the target
-    assert headline_figures(summarize(run))["selfdraft_chat_x_plain"] == entry["speedup_vs_plain"]
+    auto = rows[("all", "auto self-int8 k=3")]
+    assert auto["identical_to_plain"] is True and auto["method"] == "auto" and auto["model_drafter"] == "draft"
+    assert {s.stats["method"] for s in run.samples if s.row == "auto self-int8 k=3"} == {"draft"}
+    headline = headline_figures(summarize(run))
+    assert headline["selfdraft_chat_x_plain"] == entry["speedup_vs_plain"]
+    assert headline["auto_all_x_plain"] == auto["speedup_vs_plain"]
     with pytest.raises(ConfigError, match="self-draft precisions"):
         BenchConfig(self_draft=("int3",))

@@ -43,6 +43,23 @@ def test_headline_figures_take_the_auto_row_and_eagle_tokens_per_pass():
     assert figures["worst_speculative_row_x_plain"] == 0.97  # the auto and EAGLE rows count too
 
 
+def test_auto_figure_is_the_best_exact_auto_row_whatever_its_model_drafter():
+    """``auto_all_x_plain``: the best auto row over all workloads (EAGLE or the self draft beside
+    lookup), not the comparison row without merged trees nor a row whose output differs from plain;
+    an auto row with the self draft does not count as a self-draft row."""
+    summary = _summary()
+    auto = dict(kind="ours", method="auto", identical_to_plain=True)
+    summary["rows"] += [_entry("all", "auto", 1.43, model_drafter="eagle", merge_lookup=True, **auto),
+                        _entry("all", "auto unmerged", 1.9, model_drafter="eagle", merge_lookup=False, **auto),
+                        _entry("all", "auto self-int8 k=6", 1.62, model_drafter="draft", self_draft="int8", **auto),
+                        _entry("chat", "auto self-int8 k=6", 1.7, model_drafter="draft", self_draft="int8", **auto),
+                        _entry("all", "auto self-int4 k=6", 2.5, model_drafter="draft",
+                               **{**auto, "identical_to_plain": False})]
+    figures = headline_figures(summary)
+    assert figures["auto_all_x_plain"] == 1.62
+    assert "selfdraft_chat_x_plain" not in figures
+
+
 def test_selfdraft_chat_figure_is_the_best_exact_self_draft_row_on_chat():
     summary = _summary()
     self_info = dict(kind="ours", method="draft", draft="self")

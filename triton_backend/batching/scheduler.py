@@ -176,7 +176,8 @@ class BatchScheduler:
         """Queue a request (validated: ``prompt_ids`` from :meth:`SpeculativeDecoder.encode`).
         ``client_draft``: the client's drafts, verified in its first round instead of a drafter's.
         Raises at once: InvalidRequestError (mode not deployed, a bad draft), QueueFullError."""
-        mode, _ = self.decoder.resolve(SpeculationMode.OFF if client_draft is not None else spec.method)
+        mode, _ = self.decoder.resolve(SpeculationMode.OFF if client_draft is not None else spec.method,
+                                       spec.auto_drafter)
         if client_draft is not None:
             client_draft.check_vocab(self.decoder.target.vocab_size)
         with self._cond:
@@ -247,7 +248,7 @@ class BatchScheduler:
             self._handles[id(seq)] = job.handle
 
     def _start(self, job: _Job) -> BatchSequence:
-        mode, drafter = self.decoder.resolve(job.mode)
+        mode, drafter = self.decoder.resolve(job.mode, job.spec.auto_drafter)
         batched_draft = isinstance(drafter, DraftModelDrafter) and self.draft_engine is not None
         seq = BatchSequence(self.decoder.target, self.decoder.tokenizer, job.prompt_ids, job.params, job.spec, mode, drafter,
                             started=job.submitted, drafter_session=not batched_draft,

@@ -44,6 +44,10 @@ class SpeculationMode(str, enum.Enum):
             raise ConfigError(f"unknown speculation mode {value!r}; expected one of: {names}") from None
 
 
+# the model drafters ``auto`` can pair with n-gram lookup, in its default order of preference
+AUTO_MODEL_DRAFTERS = (SpeculationMode.EAGLE, SpeculationMode.DRAFT, SpeculationMode.MEDUSA)
+
+
 class TreeAcceptance(str, enum.Enum):
     """How a draft tree (Medusa) is verified when sampling; greedy is always exact."""
 
@@ -355,9 +359,17 @@ class SpeculationConfig:
     ngram: NgramConfig = setting(doc="n-gram lookup's settings", factory=NgramConfig)
     medusa: MedusaConfig = setting(doc="Medusa tree verification's settings", factory=MedusaConfig)
     eagle: EagleConfig = setting(doc="EAGLE drafting's settings (chains or trees)", factory=EagleConfig)
+    auto_drafter: SpeculationMode | None = setting(
+        None, "auto's model drafter beside n-gram lookup when several are deployed: eagle, draft (a draft model "
+              "or the target's own self draft) or medusa; unset: the first deployed of eagle, draft, medusa")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", SpeculationMode.parse(self.method))
+        if self.auto_drafter is not None:
+            drafter = SpeculationMode.parse(self.auto_drafter)
+            _config(drafter in AUTO_MODEL_DRAFTERS, f"speculation auto_drafter must be one of "
+                    f"{[m.value for m in AUTO_MODEL_DRAFTERS]}, got {drafter.value!r}")
+            object.__setattr__(self, "auto_drafter", drafter)
         for name, cls in (("draft_length", DraftLengthConfig), ("fallback", FallbackConfig), ("ngram", NgramConfig),
                           ("medusa", MedusaConfig), ("eagle", EagleConfig)):
             _config(isinstance(getattr(self, name), cls), f"speculation {name} must be a {cls.__name__}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triton_backend.core.config import DraftContext, RuntimeConfig, SpeculationConfig, WeightPrecision
+from triton_backend.core.config import DraftContext, RuntimeConfig, SpeculationConfig, SpeculationMode, WeightPrecision
 from triton_backend.core.config_io import read_config, to_plain
 from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
 from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
@@ -135,6 +135,17 @@ class DeploymentConfig:
                 object.__setattr__(self, "medusa_choices", normalise_choices(self.medusa_choices))
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"bad medusa_choices: {exc}") from None
+
+        preferred = self.speculation.auto_drafter if isinstance(self.speculation, SpeculationConfig) else None
+        if preferred is not None and self.engine_runtime is EngineRuntime.TORCH and preferred not in self.model_drafters():
+            deployed = ", ".join(m.value for m in self.model_drafters()) or "none"
+            raise ConfigError(f"speculation auto_drafter {preferred.value!r} is not deployed (model drafters: {deployed})")
+
+    def model_drafters(self) -> list[SpeculationMode]:
+        """The model drafters a torch deployment serves (``auto``'s choices beside n-gram lookup)."""
+        have = [(SpeculationMode.EAGLE, self.eagle), (SpeculationMode.MEDUSA, self.medusa),
+                (SpeculationMode.DRAFT, self.draft or self.draft_layers or self.self_draft)]
+        return [mode for mode, given in have if given]
 
     def resolved_eagle_format(self) -> EagleFormat | None:
         """The EAGLE drafter's format: the field, else read from its files; None without one."""

@@ -1,7 +1,8 @@
 """``auto``: per round and per request, draft from the n-gram match or from the model drafter.
 
-A request in ``auto`` mode runs the deployment's model drafter (EAGLE, a draft model or Medusa
-heads; :data:`~triton_backend.speculation.decoding.AUTO_PREFERENCE`) and, beside it, an n-gram
+A request in ``auto`` mode runs the deployment's model drafter (EAGLE, a draft model such as the
+target's own int8 self draft, or Medusa heads; ``SpeculationConfig.auto_drafter``, else the first
+deployed in :data:`~triton_backend.speculation.decoding.AUTO_PREFERENCE`) and, beside it, an n-gram
 lookup session. Every round the two sources are compared as the gain rule compares draft lengths
 for one drafter: each source's best draft length and the expected committed tokens per unit of
 pass cost it gives (:func:`~triton_backend.speculation.policy.plan_round` on its row option), from

@@ -69,13 +69,17 @@ def encode_prompt(prompt: str | Sequence[int], tokenizer: Any, vocab_size: int, 
     return ids
 
 
-def resolve_mode(mode: SpeculationMode, available: Iterable[SpeculationMode]) -> SpeculationMode:
-    """The mode a request runs in: ``auto`` picks by :data:`AUTO_PREFERENCE` (``off`` when the
-    deployment has no drafter); any other mode must be deployed."""
+def resolve_mode(mode: SpeculationMode, available: Iterable[SpeculationMode],
+                 prefer: SpeculationMode | None = None) -> SpeculationMode:
+    """The mode a request runs in: ``auto`` picks ``prefer`` (``SpeculationConfig.auto_drafter``)
+    when it is deployed, else by :data:`AUTO_PREFERENCE` (``off`` when the deployment has no
+    drafter); any other mode must be deployed."""
     have = list(available)
     if mode is SpeculationMode.OFF:
         return mode
     if mode is SpeculationMode.AUTO:
+        if prefer is not None and prefer in have:
+            return prefer
         return next((m for m in AUTO_PREFERENCE if m in have), SpeculationMode.OFF)
     if mode not in have:
         names = ", ".join(m.value for m in have) or "none"

@@ -48,8 +48,11 @@ class SpeculativeDecoder:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         return encode_prompt(prompt, self.tokenizer, self.target.vocab_size, self.target.max_context)
 
-    def resolve(self, mode: SpeculationMode) -> tuple[SpeculationMode, Drafter | None]:
-        mode = resolve_mode(mode, self.drafters)
+    def resolve(self, mode: SpeculationMode, prefer: SpeculationMode | None = None) -> tuple[SpeculationMode, Drafter | None]:
+        """The mode a request runs in and its drafter; ``prefer``: ``auto``'s model drafter (the
+        request's ``auto_drafter``; None: the deployment's)."""
+        prefer = prefer if prefer is not None else self.speculation.auto_drafter
+        mode = resolve_mode(mode, self.drafters, prefer)
         return mode, self.drafters.get(mode)
 
     def auto_ngram(self, requested: SpeculationMode, mode: SpeculationMode) -> Drafter | None:
@@ -70,7 +73,7 @@ class SpeculativeDecoder:
         params = params or SamplingParams()
         spec = speculation or self.speculation
         prompt_ids = self.encode(prompt)
-        mode, drafter = self.resolve(spec.method)
+        mode, drafter = self.resolve(spec.method, spec.auto_drafter)
         run = RunState(self.target, self.tokenizer, prompt_ids, params, spec, mode, drafter,
                        ngram=self.auto_ngram(spec.method, mode))
         session = self.target.new_session()

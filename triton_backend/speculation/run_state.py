@@ -116,8 +116,11 @@ class RunState:
 
     def take_context(self, target: Any) -> None:
         """Before drafting alone: the drafter session copies what it takes of the committed
-        tokens' keys and values from ``target`` (the run's target session)."""
-        if self.target_context is not None and isinstance(self.drafter_session, DraftModelSession):
+        tokens' keys and values from ``target`` (the run's target session). Not in an ``auto``
+        round that lookup drafts: the draft model's cache stays where it was (no upkeep) and its
+        next round copies every position committed since, in one call."""
+        if (self.target_context is not None and self.model_drafts
+                and isinstance(self.drafter_session, DraftModelSession)):
             self.drafter_session.take_context(target, self.tokens, self.commit.prompt_len)
 
     def draft_length(self) -> int:

@@ -114,13 +114,13 @@ class TrtllmSpeculativeDecoder:
             raise ContextLengthError(f"prompt has {len(ids)} tokens; the engine takes at most {limit} input tokens")
         return ids
 
-    def resolve(self, mode: SpeculationMode) -> tuple[SpeculationMode, DraftCost | None]:
+    def resolve(self, mode: SpeculationMode, prefer: SpeculationMode | None = None) -> tuple[SpeculationMode, DraftCost | None]:
         """As the torch decoder; a Medusa engine always speculates, so ``off`` is Medusa too."""
         if mode is SpeculationMode.OFF and self.medusa is not None:
             mode = SpeculationMode.MEDUSA
         deployed = [m for m in (SpeculationMode.MEDUSA, SpeculationMode.DRAFT, SpeculationMode.NGRAM)
                     if self.drafter(m) is not None]
-        mode = resolve_mode(mode, deployed)
+        mode = resolve_mode(mode, deployed, prefer if prefer is not None else self.speculation.auto_drafter)
         return mode, self.drafter(mode)
 
     def check_request(self, mode: SpeculationMode, params: SamplingParams, spec: SpeculationConfig) -> None:
@@ -148,7 +148,7 @@ class TrtllmSpeculativeDecoder:
         params = params or SamplingParams()
         spec = speculation or self.speculation
         prompt_ids = self.encode(prompt)
-        mode, _ = self.resolve(spec.method)
+        mode, _ = self.resolve(spec.method, spec.auto_drafter)
         self.check_request(mode, params, spec)
         yield from _TrtllmRun(self, prompt_ids, params, spec, mode).chunks()
 
