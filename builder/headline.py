@@ -50,4 +50,10 @@ def update_headline(figures: Mapping[str, float | int | str], path: Path = HEADL
     return data
 
 
-__all__ = ["HEADLINE_PATH", "read_headline", "update_headline"]
+def device_keys(figures: dict[str, float], device: str) -> dict[str, float]:
+    """Headline keys as a run on ``device`` writes them: a CUDA run's carry the ``gpu_`` prefix, so
+    one headline file holds the CPU and GPU figures of the same measure side by side."""
+    return figures if str(device).startswith("cpu") else {f"gpu_{k}": v for k, v in figures.items()}
+
+
+__all__ = ["HEADLINE_PATH", "device_keys", "read_headline", "update_headline"]

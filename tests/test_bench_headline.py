@@ -72,7 +72,7 @@ def test_selfdraft_chat_figure_is_the_best_exact_self_draft_row_on_chat():
 
 
 def test_a_cuda_run_writes_its_figures_under_gpu_keys():
-    from builder.bench.report import device_keys
+    from builder.headline import device_keys
 
     assert device_keys({"best_all_x_plain": 1.3}, "cpu") == {"best_all_x_plain": 1.3}
     assert device_keys({"best_all_x_plain": 1.3, "auto_all_x_plain": 1.2}, "cuda:0") == {

@@ -156,7 +156,7 @@ def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: Path |
     if headline is not None:
         from builder.headline import update_headline
 
-        from builder.bench.report import device_keys
+        from builder.headline import device_keys
 
         figures = device_keys(result["headline"], result["config"].get("device", "cpu"))
         update_headline({k: round(v, 3) for k, v in figures.items()}, headline)

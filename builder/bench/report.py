@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from builder.bench.config import BenchRun, Sample
-from builder.headline import update_headline
+from builder.headline import device_keys, update_headline
 from builder.report_paths import portable
 from builder.bench.rows import is_speculative_row
 from builder.bench.self_draft import self_draft_headline
@@ -243,12 +243,6 @@ def plot(summary: dict, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def device_keys(figures: dict[str, float], device: str) -> dict[str, float]:
-    """Headline keys as a run on ``device`` writes them: a CUDA run's carry the ``gpu_`` prefix, so
-    one headline file holds the CPU and GPU figures of the same measure side by side."""
-    return figures if str(device).startswith("cpu") else {f"gpu_{k}": v for k, v in figures.items()}
 
 
 def write_report(summary: dict, out_dir: Path, label: str, headline: Path | None = None) -> dict[str, Path]:

@@ -124,7 +124,7 @@ def eagle_bench_headline(summary: dict[str, Any], headline: Path) -> dict[str, f
     best = max(rows, key=lambda e: e["speedup_vs_plain"])
     logger.info("eagle_chat_x_plain from the k=%d row of drafter %s (%s)", int(best["k"]), best.get("drafter", "?"),
                 best.get("eagle_format", "?"))
-    from builder.bench.report import device_keys
+    from builder.headline import device_keys
     from builder.headline import update_headline
 
     figures = device_keys({"eagle_chat_x_plain": float(best["speedup_vs_plain"])},
