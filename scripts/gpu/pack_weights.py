@@ -20,6 +20,17 @@ import torch
 from safetensors.torch import load_file
 
 
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "chat_template.jinja", "special_tokens_map.json")
+
+
+def copy_model_files(src: Path, out: Path) -> None:
+    """The model folder's config and tokenizer files (those present) from ``src`` to ``out``."""
+    for name in MODEL_FILES:
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model_dir")
@@ -43,10 +54,7 @@ def main() -> None:
     step = int(args.part_mb * 2**20)
     for k, lo in enumerate(range(0, len(blob), step)):
         (out / f"blob.part{k:02d}").write_bytes(blob[lo:lo + step])
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "chat_template.jinja", "special_tokens_map.json"):
-        if (src / name).is_file():
-            shutil.copy(src / name, out / name)
+    copy_model_files(src, out)
     print(f"{len(index)} tensors, {offset} values: {len(blob)} bytes in {-(-len(blob) // step)} parts -> {out}")
 
 

@@ -11,13 +11,14 @@ Usage: python scripts/gpu/unpack_weights.py STAGE OUT
 
 import json
 import lzma
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
+
+from pack_weights import copy_model_files  # this folder's (the script's folder is on sys.path)
 
 
 def main() -> None:
@@ -34,10 +35,7 @@ def main() -> None:
                for e in index["index"]}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "chat_template.jinja", "special_tokens_map.json"):
-        if (stage / name).is_file():
-            shutil.copy(stage / name, out / name)
+    copy_model_files(stage, out)
     print(f"{len(tensors)} tensors, {flat.numel()} values -> {out}")
 
 
