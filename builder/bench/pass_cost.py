@@ -81,14 +81,14 @@ def _warm_slots(engine: Any, rows: int, context: list[int]) -> list[int]:
 
 def _pass_seconds(engine: Any, slots: list[int], start: int, tokens: list[int]) -> float:
     rows = [BatchRow(slot, start, tokens, num_logits=len(tokens)) for slot in slots]
-    _synchronize(engine)
+    _synchronize()
     t0 = time.perf_counter()
     engine.forward(rows)
-    _synchronize(engine)  # a CUDA pass runs asynchronously: time it to its end
+    _synchronize()  # a CUDA pass runs asynchronously: time it to its end
     return time.perf_counter() - t0
 
 
-def _synchronize(engine: Any) -> None:
+def _synchronize() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
@@ -154,9 +154,7 @@ def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: Path |
 
     paths["json"].write_text(json.dumps(portable(result), indent=2) + "\n")
     if headline is not None:
-        from builder.headline import update_headline
-
-        from builder.headline import device_keys
+        from builder.headline import device_keys, update_headline
 
         figures = device_keys(result["headline"], result["config"].get("device", "cpu"))
         update_headline({k: round(v, 3) for k, v in figures.items()}, headline)

@@ -142,6 +142,14 @@ class _Seq:
     first: int  # first position whose prediction is trained / measured (the response's)
 
 
+def training_sequence(features: torch.Tensor, tokens: torch.Tensor, top1: torch.Tensor, prompt_length: int,
+                      max_len: int) -> _Seq:
+    """One sequence as training reads it: cut to ``max_len`` positions, trained from the
+    prediction of the prompt's last token on (``first``)."""
+    n = min(len(tokens), max_len)
+    return _Seq(features[:n], tokens[:n].long(), top1[:n].long(), max(0, prompt_length - 2))
+
+
 def load_sequences(files: list[Path], max_len: int, limit: int | None = None,
                    layers: tuple[int, ...] | None = None) -> list[_Seq]:
     """The sequences of ``files``, each cut to ``max_len`` positions; every file must hold the
@@ -154,8 +162,7 @@ def load_sequences(files: list[Path], max_len: int, limit: int | None = None,
             raise BuildSpecError(f"{file} holds features of layers {tuple(rec['layers'])}, the others {layers}; "
                                  "make one corpus's features with one set of capture layers")
         for feats, toks, top1, plen in zip(rec["features"], rec["tokens"], rec["top1"], rec["prompt_lengths"].tolist()):
-            n = min(len(toks), max_len)
-            out.append(_Seq(feats[:n], toks[:n].long(), top1[:n].long(), max(0, int(plen) - 2)))
+            out.append(training_sequence(feats, toks, top1, int(plen), max_len))
             if limit and len(out) >= limit:
                 return out
     return out
@@ -444,5 +451,5 @@ def _epochs(cfg: Eagle3TrainConfig, run: _Run, opt: torch.optim.Optimizer, sched
     return losses
 
 
-__all__ = ["Eagle3Report", "Eagle3TrainConfig", "chain_acceptance", "length_batches", "load_sequences",
+__all__ = ["Eagle3Report", "Eagle3TrainConfig", "chain_acceptance", "length_batches", "load_sequences", "training_sequence",
            "train_eagle3", "ttt_forward", "ttt_hidden", "ttt_loss", "ttt_mask"]

@@ -147,73 +147,46 @@ def corpus_sequences(folders: str) -> list[tuple[np.ndarray, int]]:
 
 
 def features(model, seqs: list[tuple[np.ndarray, int]], layers: tuple[int, ...], batch_tokens: int, max_len: int):
-    """``_Seq`` records (features on the device) for every sequence, by batched prefill."""
-    from builder.train.eagle3 import _Seq
-    from builder.train.eagle_features import prefill_features
+    """Training sequences (features on the device) for every sequence, by batched prefill in the
+    batches ``eagle-features`` makes (sorted by length, at most ``batch_tokens`` padded tokens)."""
+    from builder.train.eagle3 import training_sequence
+    from builder.train.eagle_features import _batches, prefill_features
 
     seqs = [(s[:max_len], p) for s, p in seqs]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
     out: list = [None] * len(seqs)
-    batch: list[int] = []
-
-    def flush() -> None:
+    for batch in _batches(seqs, batch_tokens):
         got = prefill_features(model, [seqs[i][0] for i in batch], layers)
         for i, (feats, top1) in zip(batch, got):
-            toks = torch.from_numpy(seqs[i][0]).to(feats.device)
-            out[i] = _Seq(feats, toks, top1.long(), max(0, seqs[i][1] - 2))
-        batch.clear()
-
-    for i in order:
-        if batch and (len(batch) + 1) * len(seqs[i][0]) > batch_tokens:
-            flush()
-        batch.append(i)
-    if batch:
-        flush()
+            out[i] = training_sequence(feats, torch.from_numpy(seqs[i][0]).to(feats.device), top1, seqs[i][1], max_len)
     return out
 
 
-def train(args, net, embed, train_seqs, held, out_dir: Path, deadline: float) -> dict:
-    from builder.train.eagle3 import (CurvePoint, Eagle3TrainConfig, _as_saved, _step, chain_acceptance,
-                                      length_batches)
+def train(args, net, embed, coverage: float, train_seqs, held, out_dir: Path, deadline: float) -> dict:
+    """``train-eagle3``'s epochs (its step, schedule and curve points) over sequences already in
+    memory, until ``deadline`` or the planned epochs end; no checkpoints (the run is one sitting)."""
+    from builder.train.eagle3 import CurvePoint, Eagle3TrainConfig, _as_saved, _epochs, _Run, chain_acceptance
     from builder.train.schedule import TimedCosine
 
     cfg = Eagle3TrainConfig(target=args.target, features_dir="gpu", heldout_dir=args.heldout, out=str(out_dir),
                             ttt_steps=args.ttt_steps, epochs=args.epochs, batch_size=args.batch_size,
                             max_len=args.max_len, lr=args.lr, time_limit_s=max(1.0, deadline - time.monotonic()),
-                            init_from=args.init_from, seed=args.seed)
+                            eval_every_s=args.eval_every_s, save_every_s=float("inf"), init_from=args.init_from,
+                            seed=args.seed)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0)
     per_epoch = -(-len(train_seqs) // cfg.batch_size)
     sched = TimedCosine(opt, cfg.epochs * per_epoch, cfg.time_limit_s)
-    start = time.monotonic()
     curve = [CurvePoint(0, 0, 0.0, chain_acceptance(net, embed, held, cfg.ttt_steps))]
     logger.info("step 0: held-out chain acceptance %s", curve[0].acceptance)
-    steps = positions = 0
-    losses: list[float] = []
-    last_eval = time.monotonic()
-    lengths = [len(s.tokens) for s in train_seqs]
-    for epoch in range(cfg.epochs):
-        if sched.done or time.monotonic() > deadline:
-            break
-        for members in length_batches(lengths, cfg.batch_size, random.Random(cfg.seed * 1000 + epoch)):
-            if sched.done or time.monotonic() > deadline:
-                break
-            loss, n = _step(cfg, net, embed, opt, [train_seqs[i] for i in members])
-            sched.step()
-            steps += 1
-            positions += n
-            losses.append(loss)
-            if time.monotonic() - last_eval >= args.eval_every_s:
-                curve.append(CurvePoint(steps, positions, time.monotonic() - start,
-                                        chain_acceptance(net, embed, held, cfg.ttt_steps)))
-                logger.info("epoch %d step %d (%d positions, loss %.3f): held-out chain acceptance %s", epoch, steps,
-                            positions, sum(losses[-20:]) / len(losses[-20:]), curve[-1].acceptance)
-                last_eval = time.monotonic()
+    state = {"steps": 0, "positions": 0, "seconds": 0.0}
+    losses = _epochs(cfg, _Run(net, embed, coverage, train_seqs, held), opt, sched, state, curve, out_dir / "unused",
+                     progress=False)
     final = chain_acceptance(_as_saved(net), embed, held, cfg.ttt_steps)
-    curve.append(CurvePoint(steps, positions, time.monotonic() - start, final))
-    logger.info("final (float16 weights): held-out chain acceptance %s after %d steps", final, steps)
-    return {"settings": {k: v for k, v in asdict(cfg).items() if k != "time_limit_s"}, "steps": steps,
-            "positions": positions, "epochs_planned": cfg.epochs, "per_epoch_steps": per_epoch,
-            "seconds": time.monotonic() - start, "acceptance": final, "curve": [asdict(p) for p in curve],
+    seconds = time.monotonic() - sched.start
+    curve.append(CurvePoint(state["steps"], state["positions"], seconds, final))
+    logger.info("final (float16 weights): held-out chain acceptance %s after %d steps", final, state["steps"])
+    return {"settings": {k: v for k, v in asdict(cfg).items() if k not in ("time_limit_s", "save_every_s")},
+            "steps": state["steps"], "positions": state["positions"], "epochs_planned": cfg.epochs,
+            "per_epoch_steps": per_epoch, "seconds": seconds, "acceptance": final, "curve": [asdict(p) for p in curve],
             "losses": losses[:5] + losses[-5:]}
 
 
@@ -274,7 +247,7 @@ def main() -> None:
     deadline = time.monotonic() + args.train_s
     if args.finish_by:
         deadline = min(deadline, time.monotonic() + args.finish_by - time.time() - 30.0)
-    report = train(args, net, embed, train_seqs, held, out / "drafter", deadline)
+    report = train(args, net, embed, coverage, train_seqs, held, out / "drafter", deadline)
     net = net.to("cpu")
     torch.set_default_device("cpu")
     net.info.extra.update({"heldout_chain_acceptance": [round(a, 4) for a in report["acceptance"]],

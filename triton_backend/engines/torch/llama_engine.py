@@ -234,7 +234,7 @@ class LlamaEngine:
         wanted = list(range(mine.num_layers)) if layers is None else list(layers)
         if (len(wanted) != mine.num_layers or any(not 0 <= i < theirs.num_layers for i in wanted)
                 or (mine.num_kv_heads, mine.head_dim) != (theirs.num_kv_heads, theirs.head_dim)
-                or self.model.dtype != source.model.dtype):
+                or self.dtype != source.dtype):
             raise ValueError(f"{self.name} cannot take keys and values of {source.name} (layers {wanted})")
         if not 0 <= start <= end <= min(self.max_context, source.max_context):
             raise ValueError(f"cannot copy positions {start}..{end} between {self.name} and {source.name}")
