@@ -464,7 +464,8 @@ INT4_GROUP_SIZES = (32, 64, 128)
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """How the torch runtime runs: device, dtype, torch threads, how many rows the CPU
+    """How the torch runtime runs: device, dtype, torch threads (``kernel_threads``: the row
+    kernel's, a process-wide setting), how many rows the CPU
     float32 linear layers are prepacked for (0: not packed; see ``engines/packed_linear.py``),
     and the slot engine's KV cache (``max_batch_size`` slots x ``max_seq_len`` positions).
     ``weights``: the precision of the slot engine's linear weights (activations stay ``dtype``,
@@ -481,6 +482,7 @@ class RuntimeConfig:
     max_seq_len: int = 2048
     batch_invariant: bool = False  # pad one-row passes too: every row bit-identical batched or alone
     row_kernel: bool = True  # CPU float32, one thread: the row-invariant matmul kernel (engines/row_gemm.py) where it builds
+    kernel_threads: int = 0  # the row kernel's threads for passes of >= 2 rows (0: this process's cores, up to 8)
     torch_engine: str = "auto"  # auto: the compact Llama forward where it covers the model, else hf
     weights: WeightPrecision = WeightPrecision.FLOAT32
     int4_group_size: int = 0
@@ -502,6 +504,8 @@ class RuntimeConfig:
                  f"max_seq_len must be in [1, 2^20], got {self.max_seq_len!r}")
         _config(isinstance(self.batch_invariant, bool), "batch_invariant must be true or false")
         _config(isinstance(self.row_kernel, bool), "row_kernel must be true or false")
+        _config(_is_int(self.kernel_threads) and 0 <= self.kernel_threads <= 16,
+                f"kernel_threads must be 0 (auto) or 1..16, got {self.kernel_threads!r}")
         _config(self.torch_engine in ("auto", "llama", "hf"), f"torch_engine must be auto, llama or hf, got {self.torch_engine!r}")
         _config(_is_int(self.packed_gemm_rows) and (self.packed_gemm_rows == 0 or 4 <= self.packed_gemm_rows <= 64),
                  f"packed_gemm_rows must be 0 (off) or 4..64, got {self.packed_gemm_rows!r}")

@@ -12,6 +12,7 @@ starts earlier.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from typing import Mapping, Sequence
@@ -43,9 +44,25 @@ def _row_kernel(runtime: RuntimeConfig, device: torch.device) -> RowGemm | None:
     if not runtime.row_kernel or device.type != "cpu" or runtime.dtype != "float32":
         return None
     if runtime.num_threads != 1:
-        logger.info("row-invariant CPU kernel is single-threaded: %d threads keep torch's kernels", runtime.num_threads)
+        logger.info("the row-invariant CPU kernel runs with one torch thread: %d threads keep torch's kernels",
+                    runtime.num_threads)
         return None
-    return load_row_gemm()
+    kernel = load_row_gemm()
+    if kernel is not None:
+        kernel.set_threads(kernel_threads(runtime.kernel_threads))
+    return kernel
+
+
+def kernel_threads(configured: int) -> int:
+    """The row kernel's thread count for ``runtime.kernel_threads`` (0: the cores this process may
+    run on, at most 8)."""
+    if configured:
+        return configured
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
 
 
 def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[str, CompactLinear]:

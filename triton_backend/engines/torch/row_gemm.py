@@ -8,7 +8,7 @@ pass differ in the last bits: greedy tokens can flip at near-ties. MKL's small-M
 slow: a pass over 2-8 rows cost ~1.7 one-row steps, while the weights (the memory traffic that
 bounds a decode step) are the same for every row.
 
-The matmul (AVX2 + FMA; one thread) runs on a copy of the weight packed once into panels of 32
+The matmul (AVX2 + FMA) runs on a copy of the weight packed once into panels of 32
 output columns, each stored k-major (``K`` groups of 32 floats), so a pass streams every weight
 once, in order, and multiplies it into several input rows per sweep while it sits in cache
 (up to 3 rows with AVX2's 16 registers, up to 12 with AVX-512's 32: an 8-row pass or a 9-token
@@ -19,7 +19,13 @@ passes, ~1.2 with it), and more rows than a tile holds split into near-equal til
 12 + 1). Element ``(m, j)`` is always ONE fused multiply-add chain
 over ``k`` ascending (a vector lane), then the bias. Tile shapes (how many rows share a sweep)
 change with ``M`` but never that order, so results are bit-identical for any
-``M`` and any row position. The attention computes every query token alone over its visible
+``M`` and any row position. With :meth:`RowGemm.set_threads` (``RuntimeConfig.kernel_threads``;
+process-wide, the last engine loaded sets it) each call's panels are split among the caller and
+helper threads, a panel computed by one thread with the same code: the bits do not depend on the
+thread count. On this 2-core EPYC a one-row pass of SmolLM2-135M's weights takes ~13 ms on two
+threads against ~15.5 alone, and a 13-row verify ~17 against ~25 (its FMAs, not the memory
+stream, bound it), so speculation's wider passes cost little more than a decode step
+(``benchmarks/results/pass-cost-cpu.md``). The attention computes every query token alone over its visible
 positions in ascending order (scores, max, exponentials, sum, weighted values), so a position
 gives the same bits in a decode step, a verify chain or a tree pass whose path is kept
 (tests/test_row_gemm_engine.py and tests/test_llama_engine.py check both).
@@ -53,10 +59,11 @@ _SOURCE_FILE = Path(__file__).with_name("row_gemm.cpp")
 _SOURCE = _SOURCE_FILE.read_text()
 
 PANEL = 32  # output columns per packed panel (the C source's P)
-_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c++14"]
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c++14", "-pthread"]
 _ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx2", "-mfma", "-mavx512f"]}
 _lock = threading.Lock()
-_loaded: dict[str, tuple[Callable, Callable, Callable] | None] = {}
+_loaded: dict[str, tuple[Callable, Callable, Callable, Callable] | None] = {}
+_threads = {"threads": 1, "min_rows": 1}  # the process's matmul threads (the library's pool is per process)
 
 def cpu_isa() -> str | None:
     """``"avx512"``, ``"avx2"`` or ``None`` (no kernel): what this CPU runs, as torch detects it.
@@ -152,10 +159,11 @@ def compiled_library(stem: str, source_file: Path, flags: list[str], digest: str
     return ctypes.CDLL(str(target))
 
 
-def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
+def _load(isa: str) -> tuple[Callable, Callable, Callable, Callable] | None:
     try:
         lib = compiled_library(f"row_gemm-{isa}", _SOURCE_FILE, _FLAGS + _ISA_FLAGS[isa], kernel_digest(isa))
         fn, pack, attention = lib.specbuild_panel_gemm, lib.specbuild_pack_panels, lib.specbuild_row_attention
+        threads = lib.specbuild_set_threads
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
         return None
@@ -167,7 +175,9 @@ def _load(isa: str) -> tuple[Callable, Callable, Callable] | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, ctypes.c_float, p, p]
     attention.restype = None
-    return fn, pack, attention
+    threads.argtypes = [ctypes.c_int, ctypes.c_int64]
+    threads.restype = ctypes.c_int
+    return fn, pack, attention, threads
 
 
 def kernel_input(x: torch.Tensor, k: int, kernel: str) -> torch.Tensor:
@@ -201,12 +211,34 @@ class RowGemm:
     """The loaded kernel: ``row_gemm(x [M, K], weight [N, K], bias [N] | None) -> [M, N]``
     (float32 CPU), and :meth:`bind` for a layer whose weight is checked once."""
 
-    def __init__(self, fn: Callable, pack: Callable, attention: Callable, isa: str) -> None:
-        self.name = f"row_gemm-{isa}-{kernel_digest(isa)}"  # names the exact kernel (caches of its timings)
+    def __init__(self, fn: Callable, pack: Callable, attention: Callable, set_threads: Callable, isa: str) -> None:
+        self._base_name = f"row_gemm-{isa}-{kernel_digest(isa)}"
         self._fn = fn
         self._pack = pack
         self._attention = attention
+        self._set_threads = set_threads
         self.isa = isa
+
+    @property
+    def name(self) -> str:
+        """Names the exact kernel and its thread count (caches of its timings)."""
+        threads = _threads["threads"]
+        return self._base_name if threads == 1 else f"{self._base_name}-t{threads}x{_threads['min_rows']}"
+
+    @property
+    def threads(self) -> int:
+        return _threads["threads"]
+
+    def set_threads(self, threads: int, min_rows: int = 1) -> int:
+        """Share every matmul of ``>= min_rows`` rows among ``threads`` threads of this process (the
+        caller's and ``threads - 1`` helpers; 1: none). Each thread computes whole panels with the
+        same code, so results have the same bits for any thread count. Returns the count in use."""
+        if threads < 1 or min_rows < 1:
+            raise ValueError(f"row kernel threads and min_rows must be >= 1, got {threads}, {min_rows}")
+        with _lock:
+            used = int(self._set_threads(int(threads), int(min_rows)))
+            _threads.update(threads=used, min_rows=int(min_rows))
+        return used
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.bind(weight, bias)(x)
