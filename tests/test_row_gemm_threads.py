@@ -116,3 +116,42 @@ def test_engine_sets_the_threads_it_is_configured_with():
         kernel.set_threads(1)
     assert kernel_threads(3) == 3
     assert 1 <= kernel_threads(0) <= 8
+
+
+def test_attention_gives_the_bits_of_one_thread(row_gemm):
+    """Pooled attention splits the (query, head) pairs: causal chains and tree masks alike."""
+    gen = torch.Generator().manual_seed(11)
+    kv_heads, heads, d, positions, start, n = 3, 9, 64, 60, 40, 7
+    keys, values = torch.randn(kv_heads, positions, d, generator=gen), torch.randn(kv_heads, positions, d, generator=gen)
+    q = torch.randn(n, heads, d, generator=gen)
+    visible = (torch.rand(n, start + n, generator=gen) > 0.3).to(torch.uint8)
+    visible[torch.arange(n), start + torch.arange(n)] = 1
+    results = {}
+    for threads in (1, 2, 3):
+        row_gemm.set_threads(threads)
+        for mask in (None, visible):
+            out, scratch = torch.empty(n, heads, d), torch.empty(positions)
+            row_gemm.attention(q, keys, values, start, mask, d ** -0.5, out, scratch)
+            results.setdefault(mask is None, []).append(out)
+    for outs in results.values():
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_compact_weights_share_the_pool_with_the_same_bits(row_gemm):
+    from triton_backend.engines.torch.weight_gemm import load_weight_gemm, pack_float, pack_int4, pack_int8
+
+    kernel = load_weight_gemm()
+    if kernel is None:
+        pytest.skip("no compact-weight kernel here")
+    gen = torch.Generator().manual_seed(13)
+    w = torch.randn(200, 128, generator=gen)
+    scales = w.abs().amax(1) / 127
+    q8 = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+    q4 = (w * 2).round().clamp(-8, 7).to(torch.int8)
+    packs = [pack_int8(q8, scales), pack_float(w.half()), pack_int4(q4, torch.rand(200, 2, generator=gen), 64)]
+    x = torch.randn(9, 128, generator=gen)
+    row_gemm.set_threads(1)
+    alone = [kernel.bind(p)(x[:m]) for p in packs for m in (1, 3, 9)]
+    row_gemm.set_threads(2)
+    shared = [kernel.bind(p)(x[:m]) for p in packs for m in (1, 3, 9)]
+    assert all(torch.equal(a, b) for a, b in zip(alone, shared))

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #if defined(__AVX512F__)
 /* the attention's vectors: 16 lanes (the matmul's panels are 8-lane AVX2 on every CPU) */
@@ -198,21 +199,25 @@ static void gemm_panels(const float* x, int64_t M, int64_t K, const float* p, co
     }
 }
 
-/* Helper threads (specbuild_set_threads): a call of >= min_rows rows splits its panels into near-equal
-   ranges, one per thread (the caller takes the first). A panel's outputs are computed by one thread with
-   the code above, so the result has the same bits whatever the thread count. Helpers wait for work
-   spinning (a pass's calls follow each other within microseconds), then sleep on a condition variable
-   after SPIN_US without work. One pooled call at a time (others run on their caller's thread alone); a
-   forked child (no helpers there) runs alone. The pool lives on the heap and its threads are detached:
-   nothing is torn down at exit. */
+/* Helper threads (specbuild_set_threads). specbuild_pool_run(fn, args, count) splits [0, count) into
+   near-equal ranges, one per thread (the caller takes the first), and returns when all are done: the
+   matmul splits its panels, the attention its (query, head) pairs, the compact-weight kernel
+   (weight_gemm.cpp, given this function's address) its panels. Each unit is computed by one thread
+   with the code it runs alone, so results have the same bits whatever the thread count. Helpers wait
+   for work spinning (a pass's calls follow each other within microseconds), yielding after YIELD_US,
+   and sleep on a condition variable after SPIN_US without work. One pooled call at a time (a second
+   caller runs its call alone); a forked child (no helpers there) runs alone. The pool lives on the
+   heap and its threads are detached: nothing is torn down at exit. */
+typedef void (*range_fn)(const void* args, int64_t lo, int64_t hi, int shared);
+
 namespace {
 const int MAX_THREADS = 16;
 const int64_t SPIN_US = 2000, YIELD_US = 200;
 
 struct Job {
-    const float *x, *p, *b;
-    int64_t M, K, N, q0, q1;
-    float* y;
+    range_fn fn;
+    const void* args;
+    int64_t lo, hi;
 };
 
 struct Pool {
@@ -253,7 +258,7 @@ void helper(Pool* pl, int id, uint64_t seen) {
         seen = g;
         if (pl->stop.load()) return;
         const Job& j = pl->jobs[id];
-        gemm_panels(j.x, j.M, j.K, j.p, j.b, j.N, j.y, j.q0, j.q1, true);
+        j.fn(j.args, j.lo, j.hi, 1);
         pl->done.fetch_add(1, std::memory_order_release);
     }
 }
@@ -267,7 +272,7 @@ void wake(Pool* pl) {
 }
 }  // namespace
 
-/* threads (1 .. MAX_THREADS) share each call of >= min_rows rows; 1: no helpers. Returns the thread count in use. */
+/* threads (1 .. MAX_THREADS) share each matmul of >= min_rows rows; 1: no helpers. Returns the thread count in use. */
 extern "C" int specbuild_set_threads(int threads, int64_t min_rows) {
     std::lock_guard<std::mutex> guard(pool_mu);
     threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
@@ -292,22 +297,21 @@ extern "C" int specbuild_set_threads(int threads, int64_t min_rows) {
     return threads;
 }
 
-extern "C" void specbuild_panel_gemm(const float* x, int64_t M, int64_t K, const float* p, const float* b,
-                                     int64_t N, float* y) {
-    const int64_t panels = (N + P - 1) / P;
+/* fn over [0, count): shared among the pool's threads where it has helpers and count > helpers, else
+   on the caller's thread alone (shared = 0). */
+extern "C" void specbuild_pool_run(range_fn fn, const void* args, int64_t count) {
     Pool* pl = pool.load(std::memory_order_acquire);
-    if (pl && M >= pl->min_rows && panels > pl->helpers && pl->owner == getpid() && pl->call.try_lock()) {
+    if (pl && count > pl->helpers && pl->owner == getpid() && pl->call.try_lock()) {
         if (pl->stop.load()) {  /* retired while this call looked: alone */
             pl->call.unlock();
-            gemm_panels(x, M, K, p, b, N, y, 0, panels, false);
+            fn(args, 0, count, 0);
             return;
         }
         const int64_t parts = pl->helpers + 1;
-        for (int i = 1; i < parts; ++i)
-            pl->jobs[i - 1] = Job{x, p, b, M, K, N, panels * i / parts, panels * (i + 1) / parts, y};
+        for (int i = 1; i < parts; ++i) pl->jobs[i - 1] = Job{fn, args, count * i / parts, count * (i + 1) / parts};
         pl->done.store(0);
         wake(pl);
-        gemm_panels(x, M, K, p, b, N, y, 0, panels / parts, true);
+        fn(args, 0, count / parts, 1);
         for (int spins = 1; pl->done.load(std::memory_order_acquire) < pl->helpers; ++spins) {
             _mm_pause();
             if ((spins & 4095) == 0) sched_yield();  /* a helper descheduled on a busy machine */
@@ -315,7 +319,32 @@ extern "C" void specbuild_panel_gemm(const float* x, int64_t M, int64_t K, const
         pl->call.unlock();
         return;
     }
-    gemm_panels(x, M, K, p, b, N, y, 0, panels, false);
+    fn(args, 0, count, 0);
+}
+
+namespace {
+struct GemmArgs {
+    const float *x, *p, *b;
+    int64_t M, K, N;
+    float* y;
+};
+
+void gemm_range(const void* a, int64_t q0, int64_t q1, int shared) {
+    const GemmArgs& g = *(const GemmArgs*)a;
+    gemm_panels(g.x, g.M, g.K, g.p, g.b, g.N, g.y, q0, q1, shared != 0);
+}
+}  // namespace
+
+extern "C" void specbuild_panel_gemm(const float* x, int64_t M, int64_t K, const float* p, const float* b,
+                                     int64_t N, float* y) {
+    const int64_t panels = (N + P - 1) / P;
+    Pool* pl = pool.load(std::memory_order_relaxed);
+    if (!pl || M < pl->min_rows) {
+        gemm_panels(x, M, K, p, b, N, y, 0, panels, false);
+        return;
+    }
+    const GemmArgs args{x, p, b, M, K, N, y};
+    specbuild_pool_run(gemm_range, &args, panels);
 }
 
 /* exp(v - top), lane-wise (a value gives the same bits in any lane or call): 2^n * p(r) with
@@ -358,49 +387,71 @@ static inline float dot(const float* a, const float* b, int64_t d) {
     return s;
 }
 
-/* One slot's attention for n query tokens; each query computed alone, in one fixed order.
-   q, out [n][heads][d]; keys, values [kv_heads][S][d] (the slot's cache, S positions).
-   Query i sees the positions l <= start + i (vis NULL: causal) or those with vis[i * (start + n) + l]
-   (a tree mask); scores, max, exponentials, their sum and the weighted values all run over the visible
-   positions in ascending order, so a query gives the same bits in a pass of any size (a decode step, a
-   verify chain, a tree whose accepted path later sits at consecutive positions). scratch: >= start + n floats. */
-extern "C" void specbuild_row_attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
-                                        const float* keys, const float* values, int64_t S, int64_t start,
-                                        const unsigned char* vis, float scale, float* out, float* scratch) {
-    const int64_t L = start + n, g = heads / kv_heads;
-    for (int64_t i = 0; i < n; ++i) {
-        const unsigned char* seen = vis ? vis + i * L : 0;
-        const int64_t last = vis ? L - 1 : start + i;
-        for (int64_t h = 0; h < heads; ++h) {
-            const float* qh = q + (i * heads + h) * d;
-            const float* kh = keys + (h / g) * S * d;
-            const float* vh = values + (h / g) * S * d;
-            float* o = out + (i * heads + h) * d;
-            float top = -__builtin_inff();
-            for (int64_t l = 0; l <= last; ++l) {
-                if (seen && !seen[l]) continue;
-                const float sc = dot(qh, kh + l * d, d) * scale;
-                scratch[l] = sc;
-                top = sc > top ? sc : top;
-            }
-            if (seen)
-                for (int64_t l = 0; l <= last; ++l) if (!seen[l]) scratch[l] = top;  /* finite; skipped below */
-            exp_shifted(scratch, last + 1, top);
-            float total = 0.0f;
-            for (int64_t l = 0; l <= last; ++l) {
-                if (seen && !seen[l]) continue;
-                total += scratch[l];
-            }
-            for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
-            const int64_t DV = d - d % LANES;
-            for (int64_t l = 0; l <= last; ++l) {
-                if (seen && !seen[l]) continue;
-                const float p = scratch[l] / total;
-                const float* vl = vh + l * d;
-                const vec pv = vset1(p);  /* lane-wise FMA: the same bits as the scalar loop */
-                for (int64_t c = 0; c < DV; c += LANES) vstore(o + c, vfma(pv, vload(vl + c), vload(o + c)));
-                for (int64_t c = DV; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
-            }
+namespace {
+struct AttentionArgs {
+    const float* q;
+    int64_t n, heads, kv_heads, d;
+    const float *keys, *values;
+    int64_t S, start;
+    const unsigned char* vis;
+    float scale;
+    float* out;
+};
+
+/* pairs [lo, hi) of (query i, head h) = i * heads + h; scratch of this thread's own */
+void attention_range(const void* a, int64_t lo, int64_t hi, int) {
+    const AttentionArgs& t = *(const AttentionArgs*)a;
+    const int64_t L = t.start + t.n, g = t.heads / t.kv_heads, d = t.d, S = t.S;
+    thread_local std::vector<float> buffer;
+    if ((int64_t)buffer.size() < L) buffer.resize(L);
+    float* scratch = buffer.data();
+    for (int64_t pair = lo; pair < hi; ++pair) {
+        const int64_t i = pair / t.heads, h = pair % t.heads;
+        const unsigned char* seen = t.vis ? t.vis + i * L : 0;
+        const int64_t last = t.vis ? L - 1 : t.start + i;
+        const float* qh = t.q + (i * t.heads + h) * d;
+        const float* kh = t.keys + (h / g) * S * d;
+        const float* vh = t.values + (h / g) * S * d;
+        float* o = t.out + (i * t.heads + h) * d;
+        float top = -__builtin_inff();
+        for (int64_t l = 0; l <= last; ++l) {
+            if (seen && !seen[l]) continue;
+            const float sc = dot(qh, kh + l * d, d) * t.scale;
+            scratch[l] = sc;
+            top = sc > top ? sc : top;
+        }
+        if (seen)
+            for (int64_t l = 0; l <= last; ++l) if (!seen[l]) scratch[l] = top;  /* finite; skipped below */
+        exp_shifted(scratch, last + 1, top);
+        float total = 0.0f;
+        for (int64_t l = 0; l <= last; ++l) {
+            if (seen && !seen[l]) continue;
+            total += scratch[l];
+        }
+        for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+        const int64_t DV = d - d % LANES;
+        for (int64_t l = 0; l <= last; ++l) {
+            if (seen && !seen[l]) continue;
+            const float p = scratch[l] / total;
+            const float* vl = vh + l * d;
+            const vec pv = vset1(p);  /* lane-wise FMA: the same bits as the scalar loop */
+            for (int64_t c = 0; c < DV; c += LANES) vstore(o + c, vfma(pv, vload(vl + c), vload(o + c)));
+            for (int64_t c = DV; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
         }
     }
+}
+}  // namespace
+
+/* One slot's attention for n query tokens; each (query, head) computed alone, in one fixed order, by
+   one thread (the pool's, where it has helpers). q, out [n][heads][d]; keys, values [kv_heads][S][d]
+   (the slot's cache, S positions). Query i sees the positions l <= start + i (vis NULL: causal) or
+   those with vis[i * (start + n) + l] (a tree mask); scores, max, exponentials, their sum and the
+   weighted values all run over the visible positions in ascending order, so a query gives the same
+   bits in a pass of any size (a decode step, a verify chain, a tree whose accepted path later sits at
+   consecutive positions). scratch: unused (each thread keeps its own). */
+extern "C" void specbuild_row_attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
+                                        const float* keys, const float* values, int64_t S, int64_t start,
+                                        const unsigned char* vis, float scale, float* out, float*) {
+    const AttentionArgs args{q, n, heads, kv_heads, d, keys, values, S, start, vis, scale, out};
+    specbuild_pool_run(attention_range, &args, n * heads);
 }

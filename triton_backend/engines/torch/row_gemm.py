@@ -63,7 +63,8 @@ _FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-st
 _ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx2", "-mfma", "-mavx512f"]}
 _lock = threading.Lock()
 _loaded: dict[str, tuple[Callable, Callable, Callable, Callable] | None] = {}
-_threads = {"threads": 1, "min_rows": 1}  # the process's matmul threads (the library's pool is per process)
+_threads = {"threads": 1, "min_rows": 1}
+_pool_address: dict[str, int | None] = {}  # specbuild_pool_run's address per ISA build (weight_gemm shares the pool)  # the process's matmul threads (the library's pool is per process)
 
 def cpu_isa() -> str | None:
     """``"avx512"``, ``"avx2"`` or ``None`` (no kernel): what this CPU runs, as torch detects it.
@@ -164,6 +165,7 @@ def _load(isa: str) -> tuple[Callable, Callable, Callable, Callable] | None:
         lib = compiled_library(f"row_gemm-{isa}", _SOURCE_FILE, _FLAGS + _ISA_FLAGS[isa], kernel_digest(isa))
         fn, pack, attention = lib.specbuild_panel_gemm, lib.specbuild_pack_panels, lib.specbuild_row_attention
         threads = lib.specbuild_set_threads
+        _pool_address[isa] = ctypes.cast(lib.specbuild_pool_run, ctypes.c_void_p).value
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
         return None
@@ -278,6 +280,15 @@ class RowGemm:
                         None if visible is None else visible.data_ptr(), scale, out.data_ptr(), scratch.data_ptr())
 
 
+def pool_address(isa: str) -> int | None:
+    """The address of the ``isa`` build's ``specbuild_pool_run`` (its helper threads, which the
+    compact-weight kernel shares); None where that build is unavailable."""
+    with _lock:
+        if isa not in _loaded:
+            _loaded[isa] = _load(isa)
+    return _pool_address.get(isa) if _loaded[isa] is not None else None
+
+
 def load_row_gemm() -> "RowGemm | None":
     """The row-invariant matmul, built on first use; ``None`` where it cannot run here."""
     isa = cpu_isa()
@@ -291,4 +302,5 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["BoundGemm", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "kernel_input", "load_row_gemm"]
+__all__ = ["BoundGemm", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "kernel_input", "load_row_gemm",
+           "pool_address"]

@@ -16,6 +16,8 @@
 // for any M and row position, and equal (bit for bit) the float32 row kernel run on the even and on
 // the odd columns of the decoded weights, summed.
 #include <immintrin.h>
+
+#include <atomic>
 #include <stdint.h>
 #include <string.h>
 
@@ -158,11 +160,10 @@ static void tile(int64_t r, const float* x, int64_t K, const uint8_t* pp, const 
 
 template <int FMT>
 static void gemm(const float* x, int64_t M, int64_t K, const uint8_t* p, const float* scales, int64_t G,
-                 const float* b, int64_t N, float* y) {
-    const int64_t panels = (N + P - 1) / P;
+                 const float* b, int64_t N, float* y, int64_t q0, int64_t q1) {
     const int64_t panel_bytes = K * row_bytes(FMT);
     float buf[MAX_TILE_ROWS * P];
-    for (int64_t q = 0; q < panels; ++q) {
+    for (int64_t q = q0; q < q1; ++q) {
         const uint8_t* pp = p + q * panel_bytes;
         const float* sp = FMT == FMT_INT4 ? scales + q * (K / G) * P : 0;
         const int64_t n0 = q * P, nn = N - n0 < P ? N - n0 : P;
@@ -188,20 +189,50 @@ static void gemm(const float* x, int64_t M, int64_t K, const uint8_t* p, const f
     }
 }
 
+/* The row kernel's thread pool (row_gemm.cpp's specbuild_pool_run, its address handed over by
+   specbuild_weight_set_pool): a call's panels split among its threads, each panel computed by one
+   thread with the code above (the same bits for any thread count). Unset: the caller's thread alone. */
+typedef void (*range_fn)(const void* args, int64_t lo, int64_t hi, int shared);
+typedef void (*pool_fn)(range_fn fn, const void* args, int64_t count);
+static std::atomic<pool_fn> pool_run{0};
+
+extern "C" void specbuild_weight_set_pool(void* run) { pool_run.store((pool_fn)run); }
+
+namespace {
+struct GemmArgs {
+    int fmt;
+    const float* x;
+    int64_t M, K;
+    const uint8_t* p;
+    const float* scales;
+    int64_t G;
+    const float* b;
+    int64_t N;
+    float* y;
+};
+
+void gemm_range(const void* a, int64_t q0, int64_t q1, int) {
+    const GemmArgs& g = *(const GemmArgs*)a;
+    switch (g.fmt) {
+        case FMT_INT8: gemm<FMT_INT8>(g.x, g.M, g.K, g.p, g.scales, 0, g.b, g.N, g.y, q0, q1); break;
+        case FMT_INT4: gemm<FMT_INT4>(g.x, g.M, g.K, g.p, g.scales, g.G, g.b, g.N, g.y, q0, q1); break;
+        case FMT_F16: gemm<FMT_F16>(g.x, g.M, g.K, g.p, g.scales, 0, g.b, g.N, g.y, q0, q1); break;
+        case FMT_BF16: gemm<FMT_BF16>(g.x, g.M, g.K, g.p, g.scales, 0, g.b, g.N, g.y, q0, q1); break;
+        default: gemm<FMT_FP8>(g.x, g.M, g.K, g.p, g.scales, 0, g.b, g.N, g.y, q0, q1); break;
+    }
+}
+}  // namespace
+
 /* y[M][N] = x[M][K] W[N][K]^T (+ b[N]) for W in format fmt, packed as above. Returns 0, or -1 for
    arguments the kernel cannot run (unknown format; int4 with an odd G or K not a multiple of G). */
 extern "C" int specbuild_weight_gemm(int fmt, const float* x, int64_t M, int64_t K, const void* p,
                                      const float* scales, int64_t G, const float* b, int64_t N, float* y) {
-    const uint8_t* pp = (const uint8_t*)p;
-    switch (fmt) {
-        case FMT_INT8: gemm<FMT_INT8>(x, M, K, pp, scales, 0, b, N, y); return 0;
-        case FMT_INT4:
-            if (G <= 0 || G % 2 || K % G) return -1;
-            gemm<FMT_INT4>(x, M, K, pp, scales, G, b, N, y);
-            return 0;
-        case FMT_F16: gemm<FMT_F16>(x, M, K, pp, scales, 0, b, N, y); return 0;
-        case FMT_BF16: gemm<FMT_BF16>(x, M, K, pp, scales, 0, b, N, y); return 0;
-        case FMT_FP8: gemm<FMT_FP8>(x, M, K, pp, scales, 0, b, N, y); return 0;
-        default: return -1;
-    }
+    if (fmt != FMT_INT8 && fmt != FMT_INT4 && fmt != FMT_F16 && fmt != FMT_BF16 && fmt != FMT_FP8) return -1;
+    if (fmt == FMT_INT4 && (G <= 0 || G % 2 || K % G)) return -1;
+    const GemmArgs args{fmt, x, M, K, (const uint8_t*)p, scales, G, b, N, y};
+    const int64_t panels = (N + P - 1) / P;
+    const pool_fn run = pool_run.load(std::memory_order_relaxed);
+    if (run) run(gemm_range, &args, panels);
+    else gemm_range(&args, 0, panels, 0);
+    return 0;
 }

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from triton_backend.engines.torch.row_gemm import PANEL, build_flags, compiled_library, cpu_isa, kernel_input
+from triton_backend.engines.torch.row_gemm import PANEL, build_flags, compiled_library, cpu_isa, kernel_input, pool_address
 
 logger = logging.getLogger(__name__)
 
@@ -214,11 +214,22 @@ def load_weight_gemm() -> WeightGemm | None:
             try:
                 _loaded[isa] = compiled_library(f"weight_gemm-{isa}", _SOURCE_FILE,
                                                 build_flags(isa) + _EXTRA_FLAGS, kernel_digest(isa))
+                _share_pool(_loaded[isa], isa)
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 logger.warning("compact-weight CPU kernel unavailable (%s)", exc)
                 _loaded[isa] = None
     lib = _loaded[isa]
     return None if lib is None else WeightGemm(lib, isa)
+
+
+def _share_pool(lib: ctypes.CDLL, isa: str) -> None:
+    """Hand the row kernel's thread pool to ``lib`` (its calls then split their panels among the
+    threads ``RowGemm.set_threads`` started; without it, each call runs on its caller's thread)."""
+    address = pool_address(isa)
+    if address:
+        lib.specbuild_weight_set_pool.argtypes = [ctypes.c_void_p]
+        lib.specbuild_weight_set_pool.restype = None
+        lib.specbuild_weight_set_pool(address)
 
 
 __all__ = ["BoundWeightGemm", "PackedWeight", "WeightFormat", "WeightGemm", "dequantize", "kernel_digest",
