@@ -259,6 +259,38 @@ def test_deployment_tells_eagle3_folders_from_eagle1_files(tmp_path):
         Eagle3Drafter.from_folder(str(folder), tiny_engine(0, layers=6, hidden=48))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_16_bit_drafter_file_is_served_in_its_own_precision(tmp_path, dtype):
+    """A drafter stored in 16 bits runs its linears on the compact-weight kernel with those values
+    (half the bytes of float32 a step reads); a float32 file keeps the row kernel. Drafts stay close
+    to the float32 drafter's and the output stays exactly plain decoding's, alone and batched."""
+    from triton_backend.engines.torch.weight_gemm import load_weight_gemm
+    from triton_backend.speculation.drafters.eagle_model import _CompactLinear, _KernelLinear
+
+    target = tiny_engine(0, layers=4)
+    if target.forward_impl.kernel is None or load_weight_gemm() is None:
+        pytest.skip("needs the row and compact-weight CPU kernels (x86-64 with AVX2 + FMA)")
+    net = _net(target.model.config, scale=0.1)
+    half = Eagle3Drafter.from_folder(str(save_eagle3(tmp_path / "half", net, dtype=dtype)), target)
+    full = Eagle3Drafter.from_folder(str(save_eagle3(tmp_path / "full", net, dtype=torch.float32)), target)
+    linears = lambda d: [m for m in d.net.modules() if isinstance(m, (_CompactLinear, _KernelLinear))]
+    assert linears(half) and all(isinstance(m, _CompactLinear) for m in linears(half))
+    assert all(isinstance(m, _KernelLinear) for m in linears(full))
+    assert "weight_gemm" in half.cost_identity() and str(dtype).removeprefix("torch.") in half.cost_identity()
+    assert "weight_gemm" not in full.cost_identity()
+    g = torch.randn(3, net.info.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(half._small_logits(g), full._small_logits(g), atol=0.05, rtol=0.05)
+    half.relative_cost = 0.01
+    decoder = _decoder(target, half)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = ([1, 2, 3], [5, 9, 9, 4, 1, 7, 2])
+    plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in prompts]
+    for tree in (False, True):
+        spec = _spec(3, tree=tree)
+        assert [decoder.generate(p, params, spec).token_ids for p in prompts] == plain
+        assert _scheduled(decoder, prompts, params, spec, batch=2) == plain
+
+
 def test_run_cli_serves_an_eagle3_folder(tmp_path):
     """``specbuild run --eagle DIR`` on a folder ``train-eagle3`` wrote: the EAGLE-3 drafter
     drafts and the output is plain greedy's."""

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from builder.bench.rows import torch_threads
 from triton_backend.core.config import RuntimeConfig
 from triton_backend.engines.batch import BatchRow
 from triton_backend.core.errors import ConfigError
@@ -102,14 +103,19 @@ def measure_pass_cost(config: PassCostConfig) -> dict:
     slots = {name: _warm_slots(e, max(batch), context) for name, e in engines.items()}
     cells = [(b, n) for b in batch for n in sizes]
     times: dict[tuple[str, int, int], list[float]] = {(e, b, n): [] for e in engines for b, n in cells}
+    # HF on as many torch threads as our row kernel runs (ours keeps one torch thread: its kernel has its own)
+    ours_threads = getattr(engines["ours"], "threads", config.num_threads)
+    threads = {name: config.num_threads if name == "ours" else max(config.num_threads, ours_threads) for name in engines}
     for name, engine in engines.items():  # warm-up
-        _pass_seconds(engine, slots[name][:max(batch)], config.context, [7] * max(sizes))
+        with torch_threads(threads[name]):
+            _pass_seconds(engine, slots[name][:max(batch)], config.context, [7] * max(sizes))
     with tqdm(total=config.repeats * len(cells) * len(engines), desc="pass cost", unit="pass") as bar:
         for _ in range(config.repeats):
             for b, n in cells:
                 drafted = [(7 * i + 11) % vocab for i in range(n)]
                 for name, engine in engines.items():
-                    times[(name, b, n)].append(_pass_seconds(engine, slots[name][:b], config.context, drafted))
+                    with torch_threads(threads[name]):
+                        times[(name, b, n)].append(_pass_seconds(engine, slots[name][:b], config.context, drafted))
                     bar.update(1)
     med = {key: statistics.median(v) for key, v in times.items()}
     rows = []
@@ -124,7 +130,7 @@ def measure_pass_cost(config: PassCostConfig) -> dict:
     if 8 in batch:
         headline["engine_decode_throughput_8_over_1"] = 8 * med[("ours", 1, 1)] / med[("ours", 8, 1)]
     return {"config": {"target": config.target, "context": config.context, "repeats": config.repeats,
-                       "threads": config.num_threads, "device": config.device, "packed_gemm_rows": config.packed_gemm_rows,
+                       "threads": ours_threads, "hf_threads": threads["hf"], "device": config.device, "packed_gemm_rows": config.packed_gemm_rows,
                        "row_kernel": engines["ours"].forward_impl.row_invariant},
             "rows": rows, "headline": headline}
 
@@ -133,7 +139,8 @@ def pass_cost_markdown(result: dict) -> str:
     cfg = result["config"]
     kernel = "row-invariant CPU kernel" if cfg.get("row_kernel") else "torch kernels"
     lines = [f"Batched pass cost on a {cfg['context']}-token cached context per row ({cfg['target']}, float32, "
-             f"{cfg['threads']} thread(s), median of {cfg['repeats']}; ours on the {kernel}); x step = pass time / one "
+             f"{cfg['threads']} thread(s) (HF: {cfg.get('hf_threads', cfg['threads'])} torch threads), median of "
+             f"{cfg['repeats']}; ours on the {kernel}); x step = pass time / one "
              "row x one token of the same engine; speedup = HF ms / ours ms.", "",
              "| rows | tokens per row | ours ms | ours x step | HF ms | HF x step | speedup |",
              "|---|---|---|---|---|---|---|"]

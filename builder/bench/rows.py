@@ -3,9 +3,10 @@ the same requests through a real Triton server."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import torch
 
@@ -63,14 +64,28 @@ class _FirstTokenClock:
         pass
 
 
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` for the block (a peer measured on as many CPU
+    threads as our engine's row kernel uses), restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 @dataclass
 class PeerRow:
-    """transformers ``generate``: plain greedy, assisted generation or prompt lookup."""
+    """transformers ``generate``: plain greedy, assisted generation or prompt lookup, on
+    ``threads`` torch threads (our engine's count: a fair comparison)."""
 
     name: str
     model: Any
     kwargs: dict
     info: dict = field(default_factory=dict)
+    threads: int = 1
 
     def run(self, prompt: BenchPrompt, max_tokens: int, ignore_eos: bool) -> RowResult:
         ids = torch.tensor([prompt.ids], device=self.model.device)
@@ -79,7 +94,7 @@ class PeerRow:
         # instead, so past an EOS the peer's text differs from ours (reported as not identical)
         fixed = {"min_new_tokens": max_tokens} if ignore_eos else {}
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_threads(self.threads):
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                       do_sample=False, streamer=clock, pad_token_id=0, **fixed, **self.kwargs)
         latency = time.perf_counter() - start

@@ -107,12 +107,14 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
         # the peer runs stock transformers: its own copy of the same weights (load_model never
         # prepacks; only our TorchEngine does)
         model = load_model(config.target, RuntimeConfig(num_threads=config.num_threads)).eval()
-        rows.append(PeerRow("hf plain", model, {}, {"kind": "peer", "method": "off"}))
+        threads = max(config.num_threads, getattr(decoder.target, "threads", 1))  # as many CPU threads as ours
+        rows.append(PeerRow("hf plain", model, {}, {"kind": "peer", "method": "off"}, threads))
         rows.append(PeerRow("hf prompt-lookup", model, {"prompt_lookup_num_tokens": 10},
-                            {"kind": "peer", "method": "ngram", "k": 10}))
+                            {"kind": "peer", "method": "ngram", "k": 10}, threads))
         if config.draft is not None:
             assistant = load_model(config.draft, RuntimeConfig(num_threads=config.num_threads)).eval()
-            rows.append(PeerRow("hf assisted", model, {"assistant_model": assistant}, {"kind": "peer", "method": "draft"}))
+            rows.append(PeerRow("hf assisted", model, {"assistant_model": assistant}, {"kind": "peer", "method": "draft"},
+                                threads))
     return rows
 
 
@@ -183,7 +185,7 @@ def _run_rows(config: BenchConfig, decoder: SpeculativeDecoder, rows: list[Row])
     run = BenchRun(config=config, rows=[r.name for r in rows], row_info={r.name: r.info for r in rows})
     run.environment = {
         "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "python": platform.python_version(), "torch": torch.__version__, "threads": getattr(decoder.target, "threads", torch.get_num_threads()),
         "device": decoder.target.runtime.device, "label": config.label,
     }
     for row in rows:  # warm-up, not recorded

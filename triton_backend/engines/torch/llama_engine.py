@@ -143,6 +143,7 @@ class LlamaEngine:
         self.batched_decode = not (runtime.batch_invariant or self.forward_impl.row_invariant)
         kernel = self.forward_impl.kernel
         self.kernel_name = kernel.name if kernel is not None else "torch"  # which matmul kernels run (logged, cache keys)
+        self.threads = kernel.threads if kernel is not None else torch.get_num_threads()  # CPU threads a pass runs on
         if weight_gemm is not None:
             self.kernel_name += f"+{weight_gemm.name}"
         shape = self.forward_impl.shape

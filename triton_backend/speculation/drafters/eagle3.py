@@ -23,7 +23,8 @@ from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.speculation.drafters.eagle import FeatureDrafter, target_kernel
 from triton_backend.speculation.drafters.eagle3_model import Eagle3Net, load_eagle3
-from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, use_row_kernel
+from triton_backend.engines.torch.weight_gemm import load_weight_gemm
+from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, use_compact_kernel, use_row_kernel
 
 
 class Eagle3Drafter(FeatureDrafter):
@@ -56,10 +57,16 @@ class Eagle3Drafter(FeatureDrafter):
         params = sum(p.numel() for p in self.net.parameters())
         self.relative_cost = params / max(1, target.num_parameters())
         kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
+        compact = load_weight_gemm() if kernel is not None and net.stored_dtype in (torch.float16, torch.bfloat16) else None
         if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers
             self.net = copy.deepcopy(self.net)
-            use_row_kernel(self.net, kernel)
+            if compact is not None:  # the file's 16-bit weights as stored: half the bytes a step reads
+                use_compact_kernel(self.net, compact, net.stored_dtype)
+            else:
+                use_row_kernel(self.net, kernel)
         self.kernel_name = kernel.name if kernel is not None else "torch"
+        if compact is not None:
+            self.kernel_name += f"+{compact.name}:{str(net.stored_dtype).removeprefix('torch.')}"
 
     @classmethod
     def from_folder(cls, path: str, target: Any) -> "Eagle3Drafter":

@@ -181,6 +181,8 @@ class _Attention2H(nn.Module):
 
 
 class Eagle3Net(nn.Module):
+    stored_dtype: torch.dtype = torch.float32  # what its file stores (load_eagle3); the weights here are float32 or dtype
+
     def __init__(self, info: Eagle3Info) -> None:
         super().__init__()
         self.info = info
@@ -315,7 +317,10 @@ def load_eagle3(folder: str | Path, dtype: torch.dtype = torch.float32, *,
         raise ModelLoadError(f"EAGLE-3 drafter {root} does not match its config: {exc}") from exc
     if not bool(net.t2d[ids].all()) or int(net.t2d.sum()) != info.draft_vocab_size:
         raise ModelLoadError(f"EAGLE-3 drafter {root}: d2t/t2d do not describe one vocabulary map")
-    return net.to(dtype).eval()
+    net = net.to(dtype).eval()
+    stored = {v.dtype for k, v in tensors.items() if v.is_floating_point() and k.endswith(".weight")}
+    net.stored_dtype = stored.pop() if len(stored) == 1 else torch.float32  # the file's own precision, if one
+    return net
 
 
 __all__ = ["ARCHITECTURE", "Eagle3Info", "Eagle3Net", "default_capture_layers", "load_eagle3", "save_eagle3"]

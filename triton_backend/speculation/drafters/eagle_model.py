@@ -38,6 +38,7 @@ from torch.nn import functional as F
 from triton_backend.speculation.drafters.drafter_file import read_drafter_file
 from triton_backend.engines.torch.llama_forward import rotate
 from triton_backend.engines.torch.row_gemm import BoundGemm, RowGemm
+from triton_backend.engines.torch.weight_gemm import BoundWeightGemm, WeightGemm, pack_float
 from triton_backend.core.errors import ModelLoadError
 
 FORMAT = "specbuild-eagle"
@@ -224,6 +225,32 @@ class _KernelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         lead = x.shape[:-1]
         return self._gemm(x.reshape(-1, x.shape[-1])).view(*lead, self._gemm.n)
+
+
+class _CompactLinear(nn.Module):
+    """An ``nn.Linear`` run on the compact-weight kernel with its weight in a 16-bit type (the
+    type the drafter's file stores: its values exactly, in half the bytes of float32; a drafter
+    step at one row is bound by reading them). Keeps ``weight`` and ``bias`` like
+    :class:`_KernelLinear`."""
+
+    def __init__(self, linear: nn.Linear, kernel: WeightGemm, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self._gemm: BoundWeightGemm = kernel.bind(pack_float(linear.weight.detach().to(dtype).contiguous()), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        lead = x.shape[:-1]
+        return self._gemm(x.reshape(-1, x.shape[-1])).view(*lead, self._gemm.n)
+
+
+def use_compact_kernel(net: nn.Module, kernel: WeightGemm, dtype: torch.dtype) -> None:
+    """Run every ``nn.Linear`` of ``net`` on the compact-weight ``kernel`` in ``dtype`` (float16
+    or bfloat16; see :class:`_CompactLinear`), in place."""
+    for module in list(net.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, _CompactLinear(child, kernel, dtype))
 
 
 def use_row_kernel(net: nn.Module, kernel: RowGemm) -> None:
