@@ -126,3 +126,29 @@ def test_bench_self_draft_rows(tmp_path):
     assert headline["auto_all_x_plain"] == auto["speedup_vs_plain"]
     with pytest.raises(ConfigError, match="self-draft precisions"):
         BenchConfig(self_draft=("int3",))
+
+
+def test_peer_rows_run_on_the_threads_they_are_given():
+    """A Hugging Face peer row generates on as many torch threads as our engine's row kernel uses
+    (a fair comparison), and leaves the process's setting as it found it."""
+    import torch
+
+    from builder.bench.config import BenchPrompt
+    from builder.bench.rows import PeerRow, torch_threads
+
+    class Recorder:  # stands in for transformers' generate: records the threads it ran on
+        device = torch.device("cpu")
+        generation_config = None
+        seen: list[int] = []
+
+        def generate(self, ids, **kwargs):
+            self.seen.append(torch.get_num_threads())
+            return torch.cat([ids, torch.tensor([[5, 6]])], dim=1)
+
+    before = torch.get_num_threads()
+    model = Recorder()
+    result = PeerRow("hf plain", model, {}, {}, threads=2).run(BenchPrompt("chat", 0, "hi", [1, 2]), 2, True)
+    assert result.tokens == [5, 6] and model.seen == [2] and torch.get_num_threads() == before
+    with torch_threads(3):
+        assert torch.get_num_threads() == 3
+    assert torch.get_num_threads() == before
