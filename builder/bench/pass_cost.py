@@ -114,7 +114,7 @@ def measure_pass_cost(config: PassCostConfig) -> dict:
             for b, n in cells:
                 drafted = [(7 * i + 11) % vocab for i in range(n)]
                 for name, engine in engines.items():
-                    with torch_threads(threads[name]):
+                    with torch_threads(threads[name]):  # (a multi-threaded engine's threads settle after)
                         times[(name, b, n)].append(_pass_seconds(engine, slots[name][:b], config.context, drafted))
                     bar.update(1)
     med = {key: statistics.median(v) for key, v in times.items()}

@@ -64,6 +64,9 @@ class _FirstTokenClock:
         pass
 
 
+SETTLE_S = 0.03  # after a multi-threaded torch block (libgomp's workers spin ~1-4 ms before they sleep)
+
+
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """torch's intra-op threads set to ``count`` for the block (a peer measured on as many CPU
@@ -74,6 +77,8 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+        if count > 1:  # torch's OpenMP workers spin a few ms after their last region: let them sleep first,
+            time.sleep(SETTLE_S)  # or the next engine timed shares the cores with them
 
 
 @dataclass
@@ -97,7 +102,7 @@ class PeerRow:
         with torch.inference_mode(), torch_threads(self.threads):
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                       do_sample=False, streamer=clock, pad_token_id=0, **fixed, **self.kwargs)
-        latency = time.perf_counter() - start
+            latency = time.perf_counter() - start  # (before the threads settle)
         ttft = (clock.first - start) if clock.first is not None else latency
         tokens = out[0, len(prompt.ids):].tolist()
         if not ignore_eos and tokens and tokens[-1] in eos_token_ids(self.model.generation_config):

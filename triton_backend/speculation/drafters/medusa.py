@@ -70,6 +70,11 @@ class MedusaDrafter:
         self.shared_weight = weight[self.vocab] if (info.shared_lm_head and self.vocab is not None) else weight
         head_cost = info.num_layers * info.hidden_size ** 2 + self.shared_weight.shape[0] * info.hidden_size
         self.relative_cost = info.num_heads * head_cost / max(1, target.num_parameters())
+        # the shared LM head on the target's row kernel (its threads), all heads in one product
+        kernel = getattr(getattr(target, "forward_impl", None), "kernel", None)
+        self._project = None
+        if info.shared_lm_head and kernel is not None and dtype == torch.float32 and device.type == "cpu":
+            self._project = kernel.bind(self.shared_weight.float().contiguous())
 
     @classmethod
     def from_file(cls, path: str, target: TorchEngine, choices: Choices | None = None) -> "MedusaDrafter":
@@ -80,7 +85,7 @@ class MedusaDrafter:
         count = sum(1 for d in self.depths if d <= depth)  # choices are sorted by depth: a prefix
         used = max(self.depths[:count], default=0)
         with torch.inference_mode():
-            logits = self.heads.logits(hidden, self.shared_weight, used)  # [used heads, V']
+            logits = self.heads.logits(hidden, self.shared_weight, used, self._project)  # [used heads, V']
             ranked = [logits[h].topk(self.top[h]).indices for h in range(used)]
         if self.vocab is not None:
             ranked = [self.vocab[r] for r in ranked]

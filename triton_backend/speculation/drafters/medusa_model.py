@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -97,17 +97,27 @@ class MedusaHeads(nn.Module):
             MedusaHead(info.hidden_size, info.vocab_size, info.num_layers, not info.shared_lm_head)
             for _ in range(info.num_heads)])
 
-    def logits(self, hidden: torch.Tensor, shared_weight: torch.Tensor | None, count: int | None = None) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, shared_weight: torch.Tensor | None, count: int | None = None,
+               project: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """``hidden`` [..., H] -> ``[count, ..., V']`` from the first ``count`` heads (default all);
-        ``shared_weight`` [V', H] is the target's LM head (or a subset of its rows) when the heads share it."""
-        out = []
-        for head in list(self.medusa_heads)[:count]:
-            feats = head.features(hidden)
-            weight = head.lm_head.weight if head.lm_head is not None else shared_weight
-            if weight is None:
+        ``shared_weight`` [V', H] is the target's LM head (or a subset of its rows) when the heads share it.
+        The heads that share it are multiplied by it in one product (the weight read once for all of
+        them), on ``project`` (``[M, H] -> [M, V']`` float32, e.g. the row kernel bound to that weight) where given."""
+        heads = list(self.medusa_heads)[:count]
+        feats = [head.features(hidden) for head in heads]
+        out: list[torch.Tensor | None] = [None if head.lm_head is None else f @ head.lm_head.weight.t()
+                                          for head, f in zip(heads, feats)]
+        shared = [i for i, head in enumerate(heads) if head.lm_head is None]
+        if shared:
+            if shared_weight is None and project is None:
                 raise ValueError("these heads share the target's LM head: pass its weight")
-            out.append(feats @ weight.t())
-        return torch.stack(out)
+            stacked = torch.stack([feats[i] for i in shared])  # [n, ..., H]
+            flat = stacked.reshape(-1, stacked.shape[-1])
+            products = project(flat.float().contiguous()).to(flat.dtype) if project is not None else flat @ shared_weight.t()
+            products = products.view(*stacked.shape[:-1], -1)
+            for j, i in enumerate(shared):
+                out[i] = products[j]
+        return torch.stack(out)  # type: ignore[arg-type]  # every entry filled above
 
 
 @dataclass
