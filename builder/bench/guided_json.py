@@ -188,7 +188,7 @@ def run_json_bench(config: JsonBenchConfig) -> JsonBenchRun:
     run = JsonBenchRun(config, prompts, rows)
     run.environment = {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
                        "python": platform.python_version(), "torch": torch.__version__,
-                       "threads": torch.get_num_threads(), "label": config.label}
+                       "threads": getattr(decoder.target, "threads", torch.get_num_threads()), "label": config.label}
     for row in rows:  # warm-up (the grammar's tokenizer map, caches), not recorded
         _sample(decoder, row, prompts[0], ids[prompts[0].name], -1, 8)
     order = random.Random(0)

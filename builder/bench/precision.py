@@ -69,7 +69,7 @@ def load_engines(config: PrecisionBenchConfig) -> tuple[dict[str, Any], Any]:
     engines = {name: LlamaEngine(model, name=name, runtime=r, eos_token_ids=[]) for name, r in runtimes.items()}
     for name, engine in engines.items():
         if not engine.forward_impl.row_invariant:
-            raise ConfigError(f"{name}: the CPU kernels do not run here (x86-64 with AVX2 + FMA, one thread)")
+            raise ConfigError(f"{name}: the CPU kernels do not run here (x86-64 with AVX2 + FMA, one torch thread)")
     return engines, load_tokenizer(config.target)
 
 
@@ -120,7 +120,7 @@ def run_precision_bench(config: PrecisionBenchConfig) -> dict:
         headline[f"{name}_plain_x_fp32"] = med["fp32"] / med[name]
         headline[f"{name}_greedy_agreement"] = agreement[name]
     return {"config": {"target": config.target, "context": config.context, "steps": config.steps,
-                       "repeats": config.repeats, "threads": config.num_threads, "prompts": config.prompts,
+                       "repeats": config.repeats, "threads": engines["fp32"].threads, "prompts": config.prompts,
                        "max_tokens": config.max_tokens},
             "rows": rows, "steps_s": steps, "headline": headline}
 
