@@ -155,3 +155,29 @@ def test_compact_weights_share_the_pool_with_the_same_bits(row_gemm):
     row_gemm.set_threads(2)
     shared = [kernel.bind(p)(x[:m]) for p in packs for m in (1, 3, 9)]
     assert all(torch.equal(a, b) for a, b in zip(alone, shared))
+
+
+def test_auto_threads_respect_a_cgroup_cpu_quota(tmp_path):
+    """A container limited to 1.5 CPUs gets 2 kernel threads, one limited to 1 CPU one, whatever
+    its affinity mask shows; no quota (or an unreadable one) leaves the affinity count."""
+    from triton_backend.engines.torch.cpu_cores import quota_cores, usable_cores
+
+    affinity = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert quota_cores(v2) == 1.5 and usable_cores(8, v2) == min(2, affinity)
+    (v2 / "cpu.max").write_text("100000 100000\n")
+    assert usable_cores(8, v2) == 1
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert quota_cores(v2) is None and usable_cores(8, v2) == min(8, affinity)
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert quota_cores(v1.parent) is None
+    (v1 / "cpu.cfs_quota_us").write_text("250000\n")
+    assert quota_cores(v1.parent) == 2.5 and usable_cores(2, v1.parent) == min(2, affinity)
+    (v2 / "cpu.max").write_text("garbage\n")
+    assert quota_cores(v2) is None
+    assert usable_cores(1, tmp_path / "none") == 1

@@ -12,7 +12,6 @@ starts earlier.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import weakref
 from typing import Mapping, Sequence
@@ -21,6 +20,7 @@ import torch
 from transformers import PreTrainedModel
 
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.engines.torch.cpu_cores import usable_cores
 from triton_backend.engines.torch.compact_weights import (HEAD, LAYER_LINEARS, CompactLinear, compact_linear, compact_linears,
                                                           head_precision, linear_names)
 from triton_backend.engines.torch.weight_gemm import WeightFormat, load_weight_gemm
@@ -55,14 +55,8 @@ def _row_kernel(runtime: RuntimeConfig, device: torch.device) -> RowGemm | None:
 
 def kernel_threads(configured: int) -> int:
     """The row kernel's thread count for ``runtime.kernel_threads`` (0: the cores this process may
-    run on, at most 8)."""
-    if configured:
-        return configured
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    run on, within its cgroup CPU quota, at most 8)."""
+    return configured if configured else usable_cores(8)
 
 
 def _quantize_at_load(model: PreTrainedModel, runtime: RuntimeConfig) -> dict[str, CompactLinear]:
