@@ -261,10 +261,13 @@ def test_planner_counts_the_eagle_nets():
     assert BuildSpec.from_dict({"target": {"source": "llama-3-8b"}, "eagle": {"num_eagle_layers": 3}}).eagle == EagleSpec(3)
 
 
-def test_the_drafters_cost_per_token_is_measured_on_this_machine_and_cached(tmp_path):
+def test_the_drafters_cost_per_token_is_measured_on_this_machine_and_cached(tmp_path, monkeypatch):
     """What the gain rule prices an EAGLE draft token at: the cost measured against the
     target's step (cached per machine and kernel), not the parameter ratio."""
+    import triton_backend.speculation.pass_cost as pass_cost
     from triton_backend.speculation.pass_cost import MAX_DRAFT_COST, install_measured_draft_costs
+
+    monkeypatch.setattr(pass_cost, "machine_busy", lambda cores=None: None)  # a quiet machine: cached
 
     target = tiny_engine(0)
     drafter = _random_drafter(target)

@@ -262,7 +262,10 @@ class ScriptedEngine:
         return [None] * len(rows)
 
 
-def test_measure_recovers_the_cost_curve_and_caches_it(tmp_path):
+def test_measure_recovers_the_cost_curve_and_caches_it(tmp_path, monkeypatch):
+    import triton_backend.speculation.pass_cost as pass_cost
+
+    monkeypatch.setattr(pass_cost, "machine_busy", lambda cores=None: None)  # a quiet machine (CI's may not be)
     engine = ScriptedEngine()
     model = measure_pass_cost_model(engine, settings="test", cache_dir=tmp_path, budget_s=3.0)
     assert sorted(engine.free) == [0, 1, 2, 3]  # scratch slots given back
@@ -280,6 +283,24 @@ def test_measure_recovers_the_cost_curve_and_caches_it(tmp_path):
     slow = ScriptedEngine()
     slow.forward = lambda rows, real=slow.forward: (time.sleep(0.01 * slow.passes), real(rows))[1]  # ever slower: busy
     assert measure_pass_cost_model(slow, settings="busy", cache_dir=tmp_path, budget_s=3.0) == PassCostModel.default()
+
+
+def test_a_busy_machine_s_measurement_is_used_but_not_cached(tmp_path, monkeypatch):
+    """Measured while other work held the cores (load average above them): this process decides
+    from it, the next load measures again instead of keeping a busy machine's costs for good."""
+    import triton_backend.speculation.pass_cost as pass_cost
+
+    real = pass_cost.machine_busy
+    monkeypatch.setattr(pass_cost, "machine_busy", lambda cores=None: 3.2)
+    model = measure_pass_cost_model(ScriptedEngine(), settings="test", cache_dir=tmp_path, budget_s=3.0)
+    assert model.source == "measured:scripted" and not list((tmp_path / "pass_cost").glob("*.json"))
+    monkeypatch.setattr(pass_cost, "machine_busy", lambda cores=None: None)
+    measure_pass_cost_model(ScriptedEngine(), settings="test", cache_dir=tmp_path, budget_s=3.0)
+    assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 1
+    monkeypatch.setattr(pass_cost.os, "getloadavg", lambda: (5.0, 1.0, 1.0))
+    assert real(2) == 5.0
+    monkeypatch.setattr(pass_cost.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    assert real(2) is None and real(1) == 1.2
 
 
 def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):

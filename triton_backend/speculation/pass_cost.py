@@ -90,6 +90,21 @@ def _write_cache(path: Path, data: dict) -> None:
         logger.warning("measured but not cached (%s: %s)", path, exc)
 
 
+def machine_busy(cores: int | None = None) -> float | None:
+    """The 1-minute load average when other work held this machine's cores over the last minute
+    (more runnable threads than ``cores`` less half a core, at least 1): a measurement taken now
+    is used by this process but not cached, so the next load on a quieter machine measures again
+    (the row kernel's multi-token passes share both cores with whatever else runs). None: quiet enough."""
+    from triton_backend.engines.torch.cpu_cores import usable_cores
+
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = usable_cores(64) if cores is None else cores
+    return load if load > max(1.0, cores - 0.5) else None
+
+
 def _allocate(engine: Any, want: int) -> list[int]:
     slots: list[int] = []
     try:
@@ -184,6 +199,7 @@ def measure_pass_cost_model(engine: Any, *, settings: str = "", cache_dir: Path 
     cached = _read_cache(path, PassCostModel.from_json)
     if cached is not None:
         return cached
+    busy = machine_busy()
     started = time.perf_counter()
     try:
         seconds = measure_seconds(engine, budget_s)
@@ -196,7 +212,11 @@ def measure_pass_cost_model(engine: Any, *, settings: str = "", cache_dir: Path 
     table = {rows: dict(curve) for rows, curve in PassCostModel.default().table.items() if rows not in measured.table}
     model = PassCostModel({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
     logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
-    _write_cache(path, model.to_json())
+    if busy is not None:
+        logger.warning("pass costs of %s measured on a busy machine (load average %.1f): used now, not cached",
+                       engine.name, busy)
+    else:
+        _write_cache(path, model.to_json())
     return model
 
 
@@ -255,6 +275,7 @@ def _cached_draft_cost(engine: Any, settings: str, cache_dir: Path | None, ident
     cached = _read_cache(path, lambda data: float(data["draft_cost"]))
     if cached is not None:
         return cached
+    busy = machine_busy()
     per_token, step = measure()
     cost = per_token / step
     if not 0.0 < cost <= MAX_DRAFT_COST:
@@ -263,7 +284,10 @@ def _cached_draft_cost(engine: Any, settings: str, cache_dir: Path | None, ident
         return None
     logger.info("%s on %s: %.3f target steps per drafted token (%.2f ms per token, %.2f ms per step)",
                 what, engine.name, cost, 1e3 * per_token, 1e3 * step)
-    _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
+    if busy is not None:
+        logger.warning("%s measured on a busy machine (load average %.1f): used now, not cached", what, busy)
+    else:
+        _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
     return cost
 
 
@@ -314,6 +338,6 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
                 drafter.relative_cost = cost
 
 
-__all__ = ["NoisyMeasurementError", "machine_key", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
+__all__ = ["NoisyMeasurementError", "machine_busy", "machine_key", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
            "measure_pass_cost_model", "measure_seconds", "measure_step_seconds", "measured_eagle_draft_cost",
            "measured_step_cost"]
