@@ -79,16 +79,26 @@ class CancelWatch:
     def _run(self) -> None:
         while not self._stop.wait(CANCEL_POLL_S):
             with self._lock:
-                live = [(i, r) for i, r in self._live.items() if i not in self._cancelled]
-            for forward_id, request in live:
+                watched = [i for i in self._live if i not in self._cancelled]
+            for forward_id in watched:
                 try:
-                    if request.is_cancelled():
-                        with self._lock:
-                            self._cancelled.add(forward_id)
+                    if self._query(forward_id):
                         logger.info("client cancelled: cancelling forwarded request %s", forward_id)
                         self._cancel_child(forward_id)
                 except Exception:  # keep watching the others
                     logger.exception("could not cancel a forwarded request")
+
+    def _query(self, forward_id: str) -> bool:
+        """Asks Triton whether a still-live request was cancelled, under the lock: :meth:`remove`
+        (which comes before the request's final response) waits for a query in flight, so a
+        request is never asked about once its response factory may be gone (asking then crashed
+        Triton 2.51's server: ``TRITONBACKEND_ResponseFactoryIsCancelled`` on a freed factory)."""
+        with self._lock:
+            request = self._live.get(forward_id)
+            if request is None or not request.is_cancelled():
+                return False
+            self._cancelled.add(forward_id)
+            return True
 
     def _cancel_child(self, forward_id: str) -> None:
         if not self._channel.send(forward_id):
