@@ -336,7 +336,8 @@ def run_worker(config: CorpusConfig, worker: int = 0) -> CorpusStats:
     if not todo:
         return CorpusStats(0, 0, 0, 0.0)
     context = config.max_prompt_tokens + config.max_new_tokens + 1
-    runtime = RuntimeConfig(max_batch_size=config.rows, max_seq_len=context, num_threads=1)
+    # one thread per worker, its row kernel's too: `workers` processes share the machine's cores
+    runtime = RuntimeConfig(max_batch_size=config.rows, max_seq_len=context, num_threads=1, kernel_threads=1)
     engine, tokenizer = load_engine(config.target, runtime)
     if not isinstance(engine, LlamaEngine):
         raise BuildSpecError(f"{config.target} does not run on the slot engine; corpus generation needs it")
