@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from triton_backend.core.config import RuntimeConfig
+from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.hf_engine import TorchEngine
 
 # Prompts for the real model: chat, code, and input-copying tasks (where n-gram lookup matches).
@@ -70,3 +71,17 @@ def reference_prompts(reference):
     _, tokenizer = reference
     return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
             for p in REFERENCE_PROMPTS]
+
+
+# the row kernel's ISA builds this CPU runs (an AVX-512 CPU runs both)
+ROW_KERNEL_ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
+
+
+@pytest.fixture(params=ROW_KERNEL_ISAS)
+def row_gemm(request, monkeypatch):
+    """The row kernel of each ISA build this CPU runs, left on one thread afterwards."""
+    monkeypatch.setenv("SPECBUILD_ROW_KERNEL_ISA", request.param)
+    fn = row_gemm_module.load_row_gemm()
+    assert fn is not None, "the kernel builds where the CPU supports it (a C++ compiler is on PATH)"
+    yield fn
+    fn.set_threads(1)

@@ -11,23 +11,13 @@ import threading
 import pytest
 import torch
 
-from tests.conftest import tiny_llama
+from tests.conftest import ROW_KERNEL_ISAS as ISAS, tiny_llama
 from triton_backend.core.config import RuntimeConfig
 from triton_backend.core.errors import ConfigError
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.llama_engine import LlamaEngine, kernel_threads
 
-ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
 pytestmark = pytest.mark.skipif(not ISAS, reason="the row-invariant kernel needs x86-64 with AVX2 + FMA")
-
-
-@pytest.fixture(params=ISAS)
-def row_gemm(request, monkeypatch):
-    monkeypatch.setenv("SPECBUILD_ROW_KERNEL_ISA", request.param)
-    fn = row_gemm_module.load_row_gemm()
-    assert fn is not None
-    yield fn
-    fn.set_threads(1)
 
 
 @pytest.mark.parametrize("k,n", [(576, 196), (75, 1000), (64, 40)])  # 40: two panels, fewer than three threads

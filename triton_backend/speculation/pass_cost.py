@@ -105,6 +105,14 @@ def machine_busy(cores: int | None = None) -> float | None:
     return load if load > max(1.0, cores - 0.5) else None
 
 
+def _cache_unless_busy(path: Path, data: dict, busy: float | None, what: str) -> None:
+    """Cache a measurement, unless the machine was busy when it was taken (:func:`machine_busy`)."""
+    if busy is not None:
+        logger.warning("%s measured on a busy machine (load average %.1f): used now, not cached", what, busy)
+    else:
+        _write_cache(path, data)
+
+
 def _allocate(engine: Any, want: int) -> list[int]:
     slots: list[int] = []
     try:
@@ -212,11 +220,7 @@ def measure_pass_cost_model(engine: Any, *, settings: str = "", cache_dir: Path 
     table = {rows: dict(curve) for rows, curve in PassCostModel.default().table.items() if rows not in measured.table}
     model = PassCostModel({**table, **{r: dict(c) for r, c in measured.table.items()}}, measured.source)
     logger.info("pass costs of %s measured in %.1f s: %s", engine.name, time.perf_counter() - started, model.to_json()["table"])
-    if busy is not None:
-        logger.warning("pass costs of %s measured on a busy machine (load average %.1f): used now, not cached",
-                       engine.name, busy)
-    else:
-        _write_cache(path, model.to_json())
+    _cache_unless_busy(path, model.to_json(), busy, f"pass costs of {engine.name}")
     return model
 
 
@@ -284,10 +288,8 @@ def _cached_draft_cost(engine: Any, settings: str, cache_dir: Path | None, ident
         return None
     logger.info("%s on %s: %.3f target steps per drafted token (%.2f ms per token, %.2f ms per step)",
                 what, engine.name, cost, 1e3 * per_token, 1e3 * step)
-    if busy is not None:
-        logger.warning("%s measured on a busy machine (load average %.1f): used now, not cached", what, busy)
-    else:
-        _write_cache(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step, "source": f"measured:{identity}"})
+    _cache_unless_busy(path, {"draft_cost": cost, "per_token_s": per_token, "step_s": step,
+                              "source": f"measured:{identity}"}, busy, what)
     return cost
 
 

@@ -63,8 +63,8 @@ _FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-st
 _ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx2", "-mfma", "-mavx512f"]}
 _lock = threading.Lock()
 _loaded: dict[str, tuple[Callable, Callable, Callable, Callable] | None] = {}
-_threads = {"threads": 1, "min_rows": 1}
-_pool_address: dict[str, int | None] = {}  # specbuild_pool_run's address per ISA build (weight_gemm shares the pool)  # the process's matmul threads (the library's pool is per process)
+_threads = {"threads": 1, "min_rows": 1}  # the process's matmul threads (the library's pool is per process)
+_pool_address: dict[str, int | None] = {}  # specbuild_pool_run's address per ISA build (weight_gemm shares the pool)
 
 def cpu_isa() -> str | None:
     """``"avx512"``, ``"avx2"`` or ``None`` (no kernel): what this CPU runs, as torch detects it.
@@ -280,13 +280,18 @@ class RowGemm:
                         None if visible is None else visible.data_ptr(), scale, out.data_ptr(), scratch.data_ptr())
 
 
-def pool_address(isa: str) -> int | None:
-    """The address of the ``isa`` build's ``specbuild_pool_run`` (its helper threads, which the
-    compact-weight kernel shares); None where that build is unavailable."""
+def _functions(isa: str) -> tuple[Callable, Callable, Callable, Callable] | None:
+    """The ``isa`` build's functions, loaded (and built) on first use; None where it cannot be."""
     with _lock:
         if isa not in _loaded:
             _loaded[isa] = _load(isa)
-    return _pool_address.get(isa) if _loaded[isa] is not None else None
+    return _loaded[isa]
+
+
+def pool_address(isa: str) -> int | None:
+    """The address of the ``isa`` build's ``specbuild_pool_run`` (its helper threads, which the
+    compact-weight kernel shares); None where that build is unavailable."""
+    return _pool_address.get(isa) if _functions(isa) is not None else None
 
 
 def load_row_gemm() -> "RowGemm | None":
@@ -295,10 +300,7 @@ def load_row_gemm() -> "RowGemm | None":
     if isa is None:
         logger.info("row-invariant CPU matmul unavailable (needs x86-64 with AVX2 + FMA): torch kernels used")
         return None
-    with _lock:
-        if isa not in _loaded:
-            _loaded[isa] = _load(isa)
-    fns = _loaded[isa]
+    fns = _functions(isa)
     return None if fns is None else RowGemm(*fns, isa)
 
 
