@@ -120,9 +120,9 @@ def _rows(spec: str, decoder, peer_model) -> list[Row]:
                 index=cross_request_index(config)))
         elif name == "medusa":
             rows.append(OursRow("medusa", decoder, SpeculationConfig(method=SpeculationMode.MEDUSA)))
-        elif name in ("eagle", "eagle-params"):  # the measured draft cost; the parameter ratio
+        elif name in ("eagle", "eagle-params"):  # the measured draft cost (or eagle:COST); the parameter ratio
             drafter = decoder.drafters[SpeculationMode.EAGLE]
-            cost = drafter.relative_cost if name == "eagle" else _parameter_ratio(drafter, decoder.target)
+            cost = (float(arg) if arg else drafter.relative_cost) if name == "eagle" else _parameter_ratio(drafter, decoder.target)
             rows.append(DraftCostRow(f"{name} ({cost:.3f})", decoder, SpeculationConfig(method=SpeculationMode.EAGLE),
                                      draft_cost=cost))
         elif name == "eagle-chain":  # chains of at most ``arg`` (default 4), gain-sized
@@ -174,16 +174,18 @@ class PassMeter:
             return forward(rows)
 
         engine.forward = counted
-        if drafter is not None:
-            step = drafter.net.forward
+        if drafter is not None:  # the drafter's feed and tree/chain steps (whatever runs them)
+            for name in ("_feed_net", "_step_net"):
+                setattr(drafter, name, self._counted(drafter, getattr(drafter, name)))
 
-            def drafted(features, *args, **kwargs):  # EAGLE-1 and EAGLE-3 nets: the tree step by keyword or 6th argument
-                tree = kwargs.get("tree", args[4] if len(args) > 4 else None)
-                width = int(features.shape[1]) if tree is not None else 1
-                self.draft += drafter.relative_cost * (1.0 + ROW_SLOPE * (width - 1))
-                return step(features, *args, **kwargs)
+    def _counted(self, drafter, step):
+        def drafted(features, *args, **kwargs):  # a tree step's placement by keyword or 6th argument
+            tree = kwargs.get("tree", args[4] if len(args) > 4 else None)
+            width = int(features.shape[1]) if tree is not None else 1
+            self.draft += drafter.relative_cost * (1.0 + ROW_SLOPE * (width - 1))
+            return step(features, *args, **kwargs)
 
-            drafter.net.forward = drafted
+        return drafted
 
     def reset(self) -> None:
         self.sizes, self.draft = [], 0.0

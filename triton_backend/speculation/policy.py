@@ -63,6 +63,9 @@ class PassCostModel:
         for rows, curve in self.table.items():
             if rows < 1 or not curve or min(curve) < 1 or any(not (c > 0) for c in curve.values()):
                 raise ValueError(f"bad pass-cost table entry for {rows} rows: {dict(curve)}")
+        # sorted once (a decision looks the table up a few dozen times)
+        object.__setattr__(self, "_curves", {rows: tuple(sorted(curve.items())) for rows, curve in self.table.items()})
+        object.__setattr__(self, "_rows", tuple(sorted(self.table)))
 
     @classmethod
     def default(cls) -> "PassCostModel":
@@ -80,8 +83,7 @@ class PassCostModel:
         return cls(table, source)
 
     def _curve_cost(self, rows: int, tokens: float) -> float:
-        curve = sorted(self.table[rows].items())
-        return _interpolate(curve, tokens)
+        return _interpolate(self._curves[rows], tokens)
 
     def pass_cost(self, tokens_per_row: Sequence[int]) -> float:
         """One ragged pass whose rows carry ``tokens_per_row`` new tokens each."""
@@ -89,7 +91,7 @@ class PassCostModel:
         if rows == 0:
             return 0.0
         mean = sum(tokens_per_row) / rows
-        known = sorted(self.table)
+        known = self._rows
         lower = max((r for r in known if r <= rows), default=known[0])
         upper = min((r for r in known if r >= rows), default=None)
         if upper is None:  # more rows than measured: proportional to the rows
@@ -204,7 +206,7 @@ def plan_round(rows: Sequence[RowOption], cost_model: PassCostModel, margin: flo
                     best_k, best = k, value
             if best_k != ks[i]:
                 ks[i], changed = best_k, True
-        if not changed:
+        if not changed or len(rows) == 1:  # one row: the first sweep was exhaustive
             break
     return ks
 

@@ -14,7 +14,6 @@ batching are the EAGLE family's (:class:`~triton_backend.speculation.drafters.ea
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -23,8 +22,9 @@ from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.speculation.drafters.eagle import FeatureDrafter, target_kernel
 from triton_backend.speculation.drafters.eagle3_model import Eagle3Net, load_eagle3
-from triton_backend.engines.torch.weight_gemm import load_weight_gemm
-from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, use_compact_kernel, use_row_kernel
+from triton_backend.engines.torch.weight_gemm import load_weight_gemm, pack_float
+from triton_backend.speculation.drafters.eagle3_step import Eagle3Step
+from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep
 
 
 class Eagle3Drafter(FeatureDrafter):
@@ -58,15 +58,14 @@ class Eagle3Drafter(FeatureDrafter):
         self.relative_cost = params / max(1, target.num_parameters())
         kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
         compact = load_weight_gemm() if kernel is not None and net.stored_dtype in (torch.float16, torch.bfloat16) else None
-        if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers
-            self.net = copy.deepcopy(self.net)
-            if compact is not None:  # the file's 16-bit weights as stored: half the bytes a step reads
-                use_compact_kernel(self.net, compact, net.stored_dtype)
-            else:
-                use_row_kernel(self.net, kernel)
-        self.kernel_name = kernel.name if kernel is not None else "torch"
-        if compact is not None:
-            self.kernel_name += f"+{compact.name}:{str(net.stored_dtype).removeprefix('torch.')}"
+        self._step: Eagle3Step | None = None  # the net's forward on a CPU kernel (eagle3_step.py)
+        if compact is not None:  # the file's 16-bit weights as stored: half the bytes a step reads
+            stored = net.stored_dtype
+            self._step = Eagle3Step(self.net, lambda w: compact.bind(pack_float(w.to(stored).contiguous())),
+                                    f"{compact.name}:{str(stored).removeprefix('torch.')}")
+        elif kernel is not None:
+            self._step = Eagle3Step(self.net, kernel.bind, kernel.name)
+        self.kernel_name = "torch" if self._step is None else f"{kernel.name}+step:{self._step.name}"
 
     @classmethod
     def from_folder(cls, path: str, target: Any) -> "Eagle3Drafter":
@@ -82,13 +81,19 @@ class Eagle3Drafter(FeatureDrafter):
     def _feed_net(self, features: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
                   slots: torch.Tensor | None) -> torch.Tensor:
         # features [B, T, 3H] -> fc -> [B, T, H]; the layer's output g [B, T, H]
+        if self._step is not None:
+            return self._step(self._step.fc(features), embeds, starts, kv, slots=slots)
         return self.net(self.net.fc(features), embeds, starts, kv, slots=slots)
 
     def _step_net(self, hidden: torch.Tensor, embeds: torch.Tensor, starts: torch.Tensor, kv: EagleKV,
                   slots: torch.Tensor | None, tree: TreeStep | None = None) -> torch.Tensor:
+        if self._step is not None:
+            return self._step(hidden, embeds, starts, kv, tree=tree, slots=slots)
         return self.net(hidden, embeds, starts, kv, tree=tree, slots=slots)  # [B, T, H] own outputs in
 
     def _small_logits(self, features: torch.Tensor) -> torch.Tensor:  # g [B, H] -> [B, draft_vocab]
+        if self._step is not None:
+            return self._step.logits(features.contiguous())
         return self.net.logits(features.contiguous()).float()
 
 

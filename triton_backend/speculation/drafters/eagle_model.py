@@ -37,8 +37,7 @@ from torch.nn import functional as F
 
 from triton_backend.speculation.drafters.drafter_file import read_drafter_file
 from triton_backend.engines.torch.llama_forward import rotate
-from triton_backend.engines.torch.row_gemm import BoundGemm, RowGemm
-from triton_backend.engines.torch.weight_gemm import BoundWeightGemm, WeightGemm, pack_float
+from triton_backend.engines.torch.row_gemm import RowGemm
 from triton_backend.core.errors import ModelLoadError
 
 FORMAT = "specbuild-eagle"
@@ -209,42 +208,22 @@ class _Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class _BoundLinear(nn.Module):
-    """An ``nn.Linear`` run on one of the CPU kernels (a bound ``gemm``: ``[M, in] -> [M, out]``
-    float32). It keeps the layer's ``weight`` and ``bias`` parameters under their names
-    (``state_dict`` unchanged); the kernel holds a packed copy made at construction, so later
-    changes to the weights are not seen."""
+class _KernelLinear(nn.Module):
+    """An ``nn.Linear`` run on the target's row kernel, float32 weights in its panels: on one
+    thread the kernel's small-row products cost about half of torch's ``F.linear`` (a drafted
+    token's cost is mostly these products). It keeps the layer's ``weight`` and ``bias``
+    parameters under their names (``state_dict`` unchanged); the kernel holds a packed copy
+    made at construction, so later changes to the weights are not seen."""
 
-    def __init__(self, linear: nn.Linear, gemm: BoundGemm | BoundWeightGemm) -> None:
+    def __init__(self, linear: nn.Linear, kernel: RowGemm) -> None:
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
-        self._gemm = gemm
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self._gemm = kernel.bind(linear.weight.detach().contiguous(), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         lead = x.shape[:-1]
         return self._gemm(x.reshape(-1, x.shape[-1])).view(*lead, self._gemm.n)
-
-
-def _bias(linear: nn.Linear) -> torch.Tensor | None:
-    return None if linear.bias is None else linear.bias.detach().float().contiguous()
-
-
-class _KernelLinear(_BoundLinear):
-    """On the target's row kernel, float32 weights in its panels: on one thread the kernel's
-    small-row products cost about half of torch's ``F.linear`` (a drafted token's cost is mostly
-    these products)."""
-
-    def __init__(self, linear: nn.Linear, kernel: RowGemm) -> None:
-        super().__init__(linear, kernel.bind(linear.weight.detach().contiguous(), _bias(linear)))
-
-
-class _CompactLinear(_BoundLinear):
-    """On the compact-weight kernel with the weight in a 16-bit type (the type the drafter's file
-    stores: its values exactly, in half the bytes of float32; a drafter step at one row is bound by
-    reading them)."""
-
-    def __init__(self, linear: nn.Linear, kernel: WeightGemm, dtype: torch.dtype) -> None:
-        super().__init__(linear, kernel.bind(pack_float(linear.weight.detach().to(dtype).contiguous()), _bias(linear)))
 
 
 def _swap_linears(net: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
@@ -252,12 +231,6 @@ def _swap_linears(net: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> Non
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, make(child))
-
-
-def use_compact_kernel(net: nn.Module, kernel: WeightGemm, dtype: torch.dtype) -> None:
-    """Run every ``nn.Linear`` of ``net`` on the compact-weight ``kernel`` in ``dtype`` (float16
-    or bfloat16; see :class:`_CompactLinear`), in place."""
-    _swap_linears(net, lambda linear: _CompactLinear(linear, kernel, dtype))
 
 
 def use_row_kernel(net: nn.Module, kernel: RowGemm) -> None:
