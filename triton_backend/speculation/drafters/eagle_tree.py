@@ -107,12 +107,12 @@ def _parent_place(row: _Row, parent: int) -> tuple[float, int, list[int]]:
 
 def _greedy_tops(small: torch.Tensor, width: int, vocab: torch.Tensor | None) -> tuple[list[list[int]], list[list[float]]]:
     """The ``width`` likeliest candidates of every row of ``small`` ``[M, C]`` (token ids and log
-    probabilities, as lists): one log-softmax, one top-k and one copy to Python for all the
+    probabilities, as lists): one top-k, one log-sum-exp and one copy to Python for all the
     level's greedy nodes (each row's values are those of the row alone)."""
-    logp = torch.log_softmax(small.float(), -1)
-    top = torch.topk(logp, min(width, logp.shape[-1]))
+    small = small.float()
+    top = torch.topk(small, min(width, small.shape[-1]))  # the log-softmax's order: rank on the logits
     ids = vocab[top.indices] if vocab is not None else top.indices
-    return ids.tolist(), top.values.tolist()
+    return ids.tolist(), (top.values - torch.logsumexp(small, -1, keepdim=True)).tolist()
 
 
 def _greedy_children(row: _Row, parent: int, ids: list[int], logps: list[float]) -> None:
