@@ -101,10 +101,12 @@ def _reference_attention(q, keys, values, start, visible, scale):
     return out
 
 
-@pytest.mark.parametrize("d", [64, 12])
-def test_attention_matches_softmax_and_each_query_equals_a_decode_step(row_gemm, d):
+@pytest.mark.parametrize("d, kv_heads, heads", [(64, 2, 6), (12, 2, 6), (32, 1, 8), (128, 2, 4), (64, 4, 4), (16, 1, 2)])
+def test_attention_matches_softmax_and_each_query_equals_a_decode_step(row_gemm, d, kv_heads, heads):
+    """Every head size and grouping the kernel has a path for (query heads per kv head read
+    together where their accumulators fit in registers, else one (query, head) pair at a time)."""
     gen = torch.Generator().manual_seed(d)
-    kv_heads, heads, positions, start, n = 2, 6, 40, 20, 5
+    positions, start, n = 40, 20, 5
     keys, values = torch.randn(kv_heads, positions, d, generator=gen), torch.randn(kv_heads, positions, d, generator=gen)
     q = torch.randn(n, heads, d, generator=gen)
     scratch, out = torch.empty(positions), torch.empty(n, heads, d)

@@ -331,3 +331,34 @@ def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):
         assert installed is not None and current_cost_model() is installed
     finally:
         install_cost_model(None)
+
+
+def test_a_seeded_sampling_request_does_not_depend_on_the_measured_costs():
+    """Its draft lengths (hence its random stream and output) come from the request alone: two
+    processes (or machines) that measured other pass costs and drafter costs at load give the
+    same output for the same seed. Greedy requests may decide differently (their output is
+    plain decoding's either way)."""
+    from conftest import tiny_engine
+    from triton_backend.core.config import SamplingParams, SpeculationMode
+    from triton_backend.speculation.drafters.ngram import NgramDrafter
+    from triton_backend.speculation.loop import SpeculativeDecoder
+    from triton_backend.speculation.policy import install_cost_model
+
+    target = tiny_engine(0, vocab=32)
+    spec = SpeculationConfig(method=SpeculationMode.NGRAM, draft_length=DraftLengthConfig(num_draft_tokens=4))
+    decoder = SpeculativeDecoder(target, None, drafters={SpeculationMode.NGRAM: NgramDrafter(1, 3)}, speculation=spec)
+    cheap = PassCostModel({1: {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}}, "cheap")  # verifying is free: always draft
+    dear = PassCostModel({1: {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}}, "dear")  # a draft never pays
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    outputs, drafted = [], []
+    try:
+        for model in (cheap, dear):
+            install_cost_model(model)
+            sampled = decoder.generate(prompt, SamplingParams(max_tokens=40, temperature=0.9, seed=3, ignore_eos=True))
+            outputs.append(sampled.token_ids)
+            greedy = decoder.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+            drafted.append(greedy.stats.drafted_tokens)
+    finally:
+        install_cost_model(None)
+    assert outputs[0] == outputs[1]
+    assert drafted[0] > drafted[1] == 0  # the installed costs do decide for the others

@@ -76,7 +76,7 @@ def self_drafter(engine: LlamaEngine, target: Any, self_draft: SelfDraftConfig, 
     if self_draft.layers is None and target_weights is self_draft.precision:
         raise ConfigError(f"self_draft at the target's own precision ({target_weights.value}) with all its layers "
                           "is the target itself: pick a cheaper precision or fewer layers")
-    cost = estimated_cost(self_draft, target_weights, int(target.model.config.num_hidden_layers))
+    cost = nominal = estimated_cost(self_draft, target_weights, int(target.model.config.num_hidden_layers))
     if measure:
         from triton_backend.speculation.pass_cost import measured_step_cost
 
@@ -94,9 +94,11 @@ def self_drafter(engine: LlamaEngine, target: Any, self_draft: SelfDraftConfig, 
     logger.info("self draft %s: %.3f target steps per drafted token, starting acceptance %s, context %s, "
                 "stops below %.2f", engine.name, cost, "the draft-model default" if prior is None else prior,
                 "the draft's" if context is None else f"the target's ({context.scope.value})", self_draft.stop_below)
-    return DraftModelDrafter(engine, target=target, relative_cost=cost,
-                             prior_acceptance=None if prior is None else (prior, prior), context=context,
-                             stop_below=self_draft.stop_below)
+    drafter = DraftModelDrafter(engine, target=target, relative_cost=cost,
+                                prior_acceptance=None if prior is None else (prior, prior), context=context,
+                                stop_below=self_draft.stop_below)
+    drafter.nominal_cost = nominal  # what seeded sampling requests are priced at (controller.reproducible_costs)
+    return drafter
 
 
 __all__ = ["SELF_DRAFT_PRIOR", "STEP_COST", "estimated_cost", "self_draft_engine", "self_drafter"]

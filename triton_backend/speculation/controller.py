@@ -228,20 +228,28 @@ class SpeculationController:
 
 def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: DraftCost | None,
                    session: DrafterSession | None = None, cost_model: PassCostModel | None = None, *,
-                   learned_prior: bool = False) -> SpeculationController:
+                   learned_prior: bool = False, reproducible: bool = False) -> SpeculationController:
     """The controller for one request of ``mode``: the drafter type's prior (``learned_prior``:
     a model drafter's acceptance measured over the deployment's requests,
     :mod:`triton_backend.speculation.shared_prior`), a Medusa round's cost counting its tree's
-    nodes, n-gram lookup's per-match decision hooked into ``session``."""
+    nodes, n-gram lookup's per-match decision hooked into ``session``. ``reproducible`` (a
+    seeded sampling request: its draft lengths, hence its random stream and output, must depend
+    on the request alone): priced by the default pass-cost table and the drafter's nominal cost,
+    never by what this machine measured at load (another process, or another machine, measures
+    other values)."""
     from triton_backend.speculation.drafters.eagle import FeatureDrafter
     from triton_backend.speculation.drafters.medusa import MedusaDrafter
     from triton_backend.speculation.drafters.ngram import NgramSession
 
+    if reproducible:
+        cost_model = PassCostModel.default()
     if drafter is None:
         return SpeculationController(config, 0.0, cost_model=cost_model)
+    relative_cost = float(getattr(drafter, "nominal_cost", drafter.relative_cost) if reproducible
+                          else drafter.relative_cost)
     if isinstance(drafter, MedusaDrafter):
         depths = list(drafter.depths)
-        per_depth = drafter.relative_cost / max(1, max(depths, default=1))
+        per_depth = relative_cost / max(1, max(depths, default=1))
         return SpeculationController(config, per_depth, kind=DrafterKind.MEDUSA, cost_model=cost_model,
                                      verify_tokens=lambda k: 1 + sum(1 for d in depths if d <= k),
                                      shared=_shared(drafter, DrafterKind.MEDUSA, learned_prior))
@@ -251,7 +259,7 @@ def controller_for(config: SpeculationConfig, mode: SpeculationMode, drafter: Dr
     tree = None
     if isinstance(drafter, FeatureDrafter) and mode is not SpeculationMode.NGRAM and config.eagle.tree:
         tree = TreeModel(config.eagle.max_tree_nodes, config.eagle.tree_top_k, config.draft_length.num_draft_tokens)
-    controller = SpeculationController(config, drafter.relative_cost, kind=kind, cost_model=cost_model, shared=shared,
+    controller = SpeculationController(config, relative_cost, kind=kind, cost_model=cost_model, shared=shared,
                                        tree=tree, drafter_prior=own_prior)
     if isinstance(session, NgramSession):
         session.policy = controller.attach_match_policy()

@@ -349,6 +349,7 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
             except SlotsExhaustedError:
                 cost = None
             if cost is not None:
+                drafter.nominal_cost = getattr(drafter, "nominal_cost", drafter.relative_cost)  # the parameter ratio
                 drafter.relative_cost = cost
 
 

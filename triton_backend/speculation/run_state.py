@@ -74,7 +74,8 @@ class RunState:
         # greedy and unseeded requests start from the drafter's acceptance measured over the
         # deployment's requests; a seeded sampling request's draft lengths depend on it alone
         learned = self.processor.greedy or params.seed is None
-        self.controller = controller_for(spec, mode, drafter, self.drafter_session, learned_prior=learned)
+        self.controller = controller_for(spec, mode, drafter, self.drafter_session, learned_prior=learned,
+                                         reproducible=not learned)
         self.use_drafter = drafter is not None
         # auto: the n-gram match beside the model drafter, chosen per round (auto_source.py)
         self.auto = None

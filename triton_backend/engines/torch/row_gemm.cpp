@@ -201,7 +201,7 @@ static void gemm_panels(const float* x, int64_t M, int64_t K, const float* p, co
 
 /* Helper threads (specbuild_set_threads). specbuild_pool_run(fn, args, count) splits [0, count) into
    near-equal ranges, one per thread (the caller takes the first), and returns when all are done: the
-   matmul splits its panels, the attention its (query, head) pairs, the compact-weight kernel
+   matmul splits its panels, the attention its (query, kv head) groups or (query, head) pairs, the compact-weight kernel
    (weight_gemm.cpp, given this function's address) its panels. Each unit is computed by one thread
    with the code it runs alone, so results have the same bits whatever the thread count. Helpers wait
    for work spinning (a pass's calls follow each other within microseconds), yielding after YIELD_US,
@@ -398,9 +398,63 @@ struct AttentionArgs {
     float* out;
 };
 
+/* Scores of the visible positions into scratch (dot product: NC lane-wise FMAs over d = NC * LANES,
+   then hsum, then the scale; nc = 0: any d, through dot()); returns their maximum. */
+template <int NC>
+static float scores(const float* qh, const float* kh, int64_t d, int64_t last, const unsigned char* seen,
+                    float scale, float* scratch) {
+    float top = -__builtin_inff();
+    vec q[NC > 0 ? NC : 1];
+    for (int c = 0; c < NC; ++c) q[c] = vload(qh + c * LANES);
+    for (int64_t l = 0; l <= last; ++l) {
+        if (seen && !seen[l]) continue;
+        float sc;
+        if (NC > 0) {  /* the same FMAs as dot(), the query held in registers */
+            const float* kl = kh + l * d;
+            vec acc = vzero();
+            for (int c = 0; c < NC; ++c) acc = vfma(q[c], vload(kl + c * LANES), acc);
+            sc = hsum(acc) * scale;
+        } else {
+            sc = dot(qh, kh + l * d, d) * scale;
+        }
+        scratch[l] = sc;
+        top = sc > top ? sc : top;
+    }
+    return top;
+}
+
+/* o = the visible positions' values weighted by scratch[l] / total, accumulated in ascending l (lane-wise
+   FMAs from zero: the same bits as the scalar loop); NC > 0: d = NC * LANES, held in registers. */
+template <int NC>
+static void weighted_values(const float* scratch, float total, const float* vh, int64_t d, int64_t last,
+                            const unsigned char* seen, float* o) {
+    if (NC > 0) {
+        vec acc[NC > 0 ? NC : 1];
+        for (int c = 0; c < NC; ++c) acc[c] = vzero();
+        for (int64_t l = 0; l <= last; ++l) {
+            if (seen && !seen[l]) continue;
+            const vec pv = vset1(scratch[l] / total);
+            const float* vl = vh + l * d;
+            for (int c = 0; c < NC; ++c) acc[c] = vfma(pv, vload(vl + c * LANES), acc[c]);
+        }
+        for (int c = 0; c < NC; ++c) vstore(o + c * LANES, acc[c]);
+        return;
+    }
+    for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+    const int64_t DV = d - d % LANES;
+    for (int64_t l = 0; l <= last; ++l) {
+        if (seen && !seen[l]) continue;
+        const float p = scratch[l] / total;
+        const float* vl = vh + l * d;
+        const vec pv = vset1(p);
+        for (int64_t c = 0; c < DV; c += LANES) vstore(o + c, vfma(pv, vload(vl + c), vload(o + c)));
+        for (int64_t c = DV; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
+    }
+}
+
 /* pairs [lo, hi) of (query i, head h) = i * heads + h; scratch of this thread's own */
-void attention_range(const void* a, int64_t lo, int64_t hi, int) {
-    const AttentionArgs& t = *(const AttentionArgs*)a;
+template <int NC>
+void attention_pairs(const AttentionArgs& t, int64_t lo, int64_t hi) {
     const int64_t L = t.start + t.n, g = t.heads / t.kv_heads, d = t.d, S = t.S;
     thread_local std::vector<float> buffer;
     if ((int64_t)buffer.size() < L) buffer.resize(L);
@@ -412,14 +466,7 @@ void attention_range(const void* a, int64_t lo, int64_t hi, int) {
         const float* qh = t.q + (i * t.heads + h) * d;
         const float* kh = t.keys + (h / g) * S * d;
         const float* vh = t.values + (h / g) * S * d;
-        float* o = t.out + (i * t.heads + h) * d;
-        float top = -__builtin_inff();
-        for (int64_t l = 0; l <= last; ++l) {
-            if (seen && !seen[l]) continue;
-            const float sc = dot(qh, kh + l * d, d) * t.scale;
-            scratch[l] = sc;
-            top = sc > top ? sc : top;
-        }
+        const float top = scores<NC>(qh, kh, d, last, seen, t.scale, scratch);
         if (seen)
             for (int64_t l = 0; l <= last; ++l) if (!seen[l]) scratch[l] = top;  /* finite; skipped below */
         exp_shifted(scratch, last + 1, top);
@@ -428,16 +475,90 @@ void attention_range(const void* a, int64_t lo, int64_t hi, int) {
             if (seen && !seen[l]) continue;
             total += scratch[l];
         }
-        for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
-        const int64_t DV = d - d % LANES;
+        weighted_values<NC>(scratch, total, vh, d, last, seen, t.out + (i * t.heads + h) * d);
+    }
+}
+
+/* units [lo, hi) of (query i, kv head k) = i * kv_heads + k: the G query heads reading kv head k, each
+   computed as attention_pairs computes it (the same operations in the same order), their sums and
+   weighted values interleaved (G independent chains: the adds' and FMAs' latency hidden) and each
+   value row read once for the G heads; d = NC * LANES, G * NC vectors held in registers */
+template <int NC, int G>
+void attention_groups(const AttentionArgs& t, int64_t lo, int64_t hi) {
+    const int64_t L = t.start + t.n, d = t.d, S = t.S;
+    thread_local std::vector<float> buffer;
+    if ((int64_t)buffer.size() < G * L) buffer.resize(G * L);
+    float* scratch = buffer.data();
+    for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t i = unit / t.kv_heads, k = unit % t.kv_heads;
+        const unsigned char* seen = t.vis ? t.vis + i * L : 0;
+        const int64_t last = t.vis ? L - 1 : t.start + i;
+        const float* kh = t.keys + k * S * d;
+        const float* vh = t.values + k * S * d;
+        float total[G];
+        for (int h = 0; h < G; ++h) {
+            float* sh = scratch + h * L;
+            const float top = scores<NC>(t.q + (i * t.heads + k * G + h) * d, kh, d, last, seen, t.scale, sh);
+            if (seen)
+                for (int64_t l = 0; l <= last; ++l) if (!seen[l]) sh[l] = top;
+            exp_shifted(sh, last + 1, top);
+            total[h] = 0.0f;
+        }
         for (int64_t l = 0; l <= last; ++l) {
             if (seen && !seen[l]) continue;
-            const float p = scratch[l] / total;
-            const float* vl = vh + l * d;
-            const vec pv = vset1(p);  /* lane-wise FMA: the same bits as the scalar loop */
-            for (int64_t c = 0; c < DV; c += LANES) vstore(o + c, vfma(pv, vload(vl + c), vload(o + c)));
-            for (int64_t c = DV; c < d; ++c) o[c] = __builtin_fmaf(p, vl[c], o[c]);
+            for (int h = 0; h < G; ++h) total[h] += scratch[h * L + l];
         }
+        vec acc[G][NC];
+        for (int h = 0; h < G; ++h)
+            for (int c = 0; c < NC; ++c) acc[h][c] = vzero();
+        for (int64_t l = 0; l <= last; ++l) {
+            if (seen && !seen[l]) continue;
+            const float* vl = vh + l * d;
+            vec v[NC];
+            for (int c = 0; c < NC; ++c) v[c] = vload(vl + c * LANES);
+            for (int h = 0; h < G; ++h) {
+                const vec pv = vset1(scratch[h * L + l] / total[h]);
+                for (int c = 0; c < NC; ++c) acc[h][c] = vfma(pv, v[c], acc[h][c]);
+            }
+        }
+        for (int h = 0; h < G; ++h)
+            for (int c = 0; c < NC; ++c) vstore(t.out + (i * t.heads + k * G + h) * d + c * LANES, acc[h][c]);
+    }
+}
+
+/* the grouped kernel for this shape (G * NC <= 16 vectors of accumulators), or 0 */
+typedef void (*units_fn)(const AttentionArgs&, int64_t, int64_t);
+static units_fn grouped_kernel(int64_t d, int64_t g) {
+    if (d == 2 * LANES) {
+        static const units_fn k2[] = {attention_groups<2, 1>, attention_groups<2, 2>, attention_groups<2, 3>,
+                                      attention_groups<2, 4>, attention_groups<2, 5>, attention_groups<2, 6>,
+                                      attention_groups<2, 7>, attention_groups<2, 8>};
+        return g >= 1 && g <= 8 ? k2[g - 1] : 0;
+    }
+    if (d == 4 * LANES) {
+        static const units_fn k4[] = {attention_groups<4, 1>, attention_groups<4, 2>, attention_groups<4, 3>,
+                                      attention_groups<4, 4>};
+        return g >= 1 && g <= 4 ? k4[g - 1] : 0;
+    }
+    if (d == 8 * LANES) {
+        static const units_fn k8[] = {attention_groups<8, 1>, attention_groups<8, 2>};
+        return g >= 1 && g <= 2 ? k8[g - 1] : 0;
+    }
+    return 0;
+}
+
+void attention_range(const void* a, int64_t lo, int64_t hi, int) {
+    const AttentionArgs& t = *(const AttentionArgs*)a;
+    units_fn grouped = grouped_kernel(t.d, t.heads / t.kv_heads);
+    if (grouped) {
+        grouped(t, lo, hi);
+        return;
+    }
+    switch (t.d == 2 * LANES ? 2 : t.d == 4 * LANES ? 4 : t.d == 8 * LANES ? 8 : 0) {
+        case 2: attention_pairs<2>(t, lo, hi); break;
+        case 4: attention_pairs<4>(t, lo, hi); break;
+        case 8: attention_pairs<8>(t, lo, hi); break;
+        default: attention_pairs<0>(t, lo, hi);
     }
 }
 }  // namespace
@@ -453,5 +574,6 @@ extern "C" void specbuild_row_attention(const float* q, int64_t n, int64_t heads
                                         const float* keys, const float* values, int64_t S, int64_t start,
                                         const unsigned char* vis, float scale, float* out, float*) {
     const AttentionArgs args{q, n, heads, kv_heads, d, keys, values, S, start, vis, scale, out};
-    specbuild_pool_run(attention_range, &args, n * heads);
+    /* work units: (query, kv head) groups where a grouped kernel fits the shape, else (query, head) pairs */
+    specbuild_pool_run(attention_range, &args, grouped_kernel(d, heads / kv_heads) ? n * kv_heads : n * heads);
 }
