@@ -97,7 +97,7 @@ def self_drafter(engine: LlamaEngine, target: Any, self_draft: SelfDraftConfig, 
     drafter = DraftModelDrafter(engine, target=target, relative_cost=cost,
                                 prior_acceptance=None if prior is None else (prior, prior), context=context,
                                 stop_below=self_draft.stop_below)
-    drafter.nominal_cost = nominal  # what seeded sampling requests are priced at (controller.reproducible_costs)
+    drafter.nominal_cost = nominal  # what seeded sampling requests are priced at (controller_for, reproducible)
     return drafter
 
 

@@ -117,6 +117,7 @@ class DraftModelDrafter:
         if relative_cost is None:
             relative_cost = engine.num_parameters() / max(1, target.num_parameters())
         self.relative_cost = float(relative_cost)
+        self.nominal_cost = self.relative_cost  # not from a load-time measurement (seeded sampling is priced by it)
         # the gain rule's starting acceptance (first position, later ones) for this drafter; None:
         # the draft-model type's (policy.PRIOR_ACCEPTANCE). A draft known to agree closely (the
         # target quantized) starts higher, or at its low cost it would never draft, so never learn.
