@@ -167,17 +167,15 @@ def measure_seconds(engine: Any, budget_s: float = 5.0) -> dict[tuple[int, int],
         cells = [(r, t) for r, t in CELLS if r <= len(slots) and (r, t) != (1, 1)]
         ratios: dict[tuple[int, int], list[float]] = {}
         steps: list[float] = []
-        for sweep in range(SWEEPS):
+        for _ in range(SWEEPS):
             for rows, tokens in cells:
-                if time.perf_counter() > deadline and (sweep or ratios):
+                if time.perf_counter() > deadline and ratios:  # the first cell is always measured
                     break
                 step, cell = _fastest_in_turn(lambda: _time_pass(engine, slots[:1], 1),
                                               lambda: _time_pass(engine, slots[:rows], tokens), warmup=0,
                                               repeats=REPEATS)
                 steps.append(step)
                 ratios.setdefault((rows, tokens), []).append(cell / step)
-        if not steps:
-            steps.append(min(_time_pass(engine, slots[:1], 1) for _ in range(REPEATS)))
         early, late = min(steps[:max(1, len(steps) // 2)]), min(steps[len(steps) // 2:])
         if max(early, late) / min(early, late) > 1 + STABLE:  # the fastest step of each half: jitter aside
             raise NoisyMeasurementError(f"the 1-token step moved from {early * 1e3:.1f} ms to {late * 1e3:.1f} ms "
@@ -350,7 +348,6 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
             except SlotsExhaustedError:
                 cost = None
             if cost is not None:
-                drafter.nominal_cost = getattr(drafter, "nominal_cost", drafter.relative_cost)  # the parameter ratio
                 drafter.relative_cost = cost
 
 

@@ -423,6 +423,16 @@ static float scores(const float* qh, const float* kh, int64_t d, int64_t last, c
     return top;
 }
 
+/* scratch = exp(score - max) over the visible positions (the hidden ones set finite: skipped after) */
+template <int NC>
+static void shifted_exps(const float* qh, const float* kh, int64_t d, int64_t last, const unsigned char* seen,
+                         float scale, float* scratch) {
+    const float top = scores<NC>(qh, kh, d, last, seen, scale, scratch);
+    if (seen)
+        for (int64_t l = 0; l <= last; ++l) if (!seen[l]) scratch[l] = top;
+    exp_shifted(scratch, last + 1, top);
+}
+
 /* o = the visible positions' values weighted by scratch[l] / total, accumulated in ascending l (lane-wise
    FMAs from zero: the same bits as the scalar loop); NC > 0: d = NC * LANES, held in registers. */
 template <int NC>
@@ -466,10 +476,7 @@ void attention_pairs(const AttentionArgs& t, int64_t lo, int64_t hi) {
         const float* qh = t.q + (i * t.heads + h) * d;
         const float* kh = t.keys + (h / g) * S * d;
         const float* vh = t.values + (h / g) * S * d;
-        const float top = scores<NC>(qh, kh, d, last, seen, t.scale, scratch);
-        if (seen)
-            for (int64_t l = 0; l <= last; ++l) if (!seen[l]) scratch[l] = top;  /* finite; skipped below */
-        exp_shifted(scratch, last + 1, top);
+        shifted_exps<NC>(qh, kh, d, last, seen, t.scale, scratch);
         float total = 0.0f;
         for (int64_t l = 0; l <= last; ++l) {
             if (seen && !seen[l]) continue;
@@ -497,11 +504,7 @@ void attention_groups(const AttentionArgs& t, int64_t lo, int64_t hi) {
         const float* vh = t.values + k * S * d;
         float total[G];
         for (int h = 0; h < G; ++h) {
-            float* sh = scratch + h * L;
-            const float top = scores<NC>(t.q + (i * t.heads + k * G + h) * d, kh, d, last, seen, t.scale, sh);
-            if (seen)
-                for (int64_t l = 0; l <= last; ++l) if (!seen[l]) sh[l] = top;
-            exp_shifted(sh, last + 1, top);
+            shifted_exps<NC>(t.q + (i * t.heads + k * G + h) * d, kh, d, last, seen, t.scale, scratch + h * L);
             total[h] = 0.0f;
         }
         for (int64_t l = 0; l <= last; ++l) {
@@ -526,21 +529,25 @@ void attention_groups(const AttentionArgs& t, int64_t lo, int64_t hi) {
     }
 }
 
+/* d in vectors where the register paths take it (2, 4 or 8 vectors), else 0 */
+static int vectors_of(int64_t d) { return d == 2 * LANES ? 2 : d == 4 * LANES ? 4 : d == 8 * LANES ? 8 : 0; }
+
 /* the grouped kernel for this shape (G * NC <= 16 vectors of accumulators), or 0 */
 typedef void (*units_fn)(const AttentionArgs&, int64_t, int64_t);
 static units_fn grouped_kernel(int64_t d, int64_t g) {
-    if (d == 2 * LANES) {
+    const int nc = vectors_of(d);
+    if (nc == 2) {
         static const units_fn k2[] = {attention_groups<2, 1>, attention_groups<2, 2>, attention_groups<2, 3>,
                                       attention_groups<2, 4>, attention_groups<2, 5>, attention_groups<2, 6>,
                                       attention_groups<2, 7>, attention_groups<2, 8>};
         return g >= 1 && g <= 8 ? k2[g - 1] : 0;
     }
-    if (d == 4 * LANES) {
+    if (nc == 4) {
         static const units_fn k4[] = {attention_groups<4, 1>, attention_groups<4, 2>, attention_groups<4, 3>,
                                       attention_groups<4, 4>};
         return g >= 1 && g <= 4 ? k4[g - 1] : 0;
     }
-    if (d == 8 * LANES) {
+    if (nc == 8) {
         static const units_fn k8[] = {attention_groups<8, 1>, attention_groups<8, 2>};
         return g >= 1 && g <= 2 ? k8[g - 1] : 0;
     }
@@ -554,7 +561,7 @@ void attention_range(const void* a, int64_t lo, int64_t hi, int) {
         grouped(t, lo, hi);
         return;
     }
-    switch (t.d == 2 * LANES ? 2 : t.d == 4 * LANES ? 4 : t.d == 8 * LANES ? 8 : 0) {
+    switch (vectors_of(t.d)) {
         case 2: attention_pairs<2>(t, lo, hi); break;
         case 4: attention_pairs<4>(t, lo, hi); break;
         case 8: attention_pairs<8>(t, lo, hi); break;

@@ -256,6 +256,7 @@ class EagleDrafter(FeatureDrafter):
         self.head = head[self.vocab] if self.vocab is not None else head
         layer = sum(p.numel() for p in self.net.parameters())
         self.relative_cost = (layer + self.head.numel()) / max(1, target.num_parameters())
+        self.nominal_cost = self.relative_cost  # the parameter ratio: seeded sampling is priced by it
         kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
         self._head_gemm: BoundGemm | None = None
         if kernel is not None:  # on a copy: the caller's net (one being trained, say) keeps torch's layers

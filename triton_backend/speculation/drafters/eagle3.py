@@ -56,6 +56,7 @@ class Eagle3Drafter(FeatureDrafter):
         self.vocab = (torch.arange(info.draft_vocab_size, device=self.device) + self.net.d2t).to(torch.long)
         params = sum(p.numel() for p in self.net.parameters())
         self.relative_cost = params / max(1, target.num_parameters())
+        self.nominal_cost = self.relative_cost  # the parameter ratio: seeded sampling is priced by it
         kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
         compact = load_weight_gemm() if kernel is not None and net.stored_dtype in (torch.float16, torch.bfloat16) else None
         self._step: Eagle3Step | None = None  # the net's forward on a CPU kernel (eagle3_step.py)

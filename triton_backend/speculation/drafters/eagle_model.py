@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -226,16 +226,12 @@ class _KernelLinear(nn.Module):
         return self._gemm(x.reshape(-1, x.shape[-1])).view(*lead, self._gemm.n)
 
 
-def _swap_linears(net: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+def use_row_kernel(net: nn.Module, kernel: RowGemm) -> None:
+    """Run every ``nn.Linear`` of ``net`` on ``kernel`` (see :class:`_KernelLinear`), in place."""
     for module in list(net.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, make(child))
-
-
-def use_row_kernel(net: nn.Module, kernel: RowGemm) -> None:
-    """Run every ``nn.Linear`` of ``net`` on ``kernel`` (see :class:`_KernelLinear`), in place."""
-    _swap_linears(net, lambda linear: _KernelLinear(linear, kernel))
+                setattr(module, name, _KernelLinear(child, kernel))
 
 
 class EagleNet(nn.Module):
