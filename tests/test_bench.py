@@ -47,16 +47,18 @@ def test_bench_shows_chain_tree_and_auto_side_by_side(tmp_path):
     config = BenchConfig(eagle=str(eagle), workloads=("chat", "copy"), prompts_per_workload=1, max_tokens=8, repeats=1,
                          ngram_k=(4,), auto_unmerged=True, peer=False, plot=False, out_dir=tmp_path, label="t")
     run = run_bench(config)
-    assert run.rows == ["plain", "ngram k=4", "eagle k=3", "eagle tree k=3", "auto", "auto unmerged"]
-    assert [run.row_info[r].get("strategy") for r in run.rows] == [None, "chain", "chain", "tree", "auto", "auto"]
+    assert run.rows == ["plain", "ngram k=4", "eagle k=3", "eagle tree k=3", "eagle tree 4x11 always", "auto", "auto unmerged"]
+    assert [run.row_info[r].get("strategy") for r in run.rows] == [None, "chain", "chain", "tree", "tree-always", "auto",
+                                                                    "auto"]
     assert [run.row_info[r]["merge_lookup"] for r in ("auto", "auto unmerged")] == [True, False]
     summary = summarize(run)
     rows = {(e["workload"], e["row"]): e for e in summary["rows"]}
-    assert all(rows[("all", r)]["identical_to_plain"] for r in ("auto", "auto unmerged", "eagle k=3", "eagle tree k=3"))
+    eagle_rows = ("eagle k=3", "eagle tree k=3", "eagle tree 4x11 always")
+    assert all(rows[("all", r)]["identical_to_plain"] for r in ("auto", "auto unmerged", *eagle_rows))
     headline = json.loads(write_report(summary, tmp_path, "t", tmp_path / "headline.json")["headline"].read_text())
     assert {"auto_all_x_plain", "worst_speculative_row_x_plain", "eagle_tokens_per_pass"} <= set(headline)
     assert headline["auto_all_x_plain"] == pytest.approx(rows[("all", "auto")]["speedup_vs_plain"], abs=1e-4)
-    best = max(rows[("all", r)]["tokens_per_target_pass"] for r in ("eagle k=3", "eagle tree k=3"))
+    best = max(rows[("all", r)]["tokens_per_target_pass"] for r in eagle_rows)
     assert headline["eagle_tokens_per_pass"] == pytest.approx(best, abs=1e-4)
 
 
@@ -152,3 +154,14 @@ def test_peer_rows_run_on_the_threads_they_are_given():
     with torch_threads(3):
         assert torch.get_num_threads() == 3
     assert torch.get_num_threads() == before
+
+
+def test_the_always_tree_flag_parses_depth_by_nodes():
+    import argparse
+
+    from builder.cli.bench import _depth_nodes
+
+    assert _depth_nodes("4x11") == (4, 11) and _depth_nodes("3X8") == (3, 8) and _depth_nodes("none") is None
+    for bad in ("4", "x11", "4x0", "fourx11"):
+        with pytest.raises(argparse.ArgumentTypeError, match="DEPTHxNODES"):
+            _depth_nodes(bad)

@@ -21,7 +21,7 @@ from triton_backend.speculation.drafters.eagle import EagleDrafter
 from triton_backend.speculation.drafters.eagle_tree import TreeShape, draw_without_replacement
 from triton_backend.speculation.loop import SpeculativeDecoder
 from triton_backend.speculation.policy import PassCostModel, plan_round
-from triton_backend.speculation.tree_plan import TreeModel, TreeRecord, best_nodes
+from triton_backend.speculation.tree_plan import BEST_FIRST, TreeModel, TreeRecord, best_nodes
 from triton_backend.speculation.tree_verify import verify_tree_multidraft
 
 GREEDY = LogitsProcessor()
@@ -248,38 +248,52 @@ def test_reference_drafter_greedy_trees_identical_to_plain(reference, reference_
 # -- sizing --------------------------------------------------------------------------------------
 
 
-def test_best_nodes_are_best_first_and_shapes_follow():
-    nodes = best_nodes([0.8, 0.7, 0.6], [1.0, 0.3], 6)
-    probs = [n.prob for n in nodes]
-    assert probs == sorted(probs, reverse=True)
-    assert (nodes[0].depth, nodes[0].rank) == (1, 0) and nodes[0].prob == pytest.approx(0.8)
-    assert nodes[1].prob == pytest.approx(0.56)  # depth 2 first choice beats depth 1 second (0.24)
-    model = TreeModel(12, 4, 6)
-    assert model.shape([0.9] * 6, 3) == TreeShape(3, 1, 3)  # a confident drafter: a chain
-    weak = model.shape([0.3] * 6, 6)
-    assert weak.top_k > 1 and weak.depth < 6  # an unsure one: wider
+def test_best_nodes_are_the_table_scaled_best_first_and_shapes_follow():
+    nodes = best_nodes(BEST_FIRST[0], 6, 4)
+    assert [n.prob for n in nodes] == pytest.approx(list(BEST_FIRST[:6]))  # the drafter measured: the table
+    weak = best_nodes(BEST_FIRST[0] / 2, 6, 4)
+    assert [n.prob for n in weak] == pytest.approx([p / 2 for p in BEST_FIRST[:6]])
+    strong = best_nodes(0.8, 6, 4)
+    assert strong[0].prob == pytest.approx(0.8) and strong[1].prob == pytest.approx(BEST_FIRST[1] * 0.8 / BEST_FIRST[0])
+    assert best_nodes(0.5, 6, 4, kappa=3.0)[0].prob == 1.0  # a probability, and never rising
+    assert all(n.depth <= 2 for n in best_nodes(0.5, 12, 2))
+    model = TreeModel(11, 4, 4)
+    assert model.shape([0.5] * 4, 1) == TreeShape(1, 1, 1)  # one node: the first choice
+    assert model.shape([0.5] * 4, 3) == TreeShape(3, 3, 3)  # the 3 best of a depth-4 top-4 tree
+    assert model.shape([0.5] * 4, 11) == TreeShape(4, 4, 11)
+    assert model.shape([0.5] * 4, 0) is None
 
 
 def test_a_request_alone_drafts_a_tree_and_a_loaded_batch_less():
-    """The measured CPU pass costs: a lone request with the reference drafter's acceptance
-    drafts a tree of ~8-12 nodes; in a batch of 8 the same rows draft fewer nodes each."""
-    cost = PassCostModel({1: {1: 1.0, 2: 0.95, 4: 1.04, 8: 1.10, 12: 1.15, 16: 2.1},
+    """The measured CPU pass costs: a lone request with the drafter's measured acceptance
+    drafts a tree filling the kernel's sweep (12 rows); in a batch of 8 each row drafts fewer."""
+    cost = PassCostModel({1: {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.1, 12: 1.12, 13: 1.4, 16: 1.5},
                           8: {1: 1.37, 2: 2.12, 4: 3.94, 8: 6.95}}, "pass-cost-cpu.md")
-    model = TreeModel(12, 4, 6)
-    option = model.option([0.45, 0.55, 0.6, 0.6, 0.6, 0.6], draft_cost=0.05)
+    model = TreeModel(16, 4, 4)
+    option = model.option([BEST_FIRST[0]] * 4, draft_cost=0.04)
     alone = plan_round([option], cost)[0]
-    assert 8 <= alone <= 12
+    assert alone == 11  # a 13-token pass takes a second sweep: not worth its 12th node
     loaded = plan_round([option] * 8, cost)
     assert max(loaded) < alone
+    weak = model.option([0.1] * 4, draft_cost=0.04)
+    assert plan_round([weak], cost)[0] < alone  # a drafter doing badly here drafts less, or nothing
 
 
-def test_tree_record():
+def test_tree_record_and_calibration():
     # root children 0 (rank 0), 1 (rank 1); node 0's children 2 (rank 0), 3 (rank 1); node 2's child 4
     parents, ranks = [-1, -1, 0, 0, 2], [0, 1, 0, 1, 0]
     record = TreeRecord.of(parents, ranks, [0, 3])
-    assert (record.chain_drafted, record.chain_accepted) == (3, 1)
-    assert record.visits == ((2, 0), (2, 1))  # node 3 has no children: no visit
-    assert TreeRecord.of(parents, ranks, []).visits == ((2, -1),)
+    assert (record.chain_drafted, record.chain_accepted, record.accepted_nodes) == (3, 1, 2)
+    assert TreeRecord.of(parents, ranks, []).accepted_nodes == 0
+    model = TreeModel(11, 4, 4)
+    before = model.option([0.5] * 4, 0.04).prefix_probs
+    for _ in range(10):  # rounds accepting more than the table expects raise every node's value
+        model.shape([0.5] * 4, 4)
+        model.record(TreeRecord(4, 2, 4))
+    after = model.option([0.5] * 4, 0.04).prefix_probs
+    assert all(a >= b for a, b in zip(after, before)) and after[3] > before[3]
+    model.record(TreeRecord(4, 0, 0))  # a record without a shaped round before it teaches nothing
+    assert model.option([0.5] * 4, 0.04).prefix_probs == after
 
 
 # -- the batch scheduler -------------------------------------------------------------------------
@@ -392,9 +406,9 @@ def test_a_tree_step_over_a_chain_equals_the_chain_step(layout):
 
 
 def test_controller_tree_shapes():
-    """Fixed drafting: the configured tree at depth k; the gain rule: the tree model's shape
-    of k nodes (a chain when its best nodes are first choices); trees off: always chains. A
-    tree round teaches the chain estimate its first-choice chain and the model its siblings."""
+    """Fixed drafting: the configured tree at depth k; the gain rule: a tree of k nodes (a
+    chain for one); trees off: always chains. A tree round teaches the chain estimate its
+    first-choice chain and the model how many of its nodes were accepted."""
     from triton_backend.speculation.controller import controller_for
 
     target = tiny_engine(0)
@@ -404,11 +418,11 @@ def test_controller_tree_shapes():
     off = controller_for(_tree_spec(3, tree=False), SpeculationMode.EAGLE, drafter)
     assert off.tree is None and off.tree_shape(3) is None
     gain = controller_for(_tree_spec(4, FallbackConfig(prior_acceptance=0.4)), SpeculationMode.EAGLE, drafter)
-    assert gain.policy.max_k == 12  # a round's k counts nodes
+    assert gain.policy.max_k == 11  # a round's k counts nodes (max_tree_nodes)
     conditional = gain.policy.estimate.conditional()
     assert gain.tree_shape(1) is None  # one node: the first choice, a chain
-    assert gain.tree_shape(6) == gain.tree.shape(conditional, 6) and gain.tree_shape(6).top_k > 1
-    before = gain.tree.siblings.factors()[1]
-    gain.record(2, 1, TreeRecord(chain_drafted=2, chain_accepted=0, visits=((3, 1),) * 5))
-    assert gain.tree.siblings.factors()[1] > before
+    assert gain.tree_shape(6) == gain.tree.shape(conditional, 6) == TreeShape(4, 4, 6)
+    before = gain.tree.calibration.factor()
+    gain.record(2, 1, TreeRecord(chain_drafted=2, chain_accepted=0, accepted_nodes=4))
+    assert gain.tree.calibration.factor() > before  # 4 nodes accepted: more than the table expected of 6
     assert gain.policy.estimate.rejected[0] > 0  # the first choice failed at depth 1

@@ -50,7 +50,7 @@ def test_merged_record_counts_the_drafter_nodes_and_the_match_apart():
     parents, ranks, lookup = [-1, -1, 0, 0, 3, 4], [0, 1, 0, 1, -1, -1], [True, False, False, True, True, True]
     record = TreeRecord.of(parents, ranks, [0, 3, 4], lookup)
     assert (record.chain_drafted, record.chain_accepted) == (2, 1)  # the drafter's first choices: 5, 7
-    assert record.visits == ((2, 0), (2, 1))  # the match-only node 4 is no visit of the drafter's
+    assert record.accepted_nodes == 2  # nodes 0 and 3 are the drafter's; the match-only node 4 is not
     assert (record.lookup_drafted, record.lookup_accepted, record.path_length) == (4, 3, 3)
 
 

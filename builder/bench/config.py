@@ -30,7 +30,8 @@ class BenchConfig:
     medusa_tree_size: int | None = 7  # the first nodes of the file's tree (7 + 1 rows fit one packed GEMM); None: all
     eagle: str | None = None  # an EAGLE drafter file or folder (adds eagle rows)
     eagle_k: tuple[int, ...] = (3,)
-    eagle_tree_nodes: int = 12  # a dynamic-tree EAGLE row beside each chain row, trees of at most this many nodes; 0: none
+    eagle_tree_nodes: int = 11  # a dynamic-tree EAGLE row beside each chain row, trees of at most this many nodes; 0: none
+    eagle_always_tree: tuple[int, int] | None = (4, 11)  # an EAGLE row drafting this (depth, nodes) tree every round; None: none
     prompts_file: Path = DEFAULT_PROMPTS
     workloads: tuple[str, ...] = ("chat", "code", "copy")
     prompts_per_workload: int = 5

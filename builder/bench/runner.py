@@ -17,7 +17,8 @@ from typing import Iterator
 
 from builder.bench.config import BenchConfig, BenchPrompt, BenchRun
 from builder.bench.rows import OursRow, PeerRow, Row, TritonRow, run_sample
-from triton_backend.core.config import DraftLengthConfig, EagleConfig, RuntimeConfig, SpeculationConfig, SpeculationMode
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig, SpeculationConfig,
+                                        SpeculationMode)
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.loop import SpeculativeDecoder
@@ -82,6 +83,12 @@ def eagle_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
                                                                                 draft_length=length, eagle=tree),
                                 {"kind": "ours", "method": "eagle", "k": k, "strategy": "tree",
                                  "max_tree_nodes": tree.max_tree_nodes, **named}))
+    if config.eagle_always_tree is not None:  # the same tree every round: no pause, no sizing
+        depth, nodes = config.eagle_always_tree
+        rows.append(OursRow(f"eagle tree {depth}x{nodes} always", decoder, SpeculationConfig(
+            method=SpeculationMode.EAGLE, draft_length=DraftLengthConfig(num_draft_tokens=depth),
+            fallback=FallbackConfig(enabled=False), eagle=EagleConfig(tree=True, max_tree_nodes=nodes)),
+            {"kind": "ours", "method": "eagle", "k": depth, "strategy": "tree-always", "max_tree_nodes": nodes, **named}))
     return rows
 
 

@@ -12,6 +12,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _depth_nodes(text: str) -> tuple[int, int] | None:
+    """``DEPTHxNODES`` (``4x11``), or ``none``."""
+    if text.strip().lower() in ("none", "0", ""):
+        return None
+    depth, sep, nodes = text.lower().partition("x")
+    if not sep or not depth.strip().isdigit() or not nodes.strip().isdigit() or int(depth) < 1 or int(nodes) < 1:
+        raise argparse.ArgumentTypeError(f"expected DEPTHxNODES (say 4x11) or none, got {text!r}")
+    return int(depth), int(nodes)
+
+
 def _words(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -29,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="EAGLE draft lengths (a chain row and a tree row each)")
     p.add_argument("--eagle-tree-nodes", type=int, default=BenchConfig.eagle_tree_nodes,
                    help="the EAGLE tree rows' largest tree (0: chain rows only)")
+    p.add_argument("--eagle-always-tree", type=_depth_nodes, default=BenchConfig.eagle_always_tree,
+                   help="DEPTHxNODES: an EAGLE row drafting a tree of this size every round, no gain rule "
+                        "(default 4x11: 12 rows, one sweep of the row kernel); none: no such row")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     p.add_argument("--workloads", default="chat,code,copy")
     p.add_argument("--prompts-per-workload", type=int, default=5)
@@ -258,7 +271,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from builder.bench.runner import run_bench
 
     config = BenchConfig(
-        target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, eagle_tree_nodes=args.eagle_tree_nodes, prompts_file=args.prompts,
+        target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, eagle_tree_nodes=args.eagle_tree_nodes, eagle_always_tree=args.eagle_always_tree, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
         prompts_per_workload=args.prompts_per_workload, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, repeats=args.repeats,
         ngram_k=args.ngram_k, auto=not args.no_auto, auto_k=args.auto_k, auto_unmerged=args.auto_unmerged, draft_k=args.draft_k,

@@ -32,7 +32,7 @@ from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E4
 import triton_backend.speculation.eagle_round as eagle_round  # noqa: E402
 
 ROWS = {"plain": SpeculationConfig(method=SpeculationMode.OFF), "gain": SpeculationConfig(method=SpeculationMode.EAGLE)}
-for _name, (_depth, _nodes) in {"fixed3x12": (3, 12), "fixed4x16": (4, 16)}.items():
+for _name, (_depth, _nodes) in {"fixed3x12": (3, 12), "fixed4x7": (4, 7), "fixed4x11": (4, 11), "fixed4x16": (4, 16)}.items():
     ROWS[_name] = SpeculationConfig(method=SpeculationMode.EAGLE, draft_length=DraftLengthConfig(num_draft_tokens=_depth),
                                     fallback=FallbackConfig(enabled=False), eagle=EagleConfig(tree=True, max_tree_nodes=_nodes))
 PARTS = ("target", "propose", "feed", "steps", "logits", "accept")

@@ -319,7 +319,8 @@ class EagleConfig:
     method: ClassVar[SpeculationMode] = SpeculationMode.EAGLE
     tree: bool = setting(True, "draft dynamic trees (EAGLE-2: the drafter's likeliest candidates, sized each round "
                                "by the gain rule; a chain when no tree pays); false: chains only")
-    max_tree_nodes: int = setting(12, "the most nodes a tree carries into the target pass")
+    max_tree_nodes: int = setting(11, "the most nodes a tree carries into the target pass (11: with the root, the 12 rows the "
+                                           "AVX-512 row kernel multiplies in one sweep of the weights)")
     tree_top_k: int = setting(4, "the most children per expanded node (and nodes expanded per level); the depth "
                                  "is at most draft_length.num_draft_tokens")
     merge_lookup: bool = setting(True, "auto: when both the n-gram match and the EAGLE tree pay, draft one tree "

@@ -36,14 +36,14 @@ T = TypeVar("T")
 
 # measured in this order until the budget is spent: one row's curve first (what a lone
 # request's decision needs), then batches of decode rows and of verify rows
-CELLS = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 9), (1, 3), (1, 6), (1, 16), (4, 1), (8, 1), (4, 4), (8, 4),
+CELLS = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 9), (1, 12), (1, 13), (1, 3), (1, 6), (1, 16), (4, 1), (8, 1), (4, 4), (8, 4),
          (2, 1), (2, 4), (16, 1), (16, 4))
 CONTEXT = 48
-REPEATS = 3
+REPEATS = 5  # the fastest of 5: one-row cells 4 tokens apart differ by a few percent, timing noise by as much
 SWEEPS = 2
 WARMUP = 3
 STABLE = 0.5  # the fastest 1-token steps of the measurement's two halves must agree within this fraction
-METHOD = 2  # part of the cache key: tables measured another way are measured again
+METHOD = 4  # part of the cache key: tables measured another way are measured again
 
 
 def machine_key(model: str, settings: str) -> str:
@@ -148,7 +148,7 @@ def _fastest_in_turn(first: Callable[[], float], second: Callable[[], float], *,
     return min(a), min(b)
 
 
-def measure_seconds(engine: Any, budget_s: float = 5.0) -> dict[tuple[int, int], float]:
+def measure_seconds(engine: Any, budget_s: float = 8.0) -> dict[tuple[int, int], float]:
     """Seconds per pass for ``(rows, tokens_per_row)`` cells in :data:`CELLS` order, within the
     budget: up to :data:`SWEEPS` sweeps over the cells, each cell timed in turn with the 1-row
     1-token step (:data:`REPEATS` of each, the fastest kept: robust to a busy machine's spikes).
@@ -199,7 +199,7 @@ def _check(seconds: dict[tuple[int, int], float]) -> None:
         raise NoisyMeasurementError(f"implausible pass costs for {bad} (a busy machine)")
 
 
-def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 5.0,
+def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 8.0,
                                 cache_dir: Path | None = None) -> PassCostModel | None:
     """At load: measure (or read the cached) pass costs of a batched engine and make them the
     process's cost model; engines outside the batched contract keep the default table."""
@@ -211,7 +211,7 @@ def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 5.
 
 
 def measure_pass_cost_model(engine: Any, *, settings: str = "", cache_dir: Path | None = None,
-                            budget_s: float = 5.0) -> PassCostModel:
+                            budget_s: float = 8.0) -> PassCostModel:
     """Measure (or read this machine's cached measurement of) ``engine``'s pass costs; the
     default table when the machine is too busy to measure."""
     path = _cache_path(cache_dir, engine, settings)

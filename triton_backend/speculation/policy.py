@@ -45,6 +45,20 @@ def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
     return last_y * x / last_x
 
 
+def _non_decreasing(curve: Mapping[int, float]) -> dict[int, float]:
+    """A measured curve made non-decreasing in tokens (pooled adjacent violators: a dip is
+    measurement noise, a pass never costs less for carrying more tokens)."""
+    blocks: list[list[float]] = []  # [sum, count] per pooled block, in token order
+    for _, value in sorted(curve.items()):
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return dict(zip(sorted(curve), values))
+
+
 @dataclass(frozen=True)
 class PassCostModel:
     """Cost of one target pass, in units of one 1-row-1-token decode step.
@@ -80,7 +94,7 @@ class PassCostModel:
         table: dict[int, dict[int, float]] = {}
         for (rows, tokens), value in sorted(seconds.items()):
             table.setdefault(rows, {})[tokens] = max(value / step, 1e-3)
-        return cls(table, source)
+        return cls({rows: _non_decreasing(curve) for rows, curve in table.items()}, source)
 
     def _curve_cost(self, rows: int, tokens: float) -> float:
         return _interpolate(self._curves[rows], tokens)

@@ -228,7 +228,7 @@ class FeatureDrafter(ABC):
                                     [generators[i] for i in ready], torch.tensor([c[1] for c in caches], device=device))
         for i, (_, t), tree in zip(ready, backlogs, trees):
             sessions[i].fed(len(t))
-            out[i] = DraftProposal(tree.tokens, tree.probs, tree.parents, tree.ranks)
+            out[i] = DraftProposal(tree.tokens, tree.probs, tree.parents, tree.ranks, scores=tree.scores)
         return out
 
     def new_session(self) -> "EagleSession":

@@ -69,6 +69,7 @@ class DraftTree:
     parents: list[int]
     ranks: list[int]
     probs: torch.Tensor | None = None
+    scores: list[float] | None = None  # each node's score (the order the nodes were kept in: best first)
 
 
 @dataclass
@@ -217,7 +218,7 @@ def _finish(row: _Row) -> DraftTree:
     probs = None
     if not row.processor.greedy and nodes:
         probs = torch.stack([row.dists[n.q] for n in nodes])
-    return DraftTree([n.token for n in nodes], parents, [n.rank for n in nodes], probs)
+    return DraftTree([n.token for n in nodes], parents, [n.rank for n in nodes], probs, [n.score for n in nodes])
 
 
 Step = Callable[[torch.Tensor, torch.Tensor, TreeStep, list[int]], torch.Tensor]
