@@ -43,7 +43,7 @@ REPEATS = 5  # the fastest of 5: one-row cells 4 tokens apart differ by a few pe
 SWEEPS = 2
 WARMUP = 3
 STABLE = 0.5  # the fastest 1-token steps of the measurement's two halves must agree within this fraction
-METHOD = 4  # part of the cache key: tables measured another way are measured again
+METHOD = 5  # part of the cache key: tables measured another way are measured again
 
 
 def machine_key(model: str, settings: str) -> str:
@@ -152,9 +152,10 @@ def measure_seconds(engine: Any, budget_s: float = 8.0) -> dict[tuple[int, int],
     """Seconds per pass for ``(rows, tokens_per_row)`` cells in :data:`CELLS` order, within the
     budget: up to :data:`SWEEPS` sweeps over the cells, each cell timed in turn with the 1-row
     1-token step (:data:`REPEATS` of each, the fastest kept: robust to a busy machine's spikes).
-    A cell's cost is its ratio to the step timed beside it, averaged over the sweeps, so a
-    machine whose speed drifts while measuring (a shared VM) still gives the right ratios;
-    returned as that ratio times the fastest step."""
+    A cell's cost is its ratio to the step timed beside it, the lowest of the sweeps', so a
+    machine whose speed drifts while measuring (a shared VM) still gives the right ratios, and a
+    busy spell (which slows a multi-token pass on two cores more than the memory-bound step)
+    inflates no cell; returned as that ratio times the fastest step."""
     slots = _allocate(engine, min(max(r for r, _ in CELLS), int(engine.num_slots)))
     if not slots:
         raise SlotsExhaustedError("no free slot to measure pass costs on")
@@ -181,7 +182,7 @@ def measure_seconds(engine: Any, budget_s: float = 8.0) -> dict[tuple[int, int],
             raise NoisyMeasurementError(f"the 1-token step moved from {early * 1e3:.1f} ms to {late * 1e3:.1f} ms "
                                         "while measuring (a busy machine)")
         step = min(steps)
-        return {(1, 1): step, **{cell: step * sum(r) / len(r) for cell, r in ratios.items()}}
+        return {(1, 1): step, **{cell: step * min(r) for cell, r in ratios.items()}}
     finally:
         for slot in slots:
             engine.release(slot)

@@ -46,17 +46,13 @@ def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
 
 
 def _non_decreasing(curve: Mapping[int, float]) -> dict[int, float]:
-    """A measured curve made non-decreasing in tokens (pooled adjacent violators: a dip is
-    measurement noise, a pass never costs less for carrying more tokens)."""
-    blocks: list[list[float]] = []  # [sum, count] per pooled block, in token order
-    for _, value in sorted(curve.items()):
-        blocks.append([value, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
-    return dict(zip(sorted(curve), values))
+    """A measured curve made non-decreasing in tokens: a cell below a cell of fewer tokens is
+    timing noise (a pass never costs less for carrying more tokens) and takes its value; the
+    one-token point, the unit, stays."""
+    out: dict[int, float] = {}
+    for tokens, value in sorted(curve.items()):
+        out[tokens] = max([value, *out.values()])
+    return out
 
 
 @dataclass(frozen=True)
