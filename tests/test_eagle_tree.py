@@ -72,9 +72,14 @@ def test_every_node_sees_its_path_only(candidates):
         feature = drafter._feed(kv, torch.tensor([0]), feats, toks, torch.tensor([4]), [GREEDY], [None], None)
         for d, token in enumerate(path):  # the path as a chain
             feature = drafter.net(feature[:, None], drafter.embed[torch.tensor([[token]])], torch.tensor([4 + d]), kv)[:, 0]
-        top = torch.topk(drafter._small_logits(feature)[0], len(kids)).indices
+        logits = drafter._small_logits(feature)[0]
+        top = torch.topk(logits, len(kids)).indices
         expected = (drafter.vocab[top] if drafter.vocab is not None else top).tolist()
         assert [tree.tokens[c] for c in kids] == expected
+        # a node's score: its parent's plus its own log probability (the drafter's), the best-first order's key
+        base = 0.0 if parent < 0 else tree.scores[parent]
+        logp = torch.log_softmax(logits.float(), -1)[top]
+        assert [tree.scores[c] for c in kids] == pytest.approx((base + logp).tolist(), abs=1e-4)
 
 
 def test_batched_trees_equal_trees_alone():

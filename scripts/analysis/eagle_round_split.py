@@ -5,8 +5,8 @@ the target's passes (``target``: the engine's forward; for EAGLE rows the LM hea
 ``accept``), the drafter's proposal (``propose``) and within it its feed of the committed
 pairs (``feed``), its tree or chain steps (``steps``) and its head (``logits``), and the
 verification (``accept``: the target's LM head over the drafted nodes and the walk). Rows:
-``plain``, ``gain`` (the gain-sized trees, the bench's tree row), ``fixed3x12`` and
-``fixed4x16`` (always-drafted trees of depth 3 / 12 nodes and depth 4 / 16 nodes). Example::
+``plain``, ``gain`` (the gain-sized trees, the bench's tree row), ``fixed3x12``, ``fixed4x7``,
+``fixed4x11`` and ``fixed4x16`` (always-drafted trees of DEPTH x NODES). Example::
 
     .venv/bin/python scripts/analysis/eagle_round_split.py --rows plain,gain --per-workload 6
 """

@@ -1,6 +1,7 @@
 """Where the EAGLE tree model's constants come from (``triton_backend/speculation/tree_plan.py``).
 
-1. ``SIBLING_PRIOR``: on the TUNE prompts (never the check set), the target's greedy output,
+1. Sibling ranks (the tree model's ``SIBLING_PRIOR`` before the best-first table of
+   ``eagle_best_first.py`` replaced it): on the TUNE prompts (never the check set), the target's greedy output,
    its features fed to the reference drafter teacher-forced; at every position, the rank of
    the target's next token among the drafter's choices (rank 0 = its first choice). Printed:
    acceptance of rank ``r`` and its ratio to rank 0's.

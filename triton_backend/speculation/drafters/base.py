@@ -27,7 +27,7 @@ class DraftProposal:
     ranks: list[int] | None = None  # a drafted tree's nodes: place among their siblings (0: the drafter's first choice;
     # -1: not drawn by the drafter, a merged tree's n-gram node)
     lookup: list[bool] | None = None  # a merged tree: the nodes of the n-gram match's branch (merged_tree.py)
-    scores: list[float] | None = None  # an EAGLE tree's node scores (drafter log probabilities: likeliest first)
+    scores: list[float] | None = None  # an EAGLE tree's node scores (greedy: each path's drafter log probability)
 
     def __post_init__(self) -> None:
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):

@@ -69,7 +69,7 @@ class DraftTree:
     parents: list[int]
     ranks: list[int]
     probs: torch.Tensor | None = None
-    scores: list[float] | None = None  # each node's score (the order the nodes were kept in: best first)
+    scores: list[float] | None = None  # each node's score: greedy rows, its path's drafter log probability
 
 
 @dataclass
