@@ -50,8 +50,9 @@ def _non_decreasing(curve: Mapping[int, float]) -> dict[int, float]:
     timing noise (a pass never costs less for carrying more tokens) and takes its value; the
     one-token point, the unit, stays."""
     out: dict[int, float] = {}
+    top = 0.0
     for tokens, value in sorted(curve.items()):
-        out[tokens] = max([value, *out.values()])
+        top = out[tokens] = max(top, value)
     return out
 
 
