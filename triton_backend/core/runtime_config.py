@@ -54,7 +54,12 @@ class RuntimeConfig:
     ``weights``: the precision of the slot engine's linear weights (activations stay ``dtype``,
     float32 for anything but float32 weights); float weights are quantized at load (round to
     nearest) unless the engine is given a checkpoint's quantized tensors. ``int4_group_size``: 0
-    picks 128 where every input width divides by it, else 64 (the planner's rule)."""
+    picks 128 where every input width divides by it, else 64 (the planner's rule).
+    ``drafter_weights``: what an EAGLE-3 drafter's linear weights are held in on the CPU kernels
+    (None, or ``"stored"`` in a file: as its file stores them). Draft quality only: every draft is
+    verified by the target, so the output is the same whichever. int8 (the default) reads a quarter
+    of float32's bytes each round, after the target's pass has pushed the drafter out of the cache
+    (``docs/drafting-strategy.md``, "The drafter's weights")."""
 
     device: str = "cpu"
     dtype: str = "float32"
@@ -70,12 +75,20 @@ class RuntimeConfig:
     weights: WeightPrecision = WeightPrecision.FLOAT32
     int4_group_size: int = 0
     quantize_lm_head: bool = True  # quantizing at load: the LM head too (false: float16, as a checkpoint stores it)
+    drafter_weights: WeightPrecision | None = WeightPrecision.INT8
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "weights", WeightPrecision(self.weights))
         except ValueError:
             raise ConfigError(f"weights must be one of {[w.value for w in WeightPrecision]}, got {self.weights!r}") from None
+        if self.drafter_weights is not None:
+            try:
+                object.__setattr__(self, "drafter_weights", None if self.drafter_weights == "stored"
+                                   else WeightPrecision(self.drafter_weights))
+            except ValueError:
+                raise ConfigError(f"drafter_weights must be stored or one of {[w.value for w in WeightPrecision]}, "
+                                  f"got {self.drafter_weights!r}") from None
         _config(self.int4_group_size == 0 or self.int4_group_size in INT4_GROUP_SIZES,
                 f"int4_group_size must be 0 (auto) or one of {INT4_GROUP_SIZES}, got {self.int4_group_size!r}")
         _config(isinstance(self.quantize_lm_head, bool), "quantize_lm_head must be true or false")

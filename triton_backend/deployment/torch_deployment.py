@@ -5,11 +5,12 @@ runtime in :mod:`triton_backend.deployment.trtllm_deployment`) from its
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
-from triton_backend.core.config import SpeculationMode
+from triton_backend.core.config import RuntimeConfig, SpeculationMode
 from triton_backend.core.drafter_format import EagleFormat
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
@@ -44,12 +45,13 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
         target, tokenizer, self_engine = _load_with_self_draft(config, keep_float_head=keep_float_head)
     from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
 
-    install_measured_cost_model(target, repr(config.runtime))  # the gain rule decides from this machine's pass costs
+    settings = _cost_settings(config.runtime)
+    install_measured_cost_model(target, settings)  # the gain rule decides from this machine's pass costs
     drafters: dict[SpeculationMode, Drafter] = {}
     if self_engine is not None:
         assert config.self_draft is not None
         drafters[SpeculationMode.DRAFT] = self_drafter(self_engine, target, config.self_draft,
-                                                       settings=repr(config.runtime))
+                                                       settings=settings)
     elif config.draft is not None:
         # its model is its own: only the compact linears stay (streamed where the folder allows)
         draft_engine, draft_tokenizer = load_engine(config.draft, config.runtime, name=Path(config.draft).name,
@@ -72,7 +74,7 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
     if config.ngram:
         drafters[SpeculationMode.NGRAM] = NgramDrafter(config.speculation.ngram.min_n, config.speculation.ngram.max_n,
                                                        cross_request_index(config.speculation.ngram.cross_request))
-    install_measured_draft_costs(target, drafters, repr(config.runtime))  # EAGLE: its measured cost per drafted token
+    install_measured_draft_costs(target, drafters, settings)  # EAGLE: its measured cost per drafted token
     logger.info("deployment ready: target %s, drafters: %s", target.name, ", ".join(d.name for d in drafters.values()) or "none")
     return SpeculativeDecoder(target, tokenizer, drafters=drafters, speculation=config.speculation)
 
@@ -95,6 +97,13 @@ def _load_with_self_draft(config: DeploymentConfig, *, keep_float_head: bool) ->
     return target, tokenizer, draft
 
 
+def _cost_settings(runtime: RuntimeConfig) -> str:
+    """The runtime settings a measured cost is cached under. The EAGLE drafter's weight precision
+    leaves the target's passes as they are (a drafter's cost is keyed by its own identity, which
+    names it), so it is left out: changing it does not measure the pass costs again."""
+    return repr(dataclasses.replace(runtime, drafter_weights=None))
+
+
 def _eagle_drafter(config: DeploymentConfig, target: Any) -> Drafter:
     """The deployment's EAGLE drafter, EAGLE-1 or EAGLE-3 as its files (or ``eagle_format``) say."""
     assert config.eagle is not None
@@ -102,7 +111,7 @@ def _eagle_drafter(config: DeploymentConfig, target: Any) -> Drafter:
         from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter
 
         logger.info("EAGLE-3 drafter %s", config.eagle)
-        return Eagle3Drafter.from_folder(config.eagle, target)
+        return Eagle3Drafter.from_folder(config.eagle, target, config.runtime.drafter_weights)
     from triton_backend.speculation.drafters.eagle import EagleDrafter
 
     return EagleDrafter.from_file(config.eagle, target)

@@ -22,17 +22,24 @@ from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.speculation.drafters.eagle import FeatureDrafter, target_kernel
 from triton_backend.speculation.drafters.eagle3_model import Eagle3Net, load_eagle3
-from triton_backend.engines.torch.weight_gemm import load_weight_gemm, pack_float
+from triton_backend.core.runtime_config import INT4_GROUP_SIZES, WeightPrecision
+from triton_backend.engines.torch.compact_weights import compact_linear
+from triton_backend.engines.torch.weight_gemm import load_weight_gemm
 from triton_backend.speculation.drafters.eagle3_step import Eagle3Step
 from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep
+
+
+_STORED = {torch.float16: WeightPrecision.FLOAT16, torch.bfloat16: WeightPrecision.BFLOAT16}
 
 
 class Eagle3Drafter(FeatureDrafter):
     """An EAGLE-3 drafter over fused low/mid/high target features, with its own LM head over
     a reduced draft vocabulary (the target's embedding is shared)."""
 
-    def __init__(self, net: Eagle3Net, target: Any) -> None:
-        """``target``: the slot engine (:class:`LlamaEngine`: its passes return the capture layers' outputs)."""
+    def __init__(self, net: Eagle3Net, target: Any, weights: WeightPrecision | None = None) -> None:
+        """``target``: the slot engine (:class:`LlamaEngine`: its passes return the capture layers' outputs).
+        ``weights``: what the linear weights are held in on the CPU kernels (None: as the file
+        stores them; ``RuntimeConfig.drafter_weights``); float32 runs them on the target's row kernel."""
         info = net.info
         if not isinstance(target, LlamaEngine):
             raise ModelLoadError(f"an EAGLE-3 drafter needs the slot engine's target (its capture-layer outputs); "
@@ -58,20 +65,30 @@ class Eagle3Drafter(FeatureDrafter):
         self.relative_cost = params / max(1, target.num_parameters())
         self.nominal_cost = self.relative_cost  # the parameter ratio: seeded sampling is priced by it
         kernel = target_kernel(target) if (self.dtype == torch.float32 and self.device.type == "cpu") else None
-        compact = load_weight_gemm() if kernel is not None and net.stored_dtype in (torch.float16, torch.bfloat16) else None
+        held = weights or _STORED.get(net.stored_dtype, WeightPrecision.FLOAT32)
+        compact = load_weight_gemm() if kernel is not None and held is not WeightPrecision.FLOAT32 else None
         self._step: Eagle3Step | None = None  # the net's forward on a CPU kernel (eagle3_step.py)
-        if compact is not None:  # the file's 16-bit weights as stored: half the bytes a step reads
-            stored = net.stored_dtype
-            self._step = Eagle3Step(self.net, lambda w: compact.bind(pack_float(w.to(stored).contiguous())),
-                                    f"{compact.name}:{str(stored).removeprefix('torch.')}")
+        if compact is not None:  # 16-bit as stored (or rounded to it), fp8, int8 or int4: fewer bytes a step reads
+            group = self._int4_group(net) if held is WeightPrecision.INT4 else 0
+            self._step = Eagle3Step(self.net, lambda w: compact.bind(compact_linear(w, held, group).weight),
+                                    f"{compact.name}:{held.value}")
         elif kernel is not None:
             self._step = Eagle3Step(self.net, kernel.bind, kernel.name)
         self.kernel_name = "torch" if self._step is None else f"{kernel.name}+step:{self._step.name}"
 
+    @staticmethod
+    def _int4_group(net: Eagle3Net) -> int:
+        """The largest int4 group size that divides every linear's input width."""
+        widths = {int(m.weight.shape[1]) for m in net.modules() if isinstance(m, torch.nn.Linear)}
+        for group in sorted(INT4_GROUP_SIZES, reverse=True):
+            if all(w % group == 0 for w in widths):
+                return group
+        raise ModelLoadError(f"no int4 group of {INT4_GROUP_SIZES} divides the EAGLE-3 drafter's input widths {sorted(widths)}")
+
     @classmethod
-    def from_folder(cls, path: str, target: Any) -> "Eagle3Drafter":
+    def from_folder(cls, path: str, target: Any, weights: WeightPrecision | None = None) -> "Eagle3Drafter":
         layers = int(target.model.config.num_hidden_layers)
-        return cls(load_eagle3(path, num_target_layers=layers), target)
+        return cls(load_eagle3(path, num_target_layers=layers), target, weights)
 
     def new_cache(self, rows: int, capacity: int = 256) -> EagleKV:
         return EagleKV.empty(self.info, rows, capacity, self.dtype, self.device)  # type: ignore[arg-type]  # same KV fields
