@@ -10,9 +10,10 @@ about half the operations:
   are rotated in one expression (the halves swapped by one roll, the sign carried by the table);
 - one row drafting a chain writes and reads its cache entries by slicing (no gather copy).
 
-The products run on the compact-weight kernel in the drafter file's 16-bit type (its values
-exactly, half the bytes of float32) or on the target's float32 row kernel. The values are the
-reference net's up to the kernels' rounding (draft quality only: exactness is the verifier's).
+The products run on the compact-weight kernel in the precision ``runtime.drafter_weights`` names
+(int8 by default, a quarter of float32's bytes; or the file's own 16-bit values) or on the
+target's float32 row kernel. The values are the reference net's up to the weights' rounding and
+the kernels' (draft quality only: exactness is the verifier's).
 """
 
 from __future__ import annotations
