@@ -68,6 +68,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--eagle", default=None, help="EAGLE drafter: an EAGLE-1 file or folder (`specbuild train-eagle`) or "
                    "an EAGLE-3 folder (`specbuild train-eagle3`, published EAGLE-3 checkpoints; told apart by its config.json)")
+    p.add_argument("--drafter-weights", default="int8",
+                   choices=["stored", "float32", "float16", "bfloat16", "int8", "int4", "fp8"],
+                   help="precision of an EAGLE-3 drafter's weights (stored: as its file keeps them; "
+                        "docs/drafting-strategy.md)")
     p.add_argument("--speculation", default="auto", help="auto, draft, medusa, eagle, ngram or off")
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to the running acceptance")
@@ -94,7 +98,8 @@ class LocalRunConfig:
                                                                        adaptive=a.adaptive),
                                         fallback=FallbackConfig(enabled=not a.no_fallback),
                                         medusa=MedusaConfig(tree_acceptance=a.tree_acceptance))
-        runtime = RuntimeConfig(device=a.device, num_threads=a.threads, weights=a.weights)
+        runtime = RuntimeConfig(device=a.device, num_threads=a.threads, weights=a.weights,
+                                drafter_weights=a.drafter_weights)
         deployment = DeploymentConfig(**draft_fields(a.draft, a.draft_precision, a.draft_layers), target=a.target,
                                       medusa=a.medusa, eagle=a.eagle,
                                       eagle_format=detect_eagle_format(a.eagle) if a.eagle else None,
