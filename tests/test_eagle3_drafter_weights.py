@@ -76,3 +76,18 @@ def test_a_deployments_drafter_weights_reach_the_drafter(tmp_path):
         runtime = {} if setting is None else {"drafter_weights": setting}
         config = DeploymentConfig.from_dict({"eagle": folder, "runtime": runtime})
         assert _eagle_drafter(config, target)._step.name.endswith(name)
+
+
+def test_specbuild_run_takes_the_drafter_weights():
+    import argparse
+
+    from builder.ops.local_run import LocalRunConfig, add_run_arguments
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    runtime = lambda *flags: LocalRunConfig.from_args(parser.parse_args(list(flags))).deployment.runtime  # noqa: E731
+    assert runtime().drafter_weights is WeightPrecision.INT8
+    assert runtime("--drafter-weights", "stored").drafter_weights is None
+    assert runtime("--drafter-weights", "fp8").drafter_weights is WeightPrecision.FP8
+    with pytest.raises(SystemExit):
+        runtime("--drafter-weights", "int3")
