@@ -47,6 +47,7 @@ from triton_backend.speculation.tree_plan import ROW_SLOPE
 
 ROOT = Path(__file__).resolve().parents[2]
 COPY_PROMPTS = ROOT / "builder" / "data" / "heldout_copy_prompts.json"
+CODE_PROMPTS = ROOT / "builder" / "data" / "heldout_code_prompts.json"
 HELDOUT = ROOT / "builder" / "data" / "heldout_prompts.txt"
 MEDUSA = ROOT / "artifacts" / "smollm2-135m-medusa" / "heads.safetensors"
 EAGLE = ROOT / "artifacts" / "smollm2-135m-eagle"
@@ -93,11 +94,17 @@ def _file_prompts(path: Path, per_workload: int) -> dict[str, list[str]]:
 
 
 def _prompts(which: str, per_workload: int) -> dict[str, list[str]]:
+    """The held-out ``tune`` or ``check`` split. Chat: the non-code lines of ``heldout_prompts.txt``
+    (``check`` after ``tune``'s); copy: ``heldout_copy_prompts.json``. Code: ``tune`` has the one
+    code line of ``heldout_prompts.txt`` (what the tree model's tables were measured on),
+    ``check`` the prompts of ``heldout_code_prompts.json`` (until 2026-11-26 it reused ``tune``'s)."""
     copy = json.loads(COPY_PROMPTS.read_text())
     lines = [line.strip() for line in HELDOUT.read_text().splitlines() if line.strip()]
     code = [line for line in lines if line.startswith("Write a Python") or "function" in line]
     chat = [line for line in lines if line not in code]
     offset = 0 if which == "tune" else per_workload
+    if which != "tune":
+        code = json.loads(CODE_PROMPTS.read_text())["check"]
     return {"chat": chat[offset:offset + per_workload], "code": code[:per_workload],
             "copy": copy[which][:per_workload]}
 
