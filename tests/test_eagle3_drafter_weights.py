@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from conftest import tiny_engine
-from test_eagle3_serving import _decoder, _net, _spec
-from test_eagle_serving import _scheduled
-from triton_backend.core.config import RuntimeConfig, SamplingParams, SpeculationConfig, WeightPrecision
+from test_eagle3_serving import _net, assert_exact_chains_and_trees
+from triton_backend.core.config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.engines.torch.weight_gemm import load_weight_gemm
 from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter
@@ -40,14 +39,7 @@ def test_a_drafter_served_in_a_compact_precision_stays_exact(weights):
     tolerance = 0.15 if weights is WeightPrecision.INT4 else 0.08
     assert (far - close).abs().max() <= tolerance * close.abs().max()
     compact.relative_cost = 0.01
-    decoder = _decoder(target, compact)
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    prompts = ([1, 2, 3], [5, 9, 9, 4, 1, 7, 2])
-    plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in prompts]
-    for tree in (False, True):
-        spec = _spec(3, tree=tree)
-        assert [decoder.generate(p, params, spec).token_ids for p in prompts] == plain
-        assert _scheduled(decoder, prompts, params, spec, batch=2) == plain
+    assert_exact_chains_and_trees(target, compact)
 
 
 def test_stored_keeps_the_files_precision_and_the_runtime_setting_parses(tmp_path):

@@ -279,7 +279,12 @@ def test_a_16_bit_drafter_file_is_served_in_its_own_precision(tmp_path, dtype):
     g = torch.randn(3, net.info.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(half._small_logits(g), full._small_logits(g), atol=0.05, rtol=0.05)
     half.relative_cost = 0.01
-    decoder = _decoder(target, half)
+    assert_exact_chains_and_trees(target, half)
+
+
+def assert_exact_chains_and_trees(target: Any, drafter: Eagle3Drafter) -> None:
+    """Greedy output with ``drafter``'s chains and trees is plain decoding's, alone and through the batch scheduler."""
+    decoder = _decoder(target, drafter)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     prompts = ([1, 2, 3], [5, 9, 9, 4, 1, 7, 2])
     plain = [decoder.generate(p, params, SpeculationConfig(method="off")).token_ids for p in prompts]

@@ -21,6 +21,7 @@ from triton_backend.deployment.config import SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.speculation.drafters.base import Drafter
 from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.pass_cost import runtime_settings
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def self_draft_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Ro
         self_draft = SelfDraftConfig(precision=WeightPrecision(precision))
         engine = self_draft_engine(target.model, target.runtime, self_draft, name=target.name,
                                    eos_token_ids=sorted(target.eos_token_ids))
-        drafter = self_drafter(engine, target, self_draft, settings=repr(target.runtime))
+        drafter = self_drafter(engine, target, self_draft, settings=runtime_settings(target.runtime))
         own = SpeculativeDecoder(target, decoder.tokenizer, drafters={SpeculationMode.DRAFT: drafter})
         info = {"kind": "ours", "precision": self_draft.precision.value, "draft_cost": round(drafter.relative_cost, 4),
                 "context": self_draft.context.value}

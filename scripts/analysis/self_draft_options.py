@@ -33,6 +33,7 @@ from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.pass_cost import runtime_settings
 from triton_backend.speculation.policy import current_cost_model
 
 HELDOUT = Path(__file__).resolve().parents[2] / "builder" / "data" / "heldout_prompts.txt"
@@ -89,9 +90,9 @@ def build_rows(decoder: SpeculativeDecoder, specs: list[str], meter: Meter) -> l
         if key not in engines:
             engines[key] = self_draft_engine(target.model, target.runtime, config, name=target.name,
                                              eos_token_ids=sorted(target.eos_token_ids))
-            drafter = self_drafter(engines[key], target, config, settings=repr(target.runtime))
+            drafter = self_drafter(engines[key], target, config, settings=runtime_settings(target.runtime))
             meter.wrap(engines[key], drafter.relative_cost)  # once per engine, at its measured cost
-        drafter = self_drafter(engines[key], target, config, settings=repr(target.runtime))
+        drafter = self_drafter(engines[key], target, config, settings=runtime_settings(target.runtime))
         own = SpeculativeDecoder(target, decoder.tokenizer, drafters={SpeculationMode.DRAFT: drafter})
         fallback = FallbackConfig(enabled=fields.get("fallback", "on") != "off")
         speculation = SpeculationConfig(method=SpeculationMode.DRAFT, draft_length=DraftLengthConfig(num_draft_tokens=k),

@@ -5,12 +5,11 @@ runtime in :mod:`triton_backend.deployment.trtllm_deployment`) from its
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
-from triton_backend.core.config import RuntimeConfig, SpeculationMode
+from triton_backend.core.config import SpeculationMode
 from triton_backend.core.drafter_format import EagleFormat
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
@@ -43,9 +42,10 @@ def build_decoder(config: DeploymentConfig) -> Decoder:
                                         keep_float_head=keep_float_head)
     else:
         target, tokenizer, self_engine = _load_with_self_draft(config, keep_float_head=keep_float_head)
-    from triton_backend.speculation.pass_cost import install_measured_cost_model, install_measured_draft_costs
+    from triton_backend.speculation.pass_cost import (install_measured_cost_model, install_measured_draft_costs,
+                                                      runtime_settings)
 
-    settings = _cost_settings(config.runtime)
+    settings = runtime_settings(config.runtime)
     install_measured_cost_model(target, settings)  # the gain rule decides from this machine's pass costs
     drafters: dict[SpeculationMode, Drafter] = {}
     if self_engine is not None:
@@ -95,13 +95,6 @@ def _load_with_self_draft(config: DeploymentConfig, *, keep_float_head: bool) ->
         target.release_float_linears(keep_head=keep_float_head)
     logger.info("loaded %r with its self draft %r", target, draft)
     return target, tokenizer, draft
-
-
-def _cost_settings(runtime: RuntimeConfig) -> str:
-    """The runtime settings a measured cost is cached under. The EAGLE drafter's weight precision
-    leaves the target's passes as they are (a drafter's cost is keyed by its own identity, which
-    names it), so it is left out: changing it does not measure the pass costs again."""
-    return repr(dataclasses.replace(runtime, drafter_weights=None))
 
 
 def _eagle_drafter(config: DeploymentConfig, target: Any) -> Drafter:

@@ -18,6 +18,7 @@ more per parameter than the target's pass.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from triton_backend.core.reference_model import cache_dir as default_cache_dir
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
 from triton_backend.speculation.policy import PassCostModel, install_cost_model
 
@@ -44,6 +46,14 @@ SWEEPS = 2
 WARMUP = 3
 STABLE = 0.5  # the fastest 1-token steps of the measurement's two halves must agree within this fraction
 METHOD = 5  # part of the cache key: tables measured another way are measured again
+
+
+def runtime_settings(runtime: RuntimeConfig) -> str:
+    """The runtime settings a measured cost is cached under (``settings`` of the calls here). The
+    EAGLE drafter's weight precision leaves the target's passes as they are (a drafter's cost is
+    keyed by its own identity, which names it), so it is left out: changing it does not measure
+    the pass costs again."""
+    return repr(dataclasses.replace(runtime, drafter_weights=None))
 
 
 def machine_key(model: str, settings: str) -> str:
@@ -352,6 +362,6 @@ def install_measured_draft_costs(target: Any, drafters: Mapping[Any, Any], setti
                 drafter.relative_cost = cost
 
 
-__all__ = ["NoisyMeasurementError", "machine_busy", "machine_key", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
+__all__ = ["NoisyMeasurementError", "machine_busy", "machine_key", "runtime_settings", "install_measured_cost_model", "install_measured_draft_costs", "measure_eagle_draft_seconds",
            "measure_pass_cost_model", "measure_seconds", "measure_step_seconds", "measured_eagle_draft_cost",
            "measured_step_cost"]
