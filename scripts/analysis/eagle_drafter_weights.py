@@ -9,7 +9,6 @@ only the drafter differs), per workload, every precision on each prompt in turn.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -30,8 +29,7 @@ from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter  # noqa: E4
 
 def _texts(which: str, per_workload: int) -> dict[str, list[str]]:
     if which == "bench":
-        workloads = json.loads((spec_ratio.ROOT / "benchmarks" / "prompts.json").read_text())["workloads"]
-        return {w: texts[:per_workload] for w, texts in workloads.items()}
+        return spec_ratio._file_prompts(spec_ratio.ROOT / "benchmarks" / "prompts.json", per_workload)
     return spec_ratio._prompts(which, per_workload)
 
 
