@@ -186,8 +186,8 @@ def _run_rows(config: BenchConfig, decoder: SpeculativeDecoder, rows: list[Row])
     prompts: list[BenchPrompt] = []
     for workload, texts in config.load_prompts().items():
         for index, text in enumerate(texts):
-            templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                      tokenize=False)
+            messages = text if isinstance(text, list) else [{"role": "user", "content": text}]  # a conversation or one turn
+            templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             prompts.append(BenchPrompt(workload, index, templated, decoder.encode(templated)))
     run = BenchRun(config=config, rows=[r.name for r in rows], row_info={r.name: r.info for r in rows})
     run.environment = {

@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 4x11: 12 rows, one sweep of the row kernel); none: no such row")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     p.add_argument("--workloads", default="chat,code,copy")
+    p.add_argument("--heldout-split", action="store_true",
+                   help="the held-out split (builder/data/heldout_split.json: chat, code, multiturn, grounded, "
+                        "arithmetic; in no training or tuning input) as prompts; headline keys eagle_heldout_* and "
+                        "heldout_* instead of the bench prompts' keys")
     p.add_argument("--prompts-per-workload", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=BenchConfig.max_tokens)
     p.add_argument("--ignore-eos", action="store_true", help="fixed-length requests: generate past EOS")
@@ -270,6 +274,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from builder.bench.report import summarize, to_markdown, write_report
     from builder.bench.runner import run_bench
 
+    if args.heldout_split:
+        from builder.train.prompt_set import heldout_split_file
+
+        args.prompts, args.workloads = heldout_split_file(), "chat,code,multiturn,grounded,arithmetic"
     config = BenchConfig(
         target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, eagle_tree_nodes=args.eagle_tree_nodes, eagle_always_tree=args.eagle_always_tree, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
@@ -280,6 +288,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     summary = summarize(run_bench(config))
     headline = _headline(args)
+    if args.heldout_split:  # its own keys only: the bench prompts' figures stay theirs
+        from builder.bench.report import heldout_figures
+        from builder.headline import update_headline
+
+        paths = write_report(summary, config.out_dir, config.label, None)
+        if headline is not None and heldout_figures(summary):
+            update_headline(heldout_figures(summary), headline)
+            paths["headline"] = headline
+        _print_report(to_markdown(summary), paths)
+        return 0
     paths = write_report(summary, config.out_dir, config.label, headline)
     if config.eagle is not None and headline is not None:
         from builder.train.eagle_job import eagle_bench_headline

@@ -84,7 +84,9 @@ def _cmd_eagle_data(a: argparse.Namespace) -> int:
         raise ConfigError("--headline measures one process: use --workers 1")
     if a.headline and a.features != "none":
         raise ConfigError("--headline measures token generation alone: use --features none")
-    config = CorpusConfig(target=a.target, out_dir=a.out, prompts_file=a.prompts,
+    temperatures = tuple(float(t) for t in a.temperatures.split(",") if t.strip()) if a.temperatures else ()
+    config = CorpusConfig(target=a.target, out_dir=a.out, prompts_file=a.prompts, prompt_source=a.prompt_source,
+                          followup_from=a.followup_from, temperatures=temperatures,
                           prompt_set=PromptSetConfig(size=a.prompt_count, seed=a.seed), max_new_tokens=a.max_new_tokens,
                           rows=a.rows, shard_size=a.shard_size, sampled_share=a.sampled_share, temperature=a.temperature,
                           max_prompt_tokens=a.max_prompt_tokens, seed=a.seed, workers=a.workers, max_shards=a.max_shards,
@@ -112,12 +114,20 @@ def _register_data(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     d.add_argument("--out", required=True, help="corpus folder (meta.json, prompts.jsonl.gz, shard-*.npz)")
     d.add_argument("--prompts", default="", help="your prompts, one per line (default: the built prompt set)")
     d.add_argument("--prompt-count", type=int, default=12000, help="size of the built prompt set")
+    d.add_argument("--prompt-source", choices=("templates", "users", "followups"), default="templates",
+                   help="the built prompt set: templates (topics x request templates, docstrings), users "
+                        "(user-like requests, self-instruct: the first pass) or followups (from --from: the "
+                        "requests the target wrote and two-turn conversations: the second pass)")
+    d.add_argument("--from", dest="followup_from", default="",
+                   help="with --prompt-source followups: the finished first-pass corpus folder")
     d.add_argument("--max-new-tokens", type=int, default=192, help="response length limit")
     d.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts are cut to their last N tokens")
     d.add_argument("--rows", type=int, default=16, help="sequences decoded together in one batched pass")
     d.add_argument("--shard-size", type=int, default=64, help="prompts per shard (the unit of resuming)")
     d.add_argument("--sampled-share", type=float, default=0.5, help="share of prompts answered by sampling, not greedy")
     d.add_argument("--temperature", type=float, default=0.8, help="temperature of the sampled responses")
+    d.add_argument("--temperatures", default="",
+                   help="comma-separated temperatures: each sampled prompt draws one (seeded); overrides --temperature")
     d.add_argument("--workers", type=int, default=1, help="processes (one thread each)")
     d.add_argument("--max-shards", type=int, default=None, help="generate only the first N shards")
     d.add_argument("--time-limit", type=float, default=None, help="stop starting new prompts after N seconds")

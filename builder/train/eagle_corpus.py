@@ -51,6 +51,12 @@ logger = logging.getLogger(__name__)
 META = "meta.json"
 
 
+class PromptSource(str, Enum):
+    TEMPLATES = "templates"  # seed topics x request templates and package docstrings (prompt_set.py)
+    USERS = "users"  # user-like requests, self-instruct included (user_prompts.py, first pass)
+    FOLLOWUPS = "followups"  # from a finished users corpus: its written requests and conversations
+
+
 class CorpusFeatures(str, Enum):
     NONE = "none"  # tokens only (features later by prefill)
     EAGLE3 = "eagle3"  # the EAGLE-3 capture layers' outputs and the greedy token, from the generation passes
@@ -60,8 +66,11 @@ class CorpusFeatures(str, Enum):
 class CorpusConfig:
     target: str
     out_dir: str
-    prompts_file: str = ""  # empty: the built prompt set (prompt_set.py)
+    prompts_file: str = ""  # empty: the built prompt set (prompt_source)
     prompt_set: PromptSetConfig = field(default_factory=PromptSetConfig)
+    prompt_source: PromptSource = PromptSource.TEMPLATES
+    followup_from: str = ""  # prompt_source=followups: the first pass's corpus folder
+    temperatures: tuple[float, ...] = ()  # sampled prompts draw one of these per prompt; empty: (temperature,)
     max_new_tokens: int = 128
     rows: int = 16  # sequences decoded together in one pass
     shard_size: int = 64
@@ -78,6 +87,16 @@ class CorpusConfig:
     capture_layers: tuple[int, ...] | None = None  # features=eagle3; None: the default low/mid/high set
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "prompt_source", PromptSource(self.prompt_source))
+        except ValueError:
+            raise BuildSpecError(f"prompt_source must be one of {', '.join(s.value for s in PromptSource)}, "
+                                 f"got {self.prompt_source!r}") from None
+        if (self.prompt_source is PromptSource.FOLLOWUPS) != bool(self.followup_from):
+            raise BuildSpecError("prompt_source followups needs followup_from (the first pass's folder), and only it")
+        object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
+        if any(not 0 < t < float("inf") for t in self.temperatures):
+            raise BuildSpecError("temperatures must be finite and > 0")
         try:
             object.__setattr__(self, "features", CorpusFeatures(self.features))
         except ValueError:
@@ -101,6 +120,10 @@ class CorpusConfig:
         keep = ("max_new_tokens", "shard_size", "sampled_share", "temperature", "max_prompt_tokens", "chat", "seed")
         out = {k: getattr(self, k) for k in keep}
         out["target"] = Path(self.target).name
+        if self.temperatures:  # absent from folders made before it existed, which stay valid
+            out["temperatures"] = list(self.temperatures)
+        if self.prompt_source is not PromptSource.TEMPLATES and not self.prompts_file:
+            out["prompt_source"] = self.prompt_source.value
         return out
 
 
@@ -134,15 +157,35 @@ def prepare_corpus_dir(config: CorpusConfig) -> list[dict[str, str]]:
             raise BuildSpecError(f"{out} holds a corpus made with other settings ({', '.join(changed)}); "
                                  "use another folder or the same settings")
         return load_prompt_set(prompts_path)
-    prompts = (prompts_from_file(Path(config.prompts_file)) if config.prompts_file
-               else build_prompt_set(config.prompt_set))
+    prompts = _build_prompts(config)
     save_prompt_set(prompts, prompts_path)
     meta.write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
     return prompts
 
 
+def _build_prompts(config: CorpusConfig) -> list[dict[str, Any]]:
+    if config.prompts_file:
+        return prompts_from_file(Path(config.prompts_file))
+    if config.prompt_source is PromptSource.TEMPLATES:
+        return build_prompt_set(config.prompt_set)
+    from builder.train.user_prompts import UserPromptConfig, build_user_prompts, followup_prompts
+
+    if config.prompt_source is PromptSource.USERS:
+        return build_user_prompts(UserPromptConfig(size=config.prompt_set.size, seed=config.seed))
+    from triton_backend.engines.torch.model_loading import load_tokenizer
+
+    return followup_prompts(config.followup_from, load_tokenizer(config.target), seed=config.seed)
+
+
 def _is_sampled(config: CorpusConfig, index: int) -> bool:
     return random.Random(config.seed * 1_000_003 + index).random() < config.sampled_share
+
+
+def _temperature(config: CorpusConfig, index: int) -> float:
+    """A sampled prompt's temperature: one of ``temperatures`` drawn per prompt (seeded), else ``temperature``."""
+    if not config.temperatures:
+        return config.temperature
+    return random.Random(config.seed * 2_000_003 + index).choice(config.temperatures)
 
 
 @dataclass
@@ -180,10 +223,14 @@ class _Shard:
         os.replace(tmp, shard_path(out, self.index))  # a shard is complete or absent
 
 
-def _encode(tokenizer: Any, text: str, chat: bool) -> list[int]:
+def _encode(tokenizer: Any, entry: dict[str, Any], chat: bool) -> list[int]:
+    """A prompt entry's ids: ``prompt`` (one user turn) or ``messages`` (a conversation ending in a
+    user turn), through the chat template when ``chat``."""
+    messages = entry.get("messages") or [{"role": "user", "content": entry["prompt"]}]
     if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = "\n\n".join(m["content"] for m in messages)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -302,10 +349,10 @@ def _prompt_queue(config: CorpusConfig, prompts: list[dict[str, str]], todo: lis
         lo, hi = index * config.shard_size, min(len(prompts), (index + 1) * config.shard_size)
         shards[index] = _Shard(index, hi - lo)
         for i in range(lo, hi):
-            ids = _clip(_encode(tokenizer, prompts[i]["prompt"], config.chat), config.max_prompt_tokens)
+            ids = _clip(_encode(tokenizer, prompts[i], config.chat), config.max_prompt_tokens)
             sampled = _is_sampled(config, i)
             gen = torch.Generator().manual_seed(config.seed * 1_000_003 + i) if sampled else None
-            yield _Seq(i, ids, len(ids), config.temperature if sampled else 0.0, gen)
+            yield _Seq(i, ids, len(ids), _temperature(config, i) if sampled else 0.0, gen)
 
 
 def _clip(ids: list[int], limit: int, tail: int = 8) -> list[int]:
@@ -404,5 +451,5 @@ def corpus_summary(data_dir: str | Path) -> dict[str, Any]:
             "meta": json.loads((Path(data_dir) / META).read_text()) if (Path(data_dir) / META).is_file() else None}
 
 
-__all__ = ["CorpusConfig", "CorpusFeatures", "CorpusStats", "corpus_positions", "corpus_summary", "generate_corpus", "iter_corpus",
+__all__ = ["CorpusConfig", "CorpusFeatures", "PromptSource", "CorpusStats", "corpus_positions", "corpus_summary", "generate_corpus", "iter_corpus",
            "prepare_corpus_dir", "run_worker", "shard_path", "todo_shards"]

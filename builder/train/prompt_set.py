@@ -60,8 +60,27 @@ def _seeds() -> dict:
     return json.loads((resources.files("builder") / "data" / _SEEDS).read_text())
 
 
-def _norm(text: str) -> str:
+def normalize_prompt(text: str) -> str:
+    """Lower case, runs of anything but letters and digits as one space: how prompts are compared."""
     return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+_norm = normalize_prompt
+HELDOUT_SPLIT = "heldout_split.json"
+
+
+def _prompt_texts(prompt: object) -> list[str]:
+    """The user text of a prompt: a string, or every user turn of a message list."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list):
+        return [m["content"] for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+    return [json.dumps(prompt)]
+
+
+def heldout_split_file() -> Path:
+    """The held-out split (chat, code, multiturn, grounded, arithmetic): measured on, never trained or tuned on."""
+    return Path(str(resources.files("builder") / "data" / HELDOUT_SPLIT))
 
 
 def heldout_texts(repo_root: Path | None = None) -> set[str]:
@@ -70,11 +89,14 @@ def heldout_texts(repo_root: Path | None = None) -> set[str]:
     texts = [line for line in (data / "heldout_prompts.txt").read_text().splitlines() if line.strip()]
     copy = json.loads((data / "heldout_copy_prompts.json").read_text())
     texts += [p for key, value in copy.items() if isinstance(value, list) for p in value]
+    if (data / HELDOUT_SPLIT).is_file():  # the held-out split: every user turn of every workload
+        split = json.loads((data / HELDOUT_SPLIT).read_text())
+        texts += [t for prompts in split["workloads"].values() for p in prompts for t in _prompt_texts(p)]
     root = repo_root or Path(__file__).resolve().parents[2]
     bench = root / "benchmarks" / "prompts.json"
     if bench.is_file():
         for prompts in json.loads(bench.read_text()).get("workloads", {}).values():
-            texts += [p if isinstance(p, str) else json.dumps(p) for p in prompts]
+            texts += [t for p in prompts for t in _prompt_texts(p)]
     return {_norm(t) for t in texts}
 
 
@@ -200,5 +222,5 @@ def prompts_from_file(path: Path) -> list[dict[str, str]]:
     return [{"kind": "user", "prompt": line} for line in lines]
 
 
-__all__ = ["PROMPTS_FILE", "PromptSetConfig", "build_prompt_set", "heldout_texts", "heldout_topics",
+__all__ = ["HELDOUT_SPLIT", "PROMPTS_FILE", "heldout_split_file", "normalize_prompt", "PromptSetConfig", "build_prompt_set", "heldout_texts", "heldout_topics",
            "load_prompt_set", "prompts_from_file", "save_prompt_set"]

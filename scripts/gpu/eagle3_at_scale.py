@@ -77,7 +77,7 @@ def _args() -> argparse.Namespace:
 def _encode_prompts(tokenizer, prompts: list[dict], limit: int) -> list[list[int]]:
     from builder.train.eagle_corpus import _clip, _encode
 
-    return [_clip(_encode(tokenizer, p["prompt"], True), limit) for p in prompts]
+    return [_clip(_encode(tokenizer, p, True), limit) for p in prompts]
 
 
 @torch.inference_mode()
