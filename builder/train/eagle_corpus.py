@@ -55,6 +55,7 @@ class PromptSource(str, Enum):
     TEMPLATES = "templates"  # seed topics x request templates and package docstrings (prompt_set.py)
     USERS = "users"  # user-like requests, self-instruct included (user_prompts.py, first pass)
     FOLLOWUPS = "followups"  # from a finished users corpus: its written requests and conversations
+    CONVERSATIONS = "conversations"  # users' first requests from a ShareGPT-format file (chat_datasets.py)
 
 
 class CorpusFeatures(str, Enum):
@@ -69,7 +70,7 @@ class CorpusConfig:
     prompts_file: str = ""  # empty: the built prompt set (prompt_source)
     prompt_set: PromptSetConfig = field(default_factory=PromptSetConfig)
     prompt_source: PromptSource = PromptSource.TEMPLATES
-    followup_from: str = ""  # prompt_source=followups: the first pass's corpus folder
+    followup_from: str = ""  # followups: the first pass's corpus folder; conversations: the conversation file
     temperatures: tuple[float, ...] = ()  # sampled prompts draw one of these per prompt; empty: (temperature,)
     max_new_tokens: int = 128
     rows: int = 16  # sequences decoded together in one pass
@@ -92,8 +93,9 @@ class CorpusConfig:
         except ValueError:
             raise BuildSpecError(f"prompt_source must be one of {', '.join(s.value for s in PromptSource)}, "
                                  f"got {self.prompt_source!r}") from None
-        if (self.prompt_source is PromptSource.FOLLOWUPS) != bool(self.followup_from):
-            raise BuildSpecError("prompt_source followups needs followup_from (the first pass's folder), and only it")
+        if (self.prompt_source in (PromptSource.FOLLOWUPS, PromptSource.CONVERSATIONS)) != bool(self.followup_from):
+            raise BuildSpecError("prompt_source followups / conversations need followup_from (the first pass's "
+                                 "folder / the conversation file), and only they")
         object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
         if any(not 0 < t < float("inf") for t in self.temperatures):
             raise BuildSpecError("temperatures must be finite and > 0")
@@ -172,6 +174,10 @@ def _build_prompts(config: CorpusConfig) -> list[dict[str, Any]]:
 
     if config.prompt_source is PromptSource.USERS:
         return build_user_prompts(UserPromptConfig(size=config.prompt_set.size, seed=config.seed))
+    if config.prompt_source is PromptSource.CONVERSATIONS:
+        from builder.train.chat_datasets import conversation_prompts
+
+        return conversation_prompts(config.followup_from, config.prompt_set.size, seed=config.seed)
     from triton_backend.engines.torch.model_loading import load_tokenizer
 
     return followup_prompts(config.followup_from, load_tokenizer(config.target), seed=config.seed)

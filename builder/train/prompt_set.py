@@ -30,7 +30,7 @@ import sysconfig
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from builder.errors import BuildSpecError
 
@@ -214,8 +214,16 @@ def load_prompt_set(path: Path) -> list[dict[str, str]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def prompts_from_file(path: Path) -> list[dict[str, str]]:
-    """A user's prompts: one per line (``\\n`` stands for a newline), all of kind ``user``."""
+def prompts_from_file(path: Path) -> list[dict[str, Any]]:
+    """A user's prompts: one per line (``\\n`` stands for a newline), all of kind ``user``; or a
+    JSON file of ``{"workloads": {name: [prompt or message list, ...]}}`` (the bench's and the
+    held-out split's layout), each prompt of its workload's kind."""
+    if path.suffix == ".json":
+        workloads = json.loads(path.read_text()).get("workloads")
+        if not isinstance(workloads, dict) or not workloads:
+            raise BuildSpecError(f"{path}: a JSON prompts file needs a non-empty \"workloads\" object")
+        return [{"kind": kind, "messages": p} if isinstance(p, list) else {"kind": kind, "prompt": str(p)}
+                for kind, prompts in workloads.items() for p in prompts]
     lines = [line.replace("\\n", "\n") for line in path.read_text().splitlines() if line.strip()]
     if not lines:
         raise BuildSpecError(f"prompts file {path} holds no prompts")

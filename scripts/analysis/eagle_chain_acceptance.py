@@ -8,17 +8,34 @@ git-ignored). The same measure for both, so the two compare on the same held-out
 
     python scripts/analysis/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle --corpus HELD
     python scripts/analysis/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle3 --corpus HELD
+    # per workload, on the held-out split answered greedily (eagle-data --prompts builder/data/heldout_split.json)
+    python scripts/analysis/eagle_chain_acceptance.py --eagle artifacts/smollm2-135m-eagle3 --corpus SPLIT --by-kind --k 4
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
 
-def eagle3_chain_acceptance(eagle: str, target: str, corpus: str, k: int) -> dict:
+def _kinds(corpus: str, files: list) -> list[str]:
+    """The prompt kind (workload) of every sequence, in the order the feature files hold them."""
+    import numpy as np
+
+    from builder.train.prompt_set import PROMPTS_FILE, load_prompt_set
+
+    prompts = load_prompt_set(Path(corpus) / PROMPTS_FILE)
+    kinds: list[str] = []
+    for feat in files:
+        with np.load(Path(corpus) / feat.name.replace("feat-", "shard-").replace(".pt", ".npz")) as z:
+            kinds += [prompts[int(i)]["kind"] for i in sorted(z["prompt_index"].tolist())]
+    return kinds
+
+
+def eagle3_chain_acceptance(eagle: str, target: str, corpus: str, k: int, by_kind: bool = False) -> dict:
     from builder.train.eagle3 import chain_acceptance as ttt_chain_acceptance, load_sequences
     from builder.train.eagle_features import corpus_feature_files
     from triton_backend.engines.torch.model_loading import load_model
@@ -27,18 +44,24 @@ def eagle3_chain_acceptance(eagle: str, target: str, corpus: str, k: int) -> dic
     model = load_model(target).eval()
     net = load_eagle3(eagle, num_target_layers=int(model.config.num_hidden_layers)).eval()
     embed = model.get_input_embeddings().weight.detach().float()
-    seqs = load_sequences(corpus_feature_files(target, corpus), max_len=1 << 30, layers=tuple(net.info.capture_layers))
+    files = corpus_feature_files(target, corpus)
+    seqs = load_sequences(files, max_len=1 << 30, layers=tuple(net.info.capture_layers))
     accepted = ttt_chain_acceptance(net, embed, seqs, k)
-    return {"eagle": eagle, "format": "eagle3", "corpus": corpus,
-            "positions": sum(len(s.tokens) - 1 - s.first for s in seqs), "chain_acceptance": accepted}
+    out = {"eagle": eagle, "format": "eagle3", "corpus": corpus,
+           "positions": sum(len(s.tokens) - 1 - s.first for s in seqs), "chain_acceptance": accepted}
+    if by_kind:  # per workload: a corpus made from a JSON prompts file (e.g. the held-out split)
+        kinds = _kinds(corpus, files)
+        out["by_kind"] = {kind: ttt_chain_acceptance(net, embed, [s for s, c in zip(seqs, kinds) if c == kind], k)
+                          for kind in dict.fromkeys(kinds)}
+    return out
 
 
 @torch.inference_mode()
-def chain_acceptance(eagle: str, target: str, corpus: str, k: int) -> dict:
+def chain_acceptance(eagle: str, target: str, corpus: str, k: int, by_kind: bool = False) -> dict:
     from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
 
     if detect_eagle_format(eagle) is EagleFormat.EAGLE3:
-        return eagle3_chain_acceptance(eagle, target, corpus, k)
+        return eagle3_chain_acceptance(eagle, target, corpus, k, by_kind)
     from builder.train.eagle_corpus import iter_corpus
     from triton_backend.core.config import RuntimeConfig
     from triton_backend.core.sampling import LogitsProcessor
@@ -76,8 +99,9 @@ def main() -> None:
     p.add_argument("--target", default=DEFAULT_REFERENCE)
     p.add_argument("--corpus", required=True)
     p.add_argument("--k", type=int, default=3)
+    p.add_argument("--by-kind", action="store_true", help="EAGLE-3: also per prompt kind (the corpus's workloads)")
     a = p.parse_args()
-    print(json.dumps(chain_acceptance(a.eagle, a.target, a.corpus, a.k), indent=2))
+    print(json.dumps(chain_acceptance(a.eagle, a.target, a.corpus, a.k, a.by_kind), indent=2))
 
 
 if __name__ == "__main__":
