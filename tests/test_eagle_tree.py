@@ -5,7 +5,6 @@ and the reference model, and the tree sizing of the gain rule."""
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

@@ -216,8 +216,8 @@ def _wait_until_up(supervisor: TritonSupervisor, timeout_s: float) -> None:
 
 def markdown(result: AbruptResult) -> str:
     c = result.config
-    lines = [f"| sessions | parallel | requests/session | invalid | grpc-error mode | SIGKILLed | aborts | "
-             f"aborts per 1,000 | final checks | duration |",
+    lines = ["| sessions | parallel | requests/session | invalid | grpc-error mode | SIGKILLed | aborts | "
+             "aborts per 1,000 | final checks | duration |",
              "|---|---|---|---|---|---|---|---|---|---|",
              f"| {result.sessions} | {c['parallel']} | {c['min_requests']}-{c['max_requests']} | "
              f"{c['invalid_fraction']:.0%} | {c['grpc_error_mode_fraction']:.0%} of sessions | "

@@ -17,7 +17,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 

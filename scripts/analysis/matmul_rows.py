@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from triton_backend.engines.torch.packed_linear import packed_matmul, packed_weight, packing_available
-from triton_backend.engines.torch.row_gemm import load_row_gemm
 
 
 def model_weights(target: str | None) -> list[torch.Tensor]:
