@@ -8,7 +8,8 @@ copied), against a real Triton serving a repository rendered with ``decoupled_mo
   (``runtime_top_k`` 1, ``runtime_top_p`` 0.0, ``temperature`` 1.0, ``return_perf_metrics``).
 - ``benchmark_core_model.py``: HTTP infer on ``tensorrt_llm``; it reads the first output as
   ``output_ids``.
-- ``end_to_end_test.py``: preprocessing -> tensorrt_llm -> postprocessing equals ``ensemble``.
+- ``end_to_end_test.py``: preprocessing -> tensorrt_llm -> postprocessing equals ``ensemble``,
+  with preprocessing's outputs read as r25.05's tritonclient reads them.
 - ``e2e_grpc_speculative_decoding_client.py`` / ``speculative_decoding_test.py``: the client
   drafts on one deployment, the target verifies ``draft_input_ids``; the text equals the
   ``ensemble``'s own (greedy) answer.
@@ -58,8 +59,16 @@ def _tensors(module, arrays: dict[str, np.ndarray]) -> list:
     return out
 
 
+def _as_r25_05_client_reads(arr: np.ndarray) -> np.ndarray:
+    """An output as r25.05's tritonclient (2.58) hands it over HTTP: a zero-size binary output
+    comes back as ``np.empty(0)`` reshaped, FP64 whatever its declared type (later clients keep
+    the type). The scripts pass preprocessing's outputs on with ``np_to_triton_dtype(arr.dtype)``."""
+    return arr if arr.size else np.empty(arr.shape)
+
+
 def _preprocess(t: RunningTriton, prompt: str, output_len: int) -> dict[str, np.ndarray]:
-    """preprocessing as the scripts call it: QUERY [1, 1], REQUEST_OUTPUT_LEN [1, 1], empty word lists."""
+    """preprocessing as the scripts call it: QUERY [1, 1], REQUEST_OUTPUT_LEN [1, 1], empty word lists;
+    its outputs as r25.05's client reads them."""
     import tritonclient.http as httpclient
 
     arrays = {"QUERY": np.array([[prompt]], dtype=object), "BAD_WORDS_DICT": np.array([[""]], dtype=object),
@@ -67,7 +76,7 @@ def _preprocess(t: RunningTriton, prompt: str, output_len: int) -> dict[str, np.
               "REQUEST_OUTPUT_LEN": np.array([[output_len]], np.int32)}
     with _http(t) as client:
         result = client.infer("preprocessing", _tensors(httpclient, arrays))
-    return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]}
+    return {o["name"]: _as_r25_05_client_reads(result.as_numpy(o["name"])) for o in result.get_response()["outputs"]}
 
 
 def _ensemble_text(t: RunningTriton, prompt: str, max_tokens: int) -> str:
@@ -119,18 +128,26 @@ def test_benchmark_core_model_reads_output_ids_first(server) -> None:
     assert len(outputs[0]["shape"]) == 3 and outputs[0]["shape"][:2] == [1, 1]
 
 
-def test_end_to_end_test_chain_equals_the_ensemble(server) -> None:
+@pytest.mark.parametrize("prompt,output_len", [(PROMPT, 10), ("Write a haiku about the sea.", 12),
+                                               ("List three prime numbers:", 8)])
+def test_end_to_end_test_chain_equals_the_ensemble(server, prompt: str, output_len: int) -> None:
+    """end_to_end_test.py --max-input-len=500 (HTTP, decoupled_mode false): preprocessing's
+    outputs, as r25.05's client reads them, go to tensorrt_llm unchanged (DECODER_INPUT_ID as
+    decoder_input_ids: it must come back INT32), then postprocessing; the text equals the ensemble's."""
     import tritonclient.http as httpclient
 
-    pre = _preprocess(server, PROMPT, 10)
+    pre = _preprocess(server, prompt, output_len)
+    assert {name: arr.dtype for name, arr in pre.items()} == {name: np.dtype(np.int32) for name in pre} | {
+        "EMBEDDING_BIAS": np.dtype(np.float64)}  # r25.05's EMBEDDING_BIAS is empty as well; no script sends it back
     arrays = {"input_ids": pre["INPUT_ID"], "decoder_input_ids": pre["DECODER_INPUT_ID"],
               "input_lengths": pre["REQUEST_INPUT_LEN"], "request_output_len": pre["REQUEST_OUTPUT_LEN"],
               "end_id": pre["OUT_END_ID"], "pad_id": pre["OUT_PAD_ID"]}
     with _http(server) as client:
         result = client.infer("tensorrt_llm", _tensors(httpclient, arrays))
-        post = {"TOKENS_BATCH": result.as_numpy("output_ids"), "SEQUENCE_LENGTH": result.as_numpy("sequence_length")}
+        post = {"TOKENS_BATCH": result.as_numpy("output_ids").astype(np.int32),
+                "SEQUENCE_LENGTH": result.as_numpy("sequence_length")}
         text = client.infer("postprocessing", _tensors(httpclient, post)).as_numpy("OUTPUT")[0].decode()
-    assert text == _ensemble_text(server, PROMPT, 10)
+    assert text and text == _ensemble_text(server, prompt, output_len)
 
 
 def _trtllm_call(client, ids: np.ndarray, output_len: int, drafts: list[int] | None, pre) -> np.ndarray:

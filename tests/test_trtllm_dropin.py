@@ -82,7 +82,13 @@ CONTRACT = {
                       {"INPUT_ID": ("TYPE_INT32", "-1"), "REQUEST_INPUT_LEN": ("TYPE_INT32", "1"),
                        "BAD_WORDS_IDS": ("TYPE_INT32", "2, -1"), "STOP_WORDS_IDS": ("TYPE_INT32", "2, -1"),
                        "REQUEST_OUTPUT_LEN": ("TYPE_INT32", "-1"), "OUT_END_ID": ("TYPE_INT32", "1"),
-                       "OUT_PAD_ID": ("TYPE_INT32", "1")}),
+                       "OUT_PAD_ID": ("TYPE_INT32", "1"), "DECODER_INPUT_ID": ("TYPE_INT32", "-1"),
+                       "REQUEST_DECODER_INPUT_LEN": ("TYPE_INT32", "1"), "EMBEDDING_BIAS": ("TYPE_FP32", "-1"),
+                       "OUT_PROMPT_TABLE_EXTRA_IDS": ("TYPE_UINT64", "-1"), "PIXEL_VALUES": ("TYPE_FP16", "-1, -1, -1, -1"),
+                       "ASPECT_RATIO_IDS": ("TYPE_INT64", "-1"), "ASPECT_RATIO_MASK": ("TYPE_INT64", "-1, -1"),
+                       "CROSS_ATTENTION_MASK": ("TYPE_INT64", "-1, -1, -1"), "IMAGE_SIZES": ("TYPE_INT64", "2"),
+                       "IS_VIDEO_INPUT": ("TYPE_BOOL", "1"), "ATTENTION_MASK": ("TYPE_INT64", "-1"),
+                       "IMAGE_GRID_THW": ("TYPE_INT64", "3"), "VISION_INPUT_ID": ("TYPE_INT32", "-1")}),
     "postprocessing": ({"TOKENS_BATCH": ("TYPE_INT32", "-1, -1"), "SEQUENCE_LENGTH": ("TYPE_INT32", "-1")},
                        {"OUTPUT": ("TYPE_STRING", "-1")}),
 }
@@ -125,11 +131,46 @@ def test_every_refused_input_is_named_in_its_error(name: str) -> None:
     refusal = REFUSED[name]
     value = {"false": True, "true": False}.get(refusal.accepts, None)
     if value is None:
-        value = np.array([b"x"], dtype=object) if spec.dtype.value == "TYPE_STRING" else np.ones(
-            [1 if d == -1 else d for d in spec.dims], dtype=spec.dtype.numpy)
+        width = refusal.placeholder_max + 1  # past a decoder-only placeholder
+        value = np.array([b"x"], dtype=object) if spec.dtype.value == "TYPE_STRING" else np.full(
+            [width if d == -1 else d for d in spec.dims], width, dtype=spec.dtype.numpy)
     with pytest.raises(InvalidRequestError, match=name):
         parse_request({**_arrays(text_input=np.array([PROMPT.encode()], dtype=object)), name: np.asarray(value)[None]},
                       DEPLOYMENT.speculation)
+
+
+def test_preprocessing_outputs_have_r25_05_types_and_the_decoder_placeholder() -> None:
+    """Every array preprocess() returns has its r25.05 config.pbtxt data type, and none that
+    end_to_end_test.py passes on to tensorrt_llm is empty (tritonclient <= 2.58 reads an empty
+    binary output as FP64, which tensorrt_llm refuses). The decoder prompt is r25.05's
+    placeholder [pad_id], which tensorrt_llm accepts and ignores; a real one is refused."""
+    from triton_backend.engines.torch.model_loading import load_tokenizer
+    from triton_backend.serving.tensors import TritonType
+    from triton_backend.serving.triton.tokenizer_models import preprocess
+
+    declared = _tensors(render_front_config(SERVING, next(m for m in front_models(SERVING)
+                                                           if m.name == "preprocessing")), "output")
+    out = preprocess(load_tokenizer(DEPLOYMENT.target), _arrays(
+        QUERY=np.array([PROMPT.encode()], dtype=object), REQUEST_OUTPUT_LEN=np.array([10], np.int32),
+        BAD_WORDS_DICT=np.array([b""], dtype=object), STOP_WORDS_DICT=np.array([b""], dtype=object)))
+    for name, arr in out.items():
+        assert arr.dtype == TritonType(declared[name][0]).numpy, (name, arr.dtype, declared[name])
+        assert arr.size or name == "EMBEDDING_BIAS", name  # r25.05's is [1, 0] too; no script passes it on
+    assert out["STOP_WORDS_IDS"].tolist() == [[[0], [-1]]] == out["BAD_WORDS_IDS"].tolist()  # [""]: no word
+    pad = int(out["OUT_PAD_ID"][0][0])
+    assert out["DECODER_INPUT_ID"].tolist() == [[pad]] and out["REQUEST_DECODER_INPUT_LEN"].tolist() == [[1]]
+    ids = {"input_ids": out["INPUT_ID"][0], "input_lengths": out["REQUEST_INPUT_LEN"][0],
+           "request_output_len": out["REQUEST_OUTPUT_LEN"][0], "pad_id": out["OUT_PAD_ID"][0]}
+    placeholder = parse_request({**_arrays(**ids), "decoder_input_ids": out["DECODER_INPUT_ID"],
+                                 "decoder_input_lengths": out["REQUEST_DECODER_INPUT_LEN"],
+                                 "stop_words_list": out["STOP_WORDS_IDS"], "bad_words_list": out["BAD_WORDS_IDS"]},
+                                DEPLOYMENT.speculation)
+    assert placeholder.prompt == parse_request(_arrays(**ids), DEPLOYMENT.speculation).prompt
+    assert placeholder.sampling.stop_token_ids == () and not placeholder.sampling.bad_token_ids
+    for name, value in (("decoder_input_ids", np.array([[pad, pad]], np.int32)),
+                        ("decoder_input_lengths", np.array([[2]], np.int32))):
+        with pytest.raises(InvalidRequestError, match=name):
+            parse_request({**_arrays(**ids), name: value}, DEPLOYMENT.speculation)
 
 
 @pytest.mark.parametrize("name,value", [("beam_width", 2), ("num_return_sequences", 3),

@@ -24,7 +24,7 @@ from triton_backend.serving.interface import RANDOM_SEED as OUR_SEED
 from triton_backend.serving.tensors import TensorSpec, read_ids, read_matrix, read_scalar
 from triton_backend.serving.trtllm_interface import (
     BEAM_WIDTH, INPUT_IDS, INPUT_LENGTHS, NUM_RETURN_SEQUENCES, PAD_ID, REFUSED, REQUEST_OUTPUT_LEN, RUNTIME_TOP_K,
-    RUNTIME_TOP_P, SEED, STREAMING,
+    RUNTIME_TOP_P, SEED, STREAMING, Refusal,
 )
 
 
@@ -33,12 +33,21 @@ def _optional(spec: TensorSpec) -> TensorSpec:
     return replace(spec, optional=True)
 
 
+def _placeholder(arr: np.ndarray, refusal: Refusal) -> bool:
+    """Whether ``arr`` is the placeholder ``refusal`` lets through (see :class:`Refusal`)."""
+    if not 0 < arr.size <= refusal.placeholder_max or arr.dtype == np.object_:
+        return False
+    return refusal.placeholder_value_max is None or bool((arr <= refusal.placeholder_value_max).all())
+
+
 def refuse_unsupported(arrays: Mapping[str, np.ndarray]) -> None:
     """Refuse any input of :data:`REFUSED` set to something other than what it accepts."""
     for name in sorted(set(arrays) & set(REFUSED)):
         refusal = REFUSED[name]
         arr = np.asarray(arrays[name])
         if refusal.accepts == "absent":
+            if _placeholder(arr, refusal):
+                continue
             if arr.size and not (arr.dtype == np.object_ and all(not v for v in arr.reshape(-1))):
                 raise InvalidRequestError(f"{name} {refusal.reason}; leave it out")
         else:

@@ -166,19 +166,29 @@ POST_OUTPUTS: tuple[TensorSpec, ...] = (_out("OUTPUT", T.STRING, (-1,)),)
 @dataclass(frozen=True)
 class Refusal:
     """An input specbuild does not implement: accepted only ``absent`` (or empty), ``false``,
-    or ``true``; anything else is refused with ``reason``."""
+    or ``true``; anything else is refused with ``reason``. An ``absent`` input with
+    ``placeholder_max`` > 0 is also accepted, and ignored, with at most that many elements, each
+    at most ``placeholder_value_max`` when that is set: preprocessing's placeholder decoder prompt
+    (``DECODER_INPUT_ID`` ``[pad_id]``, ``REQUEST_DECODER_INPUT_LEN`` 1), which TensorRT-LLM
+    ignores for a decoder-only model and r25.05's ``end_to_end_test.py`` sends to ``tensorrt_llm``."""
 
     accepts: str  # "absent" | "false" | "true"
     reason: str
+    placeholder_max: int = 0
+    placeholder_value_max: int | None = None
 
 
 _NOT_OFFERED = "is not offered by specbuild"
 REFUSED: dict[str, Refusal] = {
     **{name: Refusal("absent", _NOT_OFFERED + " (multimodal / encoder-decoder inputs)") for name in (
         "decoder_text_input", "image_input", "image_bytes_input", "image_url_input", "video_bytes_input",
-        "encoder_input_features", "encoder_output_lengths", "decoder_input_ids", "decoder_input_lengths",
+        "encoder_input_features", "encoder_output_lengths",
         "cross_attention_mask", "mrope_rotary_cos_sin", "mrope_position_deltas", "skip_cross_attn_blocks",
         "DECODER_QUERY", "IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES")},
+    "decoder_input_ids": Refusal("absent", _NOT_OFFERED + " (encoder-decoder input; preprocessing's one-token "
+                                 "placeholder [pad_id] is accepted and ignored)", placeholder_max=1),
+    "decoder_input_lengths": Refusal("absent", _NOT_OFFERED + " (encoder-decoder input; the placeholder's length 1 "
+                                     "is accepted and ignored)", placeholder_max=1, placeholder_value_max=1),
     **{name: Refusal("absent", _NOT_OFFERED + " (prompt tables / LoRA)") for name in (
         "prompt_embedding_table", "prompt_table_extra_id", "prompt_table_extra_ids", "prompt_vocab_size",
         "lora_task_id", "lora_weights", "lora_config", "PROMPT_TABLE_EXTRA_ID")},

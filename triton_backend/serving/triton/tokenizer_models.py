@@ -4,7 +4,8 @@ then call the token-level ``tensorrt_llm`` model.
 
 ``preprocessing``: ``QUERY`` -> ``INPUT_ID`` / ``REQUEST_INPUT_LEN``, ``STOP_WORDS_DICT`` /
 ``BAD_WORDS_DICT`` -> ``[2, n]`` word lists (ids back to back; end offsets then -1),
-``END_ID`` / ``PAD_ID`` defaults from the tokenizer. ``postprocessing``: ``TOKENS_BATCH``
+``END_ID`` / ``PAD_ID`` defaults from the tokenizer, ``DECODER_INPUT_ID`` r25.05's ``[pad_id]``
+placeholder (length 1). Each output has the data type of r25.05's ``config.pbtxt``. ``postprocessing``: ``TOKENS_BATCH``
 [beam, n] cut to ``SEQUENCE_LENGTH`` -> ``OUTPUT`` text (special tokens skipped).
 The numpy functions are plain; :class:`PreprocessingModel` / :class:`PostprocessingModel`
 are the thin Triton adapters (parameter ``target_model``: whose ``deployment.json`` names
@@ -33,14 +34,18 @@ _POST = {spec.name: spec for spec in POST_INPUTS}
 
 
 def word_list(tokenizer: Any, words: Sequence[str]) -> np.ndarray:
-    """``[2, n]`` int32: row 0 every word's ids back to back, row 1 their end offsets (-1 padded)."""
+    """``[2, n]`` int32: row 0 every word's ids back to back, row 1 their end offsets (-1 padded).
+    No word (none sent, or only empty ones): ``[[0], [-1]]``, as r25.05 answers ``[""]``; never
+    ``[2, 0]``, which tritonclient <= 2.58 reads back as FP64."""
     ids: list[int] = []
     offsets: list[int] = []
     for word in words:
-        ids.extend(tokenizer.encode(word, add_special_tokens=False))
-        offsets.append(len(ids))
+        word_ids = tokenizer.encode(word, add_special_tokens=False)
+        if word_ids:  # an empty word has no end offset (r25.05 skips it)
+            ids.extend(word_ids)
+            offsets.append(len(ids))
     if not ids:
-        return np.zeros((2, 0), dtype=np.int32) if not words else np.array([[0], [-1]], dtype=np.int32)
+        return np.array([[0], [-1]], dtype=np.int32)
     width = max(len(ids), len(offsets))
     out = np.full((2, width), -1, dtype=np.int32)
     out[0, :] = 0
@@ -63,7 +68,10 @@ def preprocess(tokenizer: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np
     pad_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id) if pad_id is None else pad_id
     return {
         "INPUT_ID": array_tensor(ids, T.INT32), "REQUEST_INPUT_LEN": scalar_tensor(len(ids), T.INT32),
-        "DECODER_INPUT_ID": np.zeros((1, 0), dtype=np.int32), "REQUEST_DECODER_INPUT_LEN": scalar_tensor(0, T.INT32),
+        # no DECODER_QUERY: r25.05's placeholder decoder prompt [pad_id] (TensorRT-LLM ignores it for a
+        # decoder-only model). Never a zero-size tensor: tritonclient <= 2.58 reads an empty binary
+        # output as FP64, and end_to_end_test.py sends it back to tensorrt_llm as decoder_input_ids.
+        "DECODER_INPUT_ID": array_tensor([pad_id], T.INT32), "REQUEST_DECODER_INPUT_LEN": scalar_tensor(1, T.INT32),
         "BAD_WORDS_IDS": word_list(tokenizer, read_strings(arrays, _PRE["BAD_WORDS_DICT"]))[np.newaxis],
         "STOP_WORDS_IDS": word_list(tokenizer, read_strings(arrays, _PRE["STOP_WORDS_DICT"]))[np.newaxis],
         "EMBEDDING_BIAS": np.zeros((1, 0), dtype=np.float32),
