@@ -77,3 +77,25 @@ def test_a_cuda_run_writes_its_figures_under_gpu_keys():
     assert device_keys({"best_all_x_plain": 1.3}, "cpu") == {"best_all_x_plain": 1.3}
     assert device_keys({"best_all_x_plain": 1.3, "auto_all_x_plain": 1.2}, "cuda:0") == {
         "gpu_best_all_x_plain": 1.3, "gpu_auto_all_x_plain": 1.2}
+
+
+def test_heldout_split_figures_are_their_own_keys():
+    from builder.bench.report import heldout_figures
+
+    rows = [_entry(w, "plain", 1.0, kind="ours", method="off", identical_to_plain=True) for w in ("chat", "all")]
+    rows += [_entry("chat", "auto", 1.3, kind="ours", method="auto", identical_to_plain=True),
+             _entry("all", "auto", 1.6, kind="ours", method="auto", identical_to_plain=True),
+             _entry("all", "auto unmerged", 1.9, kind="ours", method="auto", model_drafter="eagle",
+                    merge_lookup=False, identical_to_plain=True),  # a comparison row: not the deployed auto
+             _entry("chat", "eagle tree", 1.1, kind="ours", method="eagle", tokens_per_target_pass=1.8,
+                    identical_to_plain=True),
+             _entry("all", "eagle tree", 1.2, kind="ours", method="eagle", tokens_per_target_pass=2.0,
+                    identical_to_plain=True),
+             _entry("all", "hf prompt-lookup", 3.0, kind="peer", method="ngram")]
+    figures = heldout_figures({"rows": rows})
+    assert figures == {"eagle_heldout_chat_tokens_per_pass": 1.8, "heldout_chat_auto_x_plain": 1.3,
+                       "eagle_heldout_all_tokens_per_pass": 2.0, "heldout_all_auto_x_plain": 1.6,
+                       "heldout_rows_identical_to_plain": 1.0}
+    rows[3]["identical_to_plain"] = False
+    assert heldout_figures({"rows": rows})["heldout_rows_identical_to_plain"] == 0.0
+    assert not set(figures) & set(headline_figures({"rows": rows}))

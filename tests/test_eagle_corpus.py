@@ -171,3 +171,18 @@ def test_features_captured_in_the_generation_passes_equal_prefill_and_resume(tin
     assert cli_main(["eagle-data", "--out", str(tmp_path / "x"), "--features", "eagle3", "--headline"]) == 2
     assert cli_main(["eagle-data", "--out", str(tmp_path / "x"), "--capture-layers", "1,x"]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_committed_corpus_summary_is_current():
+    """artifacts/eagle-corpus/summary.json is what `specbuild eagle-corpus-summary` counts now."""
+    import json
+    from pathlib import Path
+
+    from builder.train.eagle_corpus import HELDOUT_FOLDERS, corpus_tree_summary
+
+    root = Path(__file__).resolve().parents[1] / "artifacts" / "eagle-corpus"
+    summary = corpus_tree_summary(root)
+    assert summary["folders"] == json.loads((root / "summary.json").read_text())
+    assert set(HELDOUT_FOLDERS) <= set(summary["folders"])
+    assert summary["training_positions"] == sum(e["generated_positions"] for name, e in summary["folders"].items()
+                                                if name not in HELDOUT_FOLDERS)

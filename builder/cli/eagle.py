@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from builder.headline import HEADLINE_PATH
@@ -112,7 +113,32 @@ def _cmd_eagle_data(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_corpus_summary(a: argparse.Namespace) -> int:
+    from builder.train.eagle_corpus import corpus_tree_summary
+
+    summary = corpus_tree_summary(a.root)
+    if not summary["folders"]:
+        from triton_backend.core.errors import ConfigError
+
+        raise ConfigError(f"{a.root} holds no corpus folders (<folder>/meta.json)")
+    out = Path(a.root) / "summary.json"
+    out.write_text(json.dumps(summary["folders"], indent=2, sort_keys=True) + "\n")
+    for name, entry in summary["folders"].items():
+        print(f"{name}: {entry['shards']}/{entry['shards_total']} shards, {entry['generated_positions']:,} positions")
+    print(f"training positions in all (held-out folders apart): {summary['training_positions']:,}; wrote {out}")
+    if a.headline:
+        from builder.headline import update_headline
+
+        update_headline({"eagle_data_positions_total": summary["training_positions"]})
+    return 0
+
+
 def _register_data(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    c = sub.add_parser("eagle-corpus-summary", help="count the committed drafter corpus (shards, positions) into "
+                                                   "its summary.json and, with --headline, eagle_data_positions_total")
+    c.add_argument("--root", default="artifacts/eagle-corpus", help="the folder of corpus folders")
+    c.add_argument("--headline", action="store_true", help="write eagle_data_positions_total to the headline file")
+    c.set_defaults(func=_cmd_corpus_summary)
     d = sub.add_parser("eagle-data", help="a drafter token corpus from the target on the batched slot engine "
                                           "(sharded, resumable; rerun the same command to resume)")
     d.add_argument("--target", default=DEFAULT_REFERENCE, help="reference model name or HF directory")

@@ -457,5 +457,26 @@ def corpus_summary(data_dir: str | Path) -> dict[str, Any]:
             "meta": json.loads((Path(data_dir) / META).read_text()) if (Path(data_dir) / META).is_file() else None}
 
 
-__all__ = ["CorpusConfig", "CorpusFeatures", "PromptSource", "CorpusStats", "corpus_positions", "corpus_summary", "generate_corpus", "iter_corpus",
+HELDOUT_FOLDERS = ("held",)  # corpus folders of held-out prompts: measured on, never trained on
+
+
+def corpus_tree_summary(root: str | Path) -> dict[str, Any]:
+    """Every corpus folder under ``root`` (``artifacts/eagle-corpus``): shards, generated positions,
+    shards of its prompt set in all; and the training positions in all (held-out folders apart)."""
+    folders: dict[str, Any] = {}
+    for meta in sorted(Path(root).glob(f"*/{META}")):
+        folder = meta.parent
+        entry = {k: v for k, v in corpus_summary(folder).items() if k != "meta"}
+        prompts = folder / PROMPTS_FILE
+        if prompts.is_file():
+            shard_size = int(json.loads(meta.read_text()).get("shard_size", 64))
+            entry["shards_total"] = -(-len(load_prompt_set(prompts)) // shard_size)
+        else:  # made elsewhere with its prompts named in meta.json (gpu/): complete as it is
+            entry["shards_total"] = entry["shards"]
+        folders[folder.name] = entry
+    training = sum(e["generated_positions"] for name, e in folders.items() if name not in HELDOUT_FOLDERS)
+    return {"folders": folders, "training_positions": training}
+
+
+__all__ = ["CorpusConfig", "corpus_tree_summary", "CorpusFeatures", "PromptSource", "CorpusStats", "corpus_positions", "corpus_summary", "generate_corpus", "iter_corpus",
            "prepare_corpus_dir", "run_worker", "shard_path", "todo_shards"]
