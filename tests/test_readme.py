@@ -99,3 +99,23 @@ def test_render_command_checks_and_refuses_a_missing_results_folder(tmp_path: Pa
     assert cli_main(["bench", "--render-readme", "--check"]) == 0
     assert cli_main(["bench", "--render-readme", "--check", "--out", str(tmp_path / "none")]) == 2
     assert "no headline file" in capsys.readouterr().err
+
+
+def test_docs_index_commands_table_lists_every_command_once_with_one_page() -> None:
+    """docs/index.md's commands table: every row is `command(s) | page`, its page link resolves,
+    and together the rows name each `specbuild` sub-command (``k8s`` by its own sub-commands) once."""
+    from builder.cli.main import build_parser
+
+    text = (ROOT / "docs" / "index.md").read_text()
+    table = text.split("## Commands", 1)[1].split("\n\n")[1].splitlines()
+    assert table[:2] == ["| command | page |", "|---|---|"]
+    named: list[str] = []
+    for row in table[2:]:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        assert len(cells) == 2 and row.startswith("| `specbuild ") and row.endswith("|"), row
+        page = re.match(r"\[([\w.-]+\.md)\]\(([\w.-]+\.md)\)", cells[1])
+        assert page and page.group(1) == page.group(2) and (ROOT / "docs" / page.group(2)).exists(), row
+        named += [c.split()[0] for c in re.findall(r"`(?:specbuild )?([^`]+)`", cells[0])]
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert sorted(named) == sorted([*commands, "k8s"]), sorted(set(named) ^ set(commands))
