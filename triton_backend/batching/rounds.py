@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.core.guide_cache import CompiledGuide
 from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, doubtful
 from triton_backend.speculation.drafters.eagle import EagleSession, FeatureDrafter
@@ -57,9 +58,10 @@ class BatchSequence(RunState):
 
     def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *, started: float,
-                 drafter_session: bool = True, ngram: Drafter | None = None) -> None:
+                 drafter_session: bool = True, ngram: Drafter | None = None,
+                 compiled_guide: CompiledGuide | None = None) -> None:
         super().__init__(target, tokenizer, prompt_ids, params, spec, mode, drafter, started=started,
-                         drafter_session=drafter_session, ngram=ngram)
+                         drafter_session=drafter_session, ngram=ngram, compiled_guide=compiled_guide)
         self.mode = mode if drafter is not None else SpeculationMode.OFF
         self.drafter = drafter
         session = self.drafter_session
@@ -145,6 +147,7 @@ class PlannedRow:
     draft_s: float = 0.0
     forced: bool = False  # the proposal is the grammar's forced tokens (structured output), not a drafter's
     proposed: bool = False  # drafted already this round (EAGLE rows, batched across rows)
+    error: Exception | None = None  # this row failed this round (its own request fails; the others go on)
 
     def offer_forced(self) -> bool:
         """A chain row whose grammar forces its next tokens drafts them for free, as the single
@@ -189,17 +192,44 @@ def propose_eagle_rows(planned: Sequence[PlannedRow]) -> int:
         if shape is not None:
             groups.setdefault(id(seq.drafter), []).append((row, shape))
     for group in groups.values():
-        t0 = time.perf_counter()
-        drafter = group[0][0].seq.drafter
-        assert isinstance(drafter, FeatureDrafter)
-        seqs = [r.seq for r, _ in group]
-        proposals = drafter.propose_trees([s.eagle for s in seqs], [s.tokens for s in seqs], [sh for _, sh in group],
-                                          [s.processor for s in seqs], [s.rng for s in seqs])
-        spent = (time.perf_counter() - t0) / len(group)
-        for (row, _), proposal in zip(group, proposals):
-            row.proposal, row.proposed = row.seq.with_lookup(proposal), True  # auto's merged rounds: the match too
-            row.draft_s += spent
+        shapes = {id(row): shape for row, shape in group}
+        isolated([row for row, _ in group], lambda rows: _propose_eagle_group(rows, shapes), "EAGLE drafting")
     return sum(len(g) for g in groups.values())
+
+
+def _propose_eagle_group(rows: Sequence[PlannedRow], shapes: dict[int, TreeShape]) -> None:
+    t0 = time.perf_counter()
+    drafter = rows[0].seq.drafter
+    assert isinstance(drafter, FeatureDrafter)
+    seqs = [r.seq for r in rows]
+    proposals = drafter.propose_trees([s.eagle for s in seqs], [s.tokens for s in seqs], [shapes[id(r)] for r in rows],
+                                      [s.processor for s in seqs], [s.rng for s in seqs])
+    spent = (time.perf_counter() - t0) / len(rows)
+    for row, proposal in zip(rows, proposals):
+        row.proposal, row.proposed = row.seq.with_lookup(proposal), True  # auto's merged rounds: the match too
+        row.draft_s += spent
+
+
+def isolated(rows: Sequence[PlannedRow], step: Callable[[Sequence[PlannedRow]], object], what: str) -> None:
+    """Run ``step`` over the ``rows`` that have not failed, batched; when it raises, again over
+    each row alone: a row that fails alone keeps its error (:attr:`PlannedRow.error`, its
+    request fails), the others their results. One request's failure stays its own."""
+    live = [r for r in rows if r.error is None]
+    if not live:
+        return
+    try:
+        step(live)
+        return
+    except Exception as exc:
+        if len(live) == 1:
+            live[0].error = exc
+            return
+        logger.warning("%s failed for %d rows at once (%s); again row by row", what, len(live), exc)
+    for row in live:
+        try:
+            step([row])
+        except Exception as exc:
+            row.error = exc
 
 
 def propose_per_row(planned: Sequence[PlannedRow]) -> None:
@@ -207,11 +237,15 @@ def propose_per_row(planned: Sequence[PlannedRow]) -> None:
     rounds): one proposal per row."""
     for row in planned:
         seq = row.seq
-        if row.k <= 0 or row.forced or row.proposed or (seq.draft_slot is not None and seq.model_drafts):
+        if (row.error is not None or row.k <= 0 or row.forced or row.proposed
+                or (seq.draft_slot is not None and seq.model_drafts)):
             continue
         t0 = time.perf_counter()
-        proposal = seq.propose(row.k, tree=seq.medusa is not None)
-        row.proposal = proposal if seq.medusa is not None else seq.constrain(proposal)
+        try:
+            proposal = seq.propose(row.k, tree=seq.medusa is not None)
+            row.proposal = proposal if seq.medusa is not None else seq.constrain(proposal)
+        except Exception as exc:  # this row's drafter or grammar: its request fails, the round goes on
+            row.error = exc
         row.draft_s += time.perf_counter() - t0
 
 
@@ -221,7 +255,18 @@ def propose_with_draft_model(engine: BatchedEngine, planned: Sequence[PlannedRow
     sample from the processed ``q`` with the row's own generator; a row whose drafter stops on a
     doubtful token drafts no further). A drafter taking its context from the target's cache
     copies it from ``target``'s slot first. Returns the passes run."""
-    rows = [r for r in planned if r.k > 0 and r.seq.draft_slot is not None and r.seq.model_drafts and not r.forced]
+    rows = [r for r in planned if r.k > 0 and r.seq.draft_slot is not None and r.seq.model_drafts and not r.forced
+            and r.error is None]
+    passes = [0]
+
+    def step(some: Sequence[PlannedRow]) -> None:
+        passes[0] += _draft_model_rows(engine, some, target)
+
+    isolated(rows, step, "draft-model drafting")
+    return passes[0]
+
+
+def _draft_model_rows(engine: BatchedEngine, rows: Sequence[PlannedRow], target: BatchedEngine) -> int:
     drafted: dict[int, list[int]] = {id(r): [] for r in rows}
     probs: dict[int, list[torch.Tensor]] = {id(r): [] for r in rows}
     stopped: set[int] = set()
@@ -316,5 +361,5 @@ def describe(planned: Sequence[PlannedRow], prefill: int) -> dict[str, Any]:
             "methods": [r.seq.mode.value for r in planned]}
 
 
-__all__ = ["BatchSequence", "PlannedRow", "describe", "drafted_tokens", "propose_eagle_rows", "propose_per_row",
+__all__ = ["BatchSequence", "PlannedRow", "describe", "drafted_tokens", "isolated", "propose_eagle_rows", "propose_per_row",
            "propose_with_draft_model", "verify_row"]

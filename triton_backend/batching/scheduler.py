@@ -11,6 +11,14 @@ whose prompt starts with tokens an active sequence has committed (a chat templat
 prompt) takes their keys and values from that sequence's slot instead of prefilling them,
 where the engine can share a prefix exactly (:class:`~triton_backend.engines.batch.PrefixSharing`).
 Everything runs on the scheduler's thread; clients are told through their :class:`RequestHandle`.
+
+One request's failure stays its own. A request with a structured-output guide waits outside the
+queue until its guide is compiled and probed on a thread of its own, within the time budget
+(:mod:`triton_backend.core.guide_cache`); a guide the grammar engine refuses fails that request
+alone, before it joins the batch. In a round, whatever fails for one row (its grammar, stop rule,
+sampling or drafter; a batched drafter call that raises is run again row by row:
+:func:`~triton_backend.batching.rounds.isolated`) fails that row's request only; only a failure of
+the one target pass, which every row shares, fails the batch.
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from triton_backend.batching.plan import BatchPolicy, DraftPlanner
 from triton_backend.batching.rounds import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_eagle_rows,
                                         propose_per_row, propose_with_draft_model, verify_row)
+from triton_backend.core.guide_cache import GUIDES, CompiledGuide, GuideCache, over_budget
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.client import ClientDraft
@@ -138,14 +148,19 @@ class _Job:
     handle: RequestHandle
     submitted: float
     client_draft: ClientDraft | None = None  # drafts the client sent, verified in the first round
+    guide: "Future[CompiledGuide] | None" = None  # its structured-output guide, compiling
+    compiled: CompiledGuide | None = None  # its guide, compiled and probed
+    deadline: float = 0.0  # when a guide still compiling is refused (perf_counter)
 
 
 class BatchScheduler:
     """Continuous batching over a decoder's target and drafters (see the module docstring)."""
 
     def __init__(self, decoder: SpeculativeDecoder, config: SchedulerConfig | None = None,
-                 observer: RoundObserver | None = None, cost_model: PassCostModel | None = None) -> None:
+                 observer: RoundObserver | None = None, cost_model: PassCostModel | None = None,
+                 guides: GuideCache | None = None) -> None:
         self.decoder = decoder
+        self.guides = guides or GUIDES
         self.config = config or SchedulerConfig()
         self.observer = observer
         self.target = as_batched(decoder.target, self.config.max_batch_size)
@@ -160,6 +175,7 @@ class BatchScheduler:
         self.shared_prefix_tokens = 0  # prompt tokens copied from another slot instead of prefilled
         self.timing = RoundTiming()
         self._queue: deque[_Job] = deque()
+        self._compiling: list[_Job] = []  # waiting for their guide (outside the queue's order, inside its bound)
         self._active: list[BatchSequence] = []
         self._handles: dict[int, RequestHandle] = {}
         self._cond = threading.Condition()
@@ -180,19 +196,43 @@ class BatchScheduler:
                                        spec.auto_drafter)
         if client_draft is not None:
             client_draft.check_vocab(self.decoder.target.vocab_size)
+        job = _Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter(), client_draft)
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the model is shutting down")
-            if len(self._queue) >= self.config.max_queue_size:
-                raise QueueFullError(f"{len(self._queue)} requests already wait for one of "
+            waiting = len(self._queue) + len(self._compiling)
+            if waiting >= self.config.max_queue_size:
+                raise QueueFullError(f"{waiting} requests already wait for one of "
                                      f"{self.config.max_batch_size} batch slots; retry later")
-            self._queue.append(_Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter(), client_draft))
+        if params.guide is not None:
+            self._prepare_guide(job)
+        with self._cond:
+            if job.guide is not None:
+                self._compiling.append(job)
+            else:
+                self._queue.append(job)
+            self._cond.notify()
+
+    def _prepare_guide(self, job: _Job) -> None:
+        """Start compiling the job's guide (a cached one is ready at once; a cached refusal
+        raises here, as the submit's error)."""
+        target = self.decoder.target
+        future = self.guides.prepare(job.params.guide, self.decoder.tokenizer, vocab=target.vocab_size,
+                                     eos_token_ids=sorted(target.eos_token_ids))
+        if future.done():
+            job.compiled = future.result()  # raises its refusal
+            return
+        job.guide, job.deadline = future, time.perf_counter() + self.guides.budget.max_compile_s
+        future.add_done_callback(self._wake)
+
+    def _wake(self, _: object = None) -> None:
+        with self._cond:
             self._cond.notify()
 
     def load(self) -> tuple[int, int]:
-        """(requests in the batch, requests queued)."""
+        """(requests in the batch, requests queued, their guides compiling among them)."""
         with self._cond:
-            return len(self._active), len(self._queue)
+            return len(self._active), len(self._queue) + len(self._compiling)
 
     def shutdown(self, drain: bool = True) -> None:
         """Refuse new requests; finish the admitted and queued ones (``drain``) or fail them."""
@@ -207,10 +247,14 @@ class BatchScheduler:
         while True:
             with self._cond:
                 while not self._closed and not self._queue and not self._active:
+                    if self._compiling:  # a guide's deadline is due, or its compile ends
+                        self._cond.wait(max(0.0, min(j.deadline for j in self._compiling) - time.perf_counter()))
+                        break
                     self._cond.wait()
-                if self._closed and not (self._draining and (self._queue or self._active)):
+                if self._closed and not (self._draining and (self._queue or self._active or self._compiling)):
                     break
             try:
+                self._take_compiled()
                 self._drop_cancelled()
                 self._admit()
                 if self._active:
@@ -223,6 +267,37 @@ class BatchScheduler:
                 for seq in list(self._active):
                     self._finish(seq, error=exc)
         self._close_all()
+
+    def _take_compiled(self) -> None:
+        """Jobs whose guide compiled join the queue; a refused guide, or one past its time
+        budget, fails its own request."""
+        with self._cond:
+            if not self._compiling:
+                return
+            now, ready, failed, waiting = time.perf_counter(), [], [], []
+            for job in self._compiling:
+                future = job.guide
+                assert future is not None
+                if future.done():
+                    error = future.exception()
+                    if error is None:
+                        job.compiled, job.guide = future.result(), None
+                        ready.append(job)
+                    else:
+                        failed.append((job, error))
+                elif now >= job.deadline:
+                    failed.append((job, over_budget(job.params.guide, self.guides.budget.max_compile_s)))
+                elif job.handle.cancelled():
+                    failed.append((job, None))
+                else:
+                    waiting.append(job)
+            self._compiling = waiting
+            self._queue.extend(ready)
+        for job, error in failed:
+            if error is None:
+                self._tell(job.handle.on_cancelled)
+            else:
+                self._tell(job.handle.on_error, error)
 
     def _admit(self) -> None:
         while len(self._active) < self.config.max_batch_size:
@@ -252,7 +327,7 @@ class BatchScheduler:
         batched_draft = isinstance(drafter, DraftModelDrafter) and self.draft_engine is not None
         seq = BatchSequence(self.decoder.target, self.decoder.tokenizer, job.prompt_ids, job.params, job.spec, mode, drafter,
                             started=job.submitted, drafter_session=not batched_draft,
-                            ngram=self.decoder.auto_ngram(job.spec.method, mode))
+                            ngram=self.decoder.auto_ngram(job.spec.method, mode), compiled_guide=job.compiled)
         if job.client_draft is not None:
             seq.attach_client_draft(job.client_draft)
         seq.slot = self.target.allocate()
@@ -296,7 +371,7 @@ class BatchScheduler:
         prompting = bool(prefill) or any(r.seq.prompting for r in planned)
         # structured output: forced tokens ride for free; a draft taking the prompt from the
         # target's cache waits for the target's prefill (the row's first round is plain)
-        free = [r for r in planned if not r.offer_forced() and not r.seq.context_pending]
+        free = [r for r in planned if not self._offer_forced(r) and not r.seq.context_pending]
         ks = self.planner.plan([r.seq for r in free])
         for row, k in zip(free, ks):
             row.k = k
@@ -304,6 +379,9 @@ class BatchScheduler:
         propose_per_row(planned)
         if self.draft_engine is not None:
             propose_with_draft_model(self.draft_engine, planned, self.target)
+        planned = self._without_failed(planned)
+        if not planned and not prefill:
+            return
         rows = prefill + [r.target_row() for r in planned]
         t0 = time.perf_counter()
         outputs = self.target.forward(rows)
@@ -327,6 +405,29 @@ class BatchScheduler:
                         "so far: %d", self.timing.summary(), len(rows),
                         chooser.rates(len(rows)) if chooser is not None else "-", self.shared_prefix_tokens)
             self.timing = RoundTiming()
+
+    @staticmethod
+    def _offer_forced(row: PlannedRow) -> bool:
+        """The row's grammar-forced draft (structured output); a row whose grammar fails here
+        keeps the error and drafts nothing."""
+        try:
+            return row.offer_forced()
+        except Exception as exc:
+            row.error = exc
+            return True
+
+    def _without_failed(self, planned: list[PlannedRow]) -> list[PlannedRow]:
+        """Fail the rows that failed while drafting (their requests alone); the others go on."""
+        kept = []
+        for row in planned:
+            if row.error is None:
+                kept.append(row)
+                continue
+            if not isinstance(row.error, SpecbuildError):
+                logger.error("a row failed while drafting; its request fails, the batch goes on",
+                             exc_info=row.error)
+            self._finish(row.seq, error=row.error)
+        return kept
 
     def _split(self, active: Sequence[BatchSequence]) -> tuple[list[BatchRow], list[PlannedRow]]:
         """Prefill chunks for prompts longer than what is left of the round's budget; a round
@@ -355,7 +456,9 @@ class BatchScheduler:
             outcome = verify_row(self.target, row, out).outcome(row.draft_s, verify_s, forced=row.forced)
             seq.record(outcome)
             chunk = seq.commit.commit(outcome.block)
-        except SpecbuildError as exc:
+        except Exception as exc:  # its grammar, sampling or stop rule: this request fails, the others go on
+            if not isinstance(exc, SpecbuildError):
+                logger.exception("a row failed in verification; its request fails, the batch goes on")
             self._finish(seq, error=exc)
             return 0
         if chunk is not None and not self._tell(self._handles[id(seq)].on_chunk, chunk):
@@ -393,7 +496,8 @@ class BatchScheduler:
         for seq in list(self._active):
             self._finish(seq, error=closed)
         with self._cond:
-            jobs, self._queue = list(self._queue), deque()
+            jobs, self._queue = list(self._queue) + self._compiling, deque()
+            self._compiling = []
         for job in jobs:
             self._tell(job.handle.on_error, closed)
 

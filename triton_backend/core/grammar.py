@@ -41,6 +41,24 @@ class GuideError(SpecbuildError, RuntimeError):
     code = "guide"
 
 
+class GuideLimitError(InvalidRequestError):
+    """The grammar engine gave up on a request's guide mid-output (a resource limit, or no
+    output left that satisfies it): the guide is at fault, and only its own request fails."""
+
+
+def refusal(kind: str, matcher: Any, cls: type[InvalidRequestError] = GuideLimitError) -> InvalidRequestError:
+    """A readable, typed error for a matcher llguidance put in its error state over a guide."""
+    error = _short(matcher.get_error())
+    if error.startswith("NoExtensionBias"):
+        why = "no output satisfies it (e.g. a $ref loop or a type nothing matches)"
+    elif "max is" in error or "limit" in error.lower():
+        why = (f"it has more alternatives at one point than the engine allows ({error}); e.g. use fewer optional "
+               "properties or alternatives")
+    else:
+        why = error
+    return cls(f"the grammar engine refuses this {kind} guide: {why}")
+
+
 def ll_tokenizer(tokenizer: Any, vocab: int, eos_token_ids: Sequence[int]) -> Any:
     """llguidance's view of ``tokenizer`` (a Hugging Face fast tokenizer) over a ``vocab``-wide
     logits row; built once per tokenizer (~0.5 s) and cached."""
@@ -157,10 +175,18 @@ class GuideMatcher:
             return
         tokens = [int(t) for t in new]
         if not self._matcher.consume_tokens(tokens):
-            raise GuideError(f"committed tokens the grammar refuses: {_short(self._matcher.get_error())}")
+            raise self._failure("committed tokens the grammar refuses")
         self.consumed += len(tokens)
         self._masks.clear()
         self._biases.clear()
+
+    def _failure(self, what: str) -> SpecbuildError:
+        """The error of a matcher in its error state: the guide's fault (the engine's limits, no
+        output left) as :class:`GuideLimitError`, anything else as :class:`GuideError`."""
+        error = _short(self._matcher.get_error())
+        if error.startswith("NoExtensionBias") or "max is" in error or "limit" in error.lower():
+            return refusal("request's", self._matcher)
+        return GuideError(f"{what}: {error}")
 
     def valid_prefix(self, drafts: Sequence[int]) -> int:
         """How many leading ``drafts`` the grammar accepts after the committed tokens."""
@@ -176,12 +202,12 @@ class GuideMatcher:
         matcher = self._matcher
         if self.valid_prefix(key) == len(key):
             if key and not matcher.consume_tokens(list(key)):
-                raise GuideError(f"validated drafts refused: {_short(matcher.get_error())}")
+                raise self._failure("validated drafts refused")
             bits = matcher.compute_bitmask()
             if key:
                 matcher.rollback(len(key))
             if matcher.is_error():
-                raise GuideError(f"grammar state lost: {_short(matcher.get_error())}")
+                raise self._failure("grammar state lost")
             unpacked = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little")[: self.vocab]
             mask = torch.from_numpy(unpacked.astype(bool))
         self._masks[key] = mask
@@ -226,4 +252,4 @@ class GuideMatcher:
         return bool(self._matcher.is_accepting())
 
 
-__all__ = ["GuideError", "GuideMatcher", "check_guide", "compile_guide", "grammar_text", "ll_tokenizer"]
+__all__ = ["GuideError", "GuideLimitError", "GuideMatcher", "refusal", "check_guide", "compile_guide", "grammar_text", "ll_tokenizer"]

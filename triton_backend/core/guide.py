@@ -25,7 +25,7 @@ from typing import Any
 
 from triton_backend.core.errors import InvalidRequestError
 
-MAX_GUIDE_CHARS = 1 << 20  # a guide longer than this is refused (grammar compilation cost)
+MAX_GUIDE_CHARS = 64 * 1024  # a guide longer than this is refused at once (grammar compilation cost)
 
 # the compiler's settings for every JSON guide (see the module doc)
 JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -20,7 +20,8 @@ from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.core.eos import min_tokens_end_ids
 from triton_backend.core.errors import InvalidRequestError
-from triton_backend.core.grammar import GuideMatcher, compile_guide
+from triton_backend.core.grammar import GuideMatcher
+from triton_backend.core.guide_cache import GUIDES, CompiledGuide
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.merged_tree import merge_lookup
 from triton_backend.speculation.rounds import RoundOutcome, cap_draft_length, record_round
@@ -57,12 +58,14 @@ class RunState:
 
     def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *,
-                 started: float | None = None, drafter_session: bool = True, ngram: Drafter | None = None) -> None:
+                 started: float | None = None, drafter_session: bool = True, ngram: Drafter | None = None,
+                 compiled_guide: CompiledGuide | None = None) -> None:
         self.params = params
         self.guide: GuideMatcher | None = None  # structured output: the grammar state of the committed tokens
-        if params.guide is not None:
-            self.guide = compile_guide(params.guide, tokenizer, vocab=target.vocab_size,
-                                       eos_token_ids=sorted(target.eos_token_ids), prompt_len=len(prompt_ids))
+        if params.guide is not None:  # compiled before (the batch scheduler), else here within the time budget
+            compiled = compiled_guide or GUIDES.compile(params.guide, tokenizer, vocab=target.vocab_size,
+                                                        eos_token_ids=sorted(target.eos_token_ids))
+            self.guide = compiled.matcher(len(prompt_ids))
         self.forced_limit = spec.draft_length.forced_tokens if self.guide is not None else 0
         self.processor = LogitsProcessor.from_params(
             params, prompt_len=len(prompt_ids), end_ids=min_tokens_end_ids(params, target.eos_token_ids),
