@@ -117,8 +117,10 @@ def integer_problem(path: str, body: bytes) -> str | None:
         return None
     try:
         request = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None  # Triton answers a body that does not parse
+    except ValueError:  # parsed, but an integer has more digits than Python converts (4,300): no input holds it
+        return "a number has too many digits for any input type"
     if not isinstance(request, dict):
         return None
     if path.endswith("/infer"):

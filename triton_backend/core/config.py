@@ -78,6 +78,27 @@ def _require(cond: bool, message: str) -> None:
         raise InvalidRequestError(message)
 
 
+MAX_TEMPERATURE = 2.0  # the OpenAI API's bound, the same on every path
+
+
+def check_sampling_values(temperature: object = None, top_p: object = None, top_k: object = None) -> None:
+    """The one check of a request's temperature, top-p and top-k, whatever path it came by
+    (:class:`SamplingParams`; the tensorrtllm_backend front models before they apply TensorRT-LLM's
+    greedy default; the OpenAI front). ``None``: not sent. Temperature: a finite number in
+    [0, :data:`MAX_TEMPERATURE`]; top-p: in (0, 1]; top-k: an integer >= 0."""
+    if temperature is not None:
+        _require(_is_number(temperature) and 0 <= temperature <= MAX_TEMPERATURE,
+                 f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {temperature!r}")
+    if top_p is not None:
+        _require(_is_number(top_p) and 0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p!r}")
+    if top_k is not None:
+        _require(_is_int(top_k) and top_k >= 0, f"top_k must be an integer >= 0, got {top_k!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request decoding parameters.
@@ -110,15 +131,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self._check_penalties()
         _require(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        _require(
-            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
-            f"temperature must be a finite number >= 0, got {self.temperature!r}",
-        )
-        _require(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
-        _require(
-            isinstance(self.top_p, (int, float)) and math.isfinite(self.top_p) and 0 < self.top_p <= 1,
-            f"top_p must be in (0, 1], got {self.top_p!r}",
-        )
+        check_sampling_values(self.temperature, self.top_p, self.top_k)
         _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), f"seed must be an integer in [0, 2^64), got {self.seed!r}")
         _require(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
                  "stop must be a list of non-empty strings")
@@ -427,4 +440,4 @@ from triton_backend.core.runtime_config import INT4_GROUP_SIZES, DraftContext, R
 
 __all__ = ["CrossRequestConfig", "CrossRequestContinuation", "DraftContext", "DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
            "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "WeightPrecision", "INT4_GROUP_SIZES",
-           "migrate_flat_speculation", "MAX_TOP_LOG_PROBS", "TopLogProbs"]
+           "migrate_flat_speculation", "MAX_TEMPERATURE", "MAX_TOP_LOG_PROBS", "TopLogProbs", "check_sampling_values"]

@@ -1,7 +1,10 @@
 """Documented maxima of one request, refused above them with a typed error before any work.
 
 A request's work must not grow without bound with what one client sends: the prompt is
-checked in characters before it is tokenized, stop and bad words are bounded in number and
+checked in bytes before it is decoded and in characters before it is tokenized, wherever it
+enters (Triton's tensors: :func:`check_prompt_bytes` then :func:`check_prompt`; the front models
+before they forward; the OpenAI front: :func:`check_text` on the messages and on the rendered
+prompt), stop and bad words are bounded in number and
 length (the stop check runs on the scheduler's thread every token, for every row), and
 ``max_tokens`` may not exceed the model's context (a larger value can never be generated; it
 is refused instead of being cut silently). Integers that do not fit the served INT32 inputs
@@ -12,7 +15,9 @@ wrap them silently. docs/security.md lists these figures.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from triton_backend.core.config import SamplingParams
 from triton_backend.core.errors import InvalidRequestError
@@ -21,6 +26,7 @@ from triton_backend.core.errors import InvalidRequestError
 @dataclass(frozen=True)
 class RequestLimits:
     max_prompt_chars: int = 128 * 1024  # text_input, checked before tokenizing
+    max_prompt_bytes: int = 512 * 1024  # text_input's UTF-8 bytes, checked before decoding
     max_prompt_tokens: int = 1 << 20  # input_ids
     max_stop_words: int = 32  # stop strings + stop token sequences
     max_stop_word_chars: int = 256
@@ -34,11 +40,34 @@ LIMITS = RequestLimits()
 
 def check_prompt(prompt: str | Sequence[int], limits: RequestLimits = LIMITS) -> None:
     if isinstance(prompt, str):
-        if len(prompt) > limits.max_prompt_chars:
-            raise InvalidRequestError(f"text_input has {len(prompt)} characters, over the limit of "
-                                      f"{limits.max_prompt_chars}")
+        check_text(prompt, "text_input", limits)
     elif len(prompt) > limits.max_prompt_tokens:
         raise InvalidRequestError(f"input_ids has {len(prompt)} tokens, over the limit of {limits.max_prompt_tokens}")
+
+
+def check_text(text: str, what: str = "the prompt", limits: RequestLimits = LIMITS) -> None:
+    """A prompt's text within the limits in characters and UTF-8 bytes, and encodable (a lone
+    surrogate such as ``"\\ud800"``, which JSON allows, is refused): before any tokenizing."""
+    if len(text) > limits.max_prompt_chars:
+        raise InvalidRequestError(f"{what} has {len(text)} characters, over the limit of {limits.max_prompt_chars}")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(f"{what} is not valid Unicode text: {exc.reason} at character {exc.start}") from None
+    if size > limits.max_prompt_bytes:
+        raise InvalidRequestError(f"{what} has {size} bytes of UTF-8, over the limit of {limits.max_prompt_bytes}")
+
+
+def check_prompt_bytes(arrays: Mapping[str, np.ndarray], name: str = "text_input",
+                       limits: RequestLimits = LIMITS) -> None:
+    """``name``'s raw bytes within :attr:`RequestLimits.max_prompt_bytes`, before they are decoded
+    (every item of a batched input)."""
+    array = arrays.get(name)
+    if array is None:
+        return
+    for item in np.asarray(array).reshape(-1):
+        if isinstance(item, (bytes, bytearray, np.bytes_, str)) and len(item) > limits.max_prompt_bytes:
+            raise InvalidRequestError(f"{name} has {len(item)} bytes, over the limit of {limits.max_prompt_bytes}")
 
 
 def _check_words(what: str, strings: Sequence[str], sequences: Sequence[Sequence[int]], count: int, chars: int,
@@ -68,4 +97,5 @@ def check_max_tokens(max_tokens: int, max_context: int) -> None:
                                   "context; the prompt's tokens count against it too)")
 
 
-__all__ = ["LIMITS", "RequestLimits", "check_max_tokens", "check_prompt", "check_sampling"]
+__all__ = ["LIMITS", "RequestLimits", "check_max_tokens", "check_prompt", "check_prompt_bytes", "check_sampling",
+           "check_text"]

@@ -32,7 +32,7 @@ from triton_backend.serving.trtllm_inputs import (
 )
 from triton_backend.serving.trtllm_interface import RETURN_PERF_METRICS, STOP_WORDS_LIST
 from triton_backend.core.reference_model import REFERENCE_MODELS
-from triton_backend.serving.limits import check_max_tokens, check_prompt, check_sampling
+from triton_backend.serving.limits import check_max_tokens, check_prompt, check_prompt_bytes, check_sampling
 from triton_backend.serving.response_pump import ResponsePump
 from triton_backend.serving.request import ServingRequest
 from triton_backend.serving.responses import ResponseBuilder
@@ -49,6 +49,7 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
     arrival = time.time_ns()
     refuse_unsupported(arrays)
     check_single_sequence(arrays)
+    check_prompt_bytes(arrays)  # before decoding
     prompt = read_prompt(arrays)
     check_prompt(prompt)  # before any tokenizing
     token_level = not isinstance(prompt, str)

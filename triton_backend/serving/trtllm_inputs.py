@@ -19,7 +19,8 @@ from triton_backend.core.guide import Guide
 
 if TYPE_CHECKING:
     from triton_backend.speculation.drafters.client import ClientDraft
-from triton_backend.serving.interface import MAX_TOKENS, STREAM, TEXT_INPUT, TOP_K, TOP_P
+from triton_backend.core.config import check_sampling_values
+from triton_backend.serving.interface import MAX_TOKENS, STREAM, TEMPERATURE, TEXT_INPUT, TOP_K, TOP_P
 from triton_backend.serving.interface import RANDOM_SEED as OUR_SEED
 from triton_backend.serving.tensors import TensorSpec, read_ids, read_matrix, read_scalar
 from triton_backend.serving.trtllm_interface import (
@@ -99,22 +100,37 @@ def read_seed(arrays: Mapping[str, np.ndarray]) -> int | None:
 
 
 def read_top_k_p(arrays: Mapping[str, np.ndarray]) -> tuple[int | None, float | None]:
-    """``top_k`` / ``runtime_top_k`` and ``top_p`` / ``runtime_top_p``; 0 (what NVIDIA's clients
-    send by default) means "off" for both, as in TensorRT-LLM: top-p 0 reads as ``None``."""
+    """``top_k`` / ``runtime_top_k`` and ``top_p`` / ``runtime_top_p``. TensorRT-LLM's
+    ``runtime_top_p`` 0 (what NVIDIA's clients send by default) means "off", as in TensorRT-LLM,
+    and reads as ``None``; our ``top_p`` is checked as on every path (0 is refused:
+    :func:`~triton_backend.core.config.check_sampling_values`; the tensorrtllm_backend front models
+    turn their ``top_p`` 0 into "off" before forwarding: :func:`trtllm_request_defaults`)."""
     top_p = one_of(arrays, TOP_P, RUNTIME_TOP_P)
+    ours = read_scalar(arrays, _optional(TOP_P))
+    if ours is not None:
+        check_sampling_values(top_p=ours)
     return one_of(arrays, TOP_K, RUNTIME_TOP_K), None if top_p == 0 else top_p
 
 
-def trtllm_request_defaults(arrays: Mapping[str, np.ndarray], exclude_input: bool | None) -> dict[str, np.ndarray]:
+def trtllm_request_defaults(arrays: Mapping[str, np.ndarray],
+                            exclude_input: bool | None) -> dict[str, np.ndarray | None]:
     """What a tensorrtllm_backend-named model sets on a request before forwarding it, so the
     request means what it means to TensorRT-LLM (returned as ``{input: [1, 1] array}``):
 
+    - ``temperature`` checked first, as on every path (a NaN, negative or huge one is refused,
+      never silently replaced): :func:`~triton_backend.core.config.check_sampling_values`;
+    - ``top_p`` 0 means "off" (TensorRT-LLM's meaning, which NVIDIA's clients rely on): the input
+      is dropped (its value in the returned dict is ``None``);
     - neither top-k nor top-p above 0 (absent counts as 0): greedy, whatever the temperature
       (TensorRT-LLM's sampling layers turn top_k = top_p = 0 into top_k = 1), so
       ``temperature`` becomes 0;
     - ``exclude_input_in_output`` absent: ``exclude_input`` (the model's config parameter, as
       tensorrt_llm's ``exclude_input_in_output`` parameter), when not ``None``."""
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray | None] = {}
+    check_sampling_values(temperature=read_scalar(arrays, _optional(TEMPERATURE)))
+    if read_scalar(arrays, _optional(TOP_P)) == 0:
+        out[TOP_P.name] = None
+        arrays = {name: value for name, value in arrays.items() if name != TOP_P.name}
     top_k, top_p = read_top_k_p(arrays)
     if not (top_k or 0) > 0 and not (top_p or 0) > 0:
         out[TEMPERATURE_NAME] = np.zeros((1, 1), np.float32)
@@ -125,7 +141,7 @@ def trtllm_request_defaults(arrays: Mapping[str, np.ndarray], exclude_input: boo
 
 TEMPERATURE_NAME, EXCLUDE_INPUT_NAME = "temperature", "exclude_input_in_output"
 # the inputs trtllm_request_defaults reads
-DEFAULTS_READ = (TOP_K.name, RUNTIME_TOP_K.name, TOP_P.name, RUNTIME_TOP_P.name, EXCLUDE_INPUT_NAME)
+DEFAULTS_READ = (TOP_K.name, RUNTIME_TOP_K.name, TOP_P.name, RUNTIME_TOP_P.name, EXCLUDE_INPUT_NAME, TEMPERATURE_NAME)
 
 
 def read_client_draft(arrays: Mapping[str, np.ndarray], token_level: bool) -> "ClientDraft | None":

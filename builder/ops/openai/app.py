@@ -119,11 +119,34 @@ async def _model(request: web.Request) -> web.Response:
 
 async def _body(request: web.Request) -> Any:
     try:
-        return json.loads(await request.read())
+        body = json.loads(await request.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise invalid("the request body is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits (Python's int conversion limit)
+        raise invalid(f"the request body holds a value that cannot be read: {str(exc).splitlines()[0][:200]}") from None
+    _check_unicode(body)
+    return body
+
+
+def _check_unicode(body: Any) -> None:
+    """Every string (and key) of the body encodes as UTF-8: JSON lets a lone surrogate through
+    (``"\\ud800"``), which no tokenizer or Triton tensor takes."""
+    stack = [body]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise invalid(f"the request body holds text that is not valid Unicode ({exc.reason} at "
+                              f"character {exc.start} of a string)") from None
 
 
 def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Mapping
 import numpy as np
 
 from builder.ops.openai.errors import OpenAIError, server_error
-from builder.ops.openai.protocol import Capabilities, Endpoint, GenerationRequest
+from builder.ops.openai.protocol import Capabilities, Endpoint, GenerationRequest, check_prompt_size
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,7 @@ class TritonBackend:
     def prompt_and_count(self, request: GenerationRequest) -> tuple[str, int]:
         """The prompt text and its length in tokens, as the model encodes it."""
         prompt = self.prompt(request)
+        check_prompt_size(prompt, "messages" if request.endpoint is Endpoint.CHAT else "prompt")  # the template's text too
         return prompt, len(self.tokenizer.encode(prompt, add_special_tokens=False))
 
     def _inputs(self, prompt: str, values: Mapping[str, Any]) -> list[Any]:

@@ -90,6 +90,24 @@ def _number(body: Mapping[str, Any], key: str, low: float, high: float) -> float
     return float(value)
 
 
+def _sampling(body: Mapping[str, Any], key: str) -> float | None:
+    """``temperature`` / ``top_p`` through the one sampling check every path runs
+    (:func:`triton_backend.core.config.check_sampling_values`)."""
+    from triton_backend.core.config import check_sampling_values
+    from triton_backend.core.errors import InvalidRequestError
+
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(f"'{key}' must be a number", key)
+    try:
+        check_sampling_values(**{key: value})
+    except InvalidRequestError as exc:
+        raise invalid(str(exc), key) from None
+    return float(value)
+
+
 def _integer(body: Mapping[str, Any], key: str, low: int, high: int = INT32_MAX) -> int | None:
     value = body.get(key)
     if value is None:
@@ -287,6 +305,18 @@ def _speculation_inputs(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_prompt_size(text: str, param: str) -> None:
+    """The prompt's text within the serving limits in characters and bytes, and valid Unicode
+    (:func:`triton_backend.serving.limits.check_text`): refused before anything tokenizes it."""
+    from triton_backend.core.errors import InvalidRequestError
+    from triton_backend.serving.limits import check_text
+
+    try:
+        check_text(text, f"'{param}'")
+    except InvalidRequestError as exc:
+        raise invalid(str(exc), param) from None
+
+
 def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> GenerationRequest:
     """The typed request, or an :class:`OpenAIError` (400) naming the first parameter at fault."""
     if not isinstance(body, dict):
@@ -304,13 +334,11 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
     _flag(body, "parallel_tool_calls")  # one call at most is returned either way
     tool_call = parse_tools(body) if endpoint is Endpoint.CHAT else None
     inputs: dict[str, Any] = {
-        "max_tokens": _max_tokens(body, endpoint), "temperature": _number(body, "temperature", 0.0, 2.0),
-        "top_p": _number(body, "top_p", 0.0, 1.0), "top_k": _integer(body, "top_k", -1),
+        "max_tokens": _max_tokens(body, endpoint), "temperature": _sampling(body, "temperature"),
+        "top_p": _sampling(body, "top_p"), "top_k": _integer(body, "top_k", -1),
         "random_seed": _integer(body, "seed", 0, UINT64_MAX), "stop_words": list(_stop(body)) or None,
         "ignore_eos": _flag(body, "ignore_eos") or None,
     }
-    if inputs["top_p"] == 0.0:
-        raise invalid("'top_p' must be greater than 0", "top_p")
     if inputs["top_k"] == -1:  # vLLM's spelling of "no top-k filter"
         inputs["top_k"] = 0
     inputs.update(_optional_inputs(body, caps))
@@ -323,6 +351,8 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
         inputs.update(logprobs.inputs())
     inputs = {name: value for name, value in inputs.items() if value is not None}
     prompt, messages = ("", _messages(body)) if endpoint is Endpoint.CHAT else (_prompt(body), ())
+    check_prompt_size(prompt if endpoint is Endpoint.COMPLETIONS else "".join(m.content for m in messages),
+                      "prompt" if endpoint is Endpoint.COMPLETIONS else "messages")
     if tool_call is not None:
         messages = _with_instructions(messages, tool_call.instructions())
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, messages=messages, stream=stream,
@@ -330,5 +360,5 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
                              logprobs=logprobs)
 
 
-__all__ = ["Capabilities", "Endpoint", "GenerationRequest", "Message", "OpenAIError", "parse_request",
+__all__ = ["Capabilities", "Endpoint", "GenerationRequest", "Message", "OpenAIError", "check_prompt_size", "parse_request",
            "response_format_guide"]

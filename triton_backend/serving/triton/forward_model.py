@@ -36,11 +36,13 @@ import triton_python_backend_utils as pb_utils  # provided by Triton's Python ba
 from triton_backend.core.errors import InvalidRequestError, OverloadedError
 from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, error_response, forwarded_error,
                                               model_parameters)
+from triton_backend.serving.limits import check_prompt_bytes
 from triton_backend.serving.trtllm_inputs import DEFAULTS_READ, trtllm_request_defaults
 
 logger = logging.getLogger("triton_backend.serving.triton.forward_model")
 STREAM_INPUTS = ("stream", "streaming")
 TEXT_OUTPUT = "text_output"
+PROMPT_INPUT = "text_input"
 LAST_RESPONSE_OUTPUT = "finish_reason"  # the serving model's final response always carries it
 DEFAULT_MAX_IN_FLIGHT = 64
 CANCEL_POLL_S = 0.25
@@ -156,9 +158,11 @@ class ForwardModel:
         """The request's inputs with TensorRT-LLM's defaults made explicit (raises
         InvalidRequestError on a bad top-k / top-p)."""
         inputs = list(request.inputs())
+        check_prompt_bytes({t.name(): t.as_numpy() for t in inputs if t.name() == PROMPT_INPUT})  # before forwarding
         arrays = {t.name(): t.as_numpy() for t in inputs if t.name() in DEFAULTS_READ}
-        extra = trtllm_request_defaults(arrays, self.exclude_input)
-        return [t for t in inputs if t.name() not in extra] + [pb_utils.Tensor(n, a) for n, a in extra.items()]
+        extra = trtllm_request_defaults(arrays, self.exclude_input)  # a None value: the input is dropped
+        return [t for t in inputs if t.name() not in extra] + [pb_utils.Tensor(n, a) for n, a in extra.items()
+                                                               if a is not None]
 
     def _exec(self, forward_id: str, inputs: list[Any]) -> Any:
         names = set(self.outputs) | {LAST_RESPONSE_OUTPUT}
