@@ -36,6 +36,7 @@ import triton_python_backend_utils as pb_utils  # provided by Triton's Python ba
 from triton_backend.core.errors import InvalidRequestError, OverloadedError
 from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, error_response, forwarded_error,
                                               model_parameters)
+from triton_backend.serving.batch_rows import split_rows, stack_rows
 from triton_backend.serving.limits import check_prompt_bytes
 from triton_backend.serving.trtllm_inputs import DEFAULTS_READ, trtllm_request_defaults
 
@@ -154,12 +155,19 @@ class ForwardModel:
             self._pool.submit(self._stream, request)
         return None
 
-    def _inputs(self, request: Any) -> list[Any]:
-        """The request's inputs with TensorRT-LLM's defaults made explicit (raises
-        InvalidRequestError on a bad top-k / top-p)."""
+    def _inputs(self, request: Any) -> list[list[Any]]:
+        """The request's inputs with TensorRT-LLM's defaults made explicit, one list per row of
+        its batch (:mod:`triton_backend.serving.batch_rows`; raises InvalidRequestError on a bad
+        prompt size, temperature, top-k or top-p)."""
         inputs = list(request.inputs())
         check_prompt_bytes({t.name(): t.as_numpy() for t in inputs if t.name() == PROMPT_INPUT})  # before forwarding
-        arrays = {t.name(): t.as_numpy() for t in inputs if t.name() in DEFAULTS_READ}
+        if all(t.as_numpy().shape[:1] == (1,) for t in inputs):  # batch 1: the inputs as they came
+            return [self._with_defaults(inputs, {t.name(): t.as_numpy() for t in inputs if t.name() in DEFAULTS_READ})]
+        rows = split_rows({t.name(): t.as_numpy() for t in inputs})
+        return [self._with_defaults([pb_utils.Tensor(n, a) for n, a in row.items()],
+                                    {n: a for n, a in row.items() if n in DEFAULTS_READ}) for row in rows]
+
+    def _with_defaults(self, inputs: list[Any], arrays: dict[str, Any]) -> list[Any]:
         extra = trtllm_request_defaults(arrays, self.exclude_input)  # a None value: the input is dropped
         return [t for t in inputs if t.name() not in extra] + [pb_utils.Tensor(n, a) for n, a in extra.items()
                                                                if a is not None]
@@ -179,14 +187,16 @@ class ForwardModel:
 
     def _unary(self, request: Any) -> Any:
         try:
-            inputs = self._inputs(request)
+            rows = self._inputs(request)
         except InvalidRequestError as exc:
             return error_response(exc)
-        streamed = [t.name() for t in inputs if t.name() in STREAM_INPUTS and t.as_numpy().any()]
+        streamed = [t.name() for t in rows[0] if t.name() in STREAM_INPUTS and t.as_numpy().any()]
         if streamed:
             return error_response(InvalidRequestError(
                 f"{streamed[0]} = true needs a decoupled model (this one answers once); send it false"))
-        result = None
+        if len(rows) > 1:
+            return self._batched(request, rows)
+        inputs, result = rows[0], None
         forward_id = self._watch.add(request)
         try:
             for response in self._exec(forward_id, inputs):
@@ -198,15 +208,49 @@ class ForwardModel:
             self._watch.remove(forward_id)
         return result if result is not None else error_response("the model sent no response")
 
+    def _batched(self, request: Any, rows: list[list[Any]]) -> Any:
+        """A batched request: one forwarded request per row, all in flight at once, their final
+        answers stacked into one response (an error in any row is the request's error)."""
+        ids = [self._watch.add(request) for _ in rows]
+        finals: list[Any] = [None] * len(rows)
+        error = None
+        try:
+            answers = [self._exec(forward_id, inputs) for forward_id, inputs in zip(ids, rows)]
+            for i, answer in enumerate(answers):  # every answer read to its end
+                for response in answer:
+                    if response.has_error():
+                        error = error or response
+                    elif response.output_tensors():
+                        finals[i] = response
+        finally:
+            for forward_id in ids:
+                self._watch.remove(forward_id)
+        if error is not None:
+            return self._response(error)
+        if any(final is None for final in finals):
+            return error_response("the model sent no response for a row")
+        stacked = stack_rows([{t.name(): t.as_numpy() for t in final.output_tensors()} for final in finals],
+                             flat=(TEXT_OUTPUT,))
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, stacked[name]) for name in self.outputs
+                                                          if name in stacked])
+
     def _stream(self, request: Any) -> None:
         sender = request.get_response_sender()
         forward_id = self._watch.add(request)
         try:
             try:
-                inputs = self._inputs(request)
+                rows = self._inputs(request)
+                streamed = len(rows) > 1 and any(t.name() in STREAM_INPUTS and t.as_numpy().any() for t in rows[0])
+                if streamed:
+                    raise InvalidRequestError("streaming needs one prompt per request (batch size 1); send the "
+                                              "rows as separate requests, or stream false")
             except InvalidRequestError as exc:
                 self._finish(sender, forward_id, error_response(exc))
                 return
+            if len(rows) > 1:
+                self._finish(sender, forward_id, self._batched(request, rows))
+                return
+            inputs = rows[0]
             for response in self._exec(forward_id, inputs):
                 names = {t.name() for t in response.output_tensors()}
                 if response.has_error() or LAST_RESPONSE_OUTPUT in names:
