@@ -58,6 +58,9 @@ def test_clean_written_request():
     assert clean_written_request("Question 1: How do volcanoes form?\n\nAnswer: ...") == "How do volcanoes form?"
     assert clean_written_request("Sure! Here is a question for you.") is None
     assert clean_written_request("Hi") is None
+    assert clean_written_request('A journalist might ask: "What is the hardest part of your job?" It is a good one.') \
+        == "What is the hardest part of your job?"
+    assert clean_written_request("I'm here to help you plan your travel. Where are you going?") is None
 
 
 @pytest.fixture(scope="module")

@@ -191,11 +191,20 @@ def build_user_prompts(config: UserPromptConfig) -> list[dict[str, Any]]:
 _LEAD = re.compile(r"^\s*(?:(?:message|question|request|instruction|task|user|prompt)\s*\d*\s*[:\-]\s*)+", re.I)
 
 
+_QUOTED = re.compile(r'["\u201c]([^"\u201c\u201d]{15,500})["\u201d]')
+_ASSISTANT_VOICE = ("sure", "here is", "here's", "i'm sorry", "as an ai", "i'm here to", "i'm ready to", "what a ",
+                    "certainly", "of course", "great question", "i'd be happy", "i would be happy")
+
+
 def clean_written_request(text: str) -> str | None:
-    """A user message the target wrote for the self-instruct pass, or None when it is not one."""
+    """A user message the target wrote for the self-instruct pass, or None when it is not one:
+    a quoted message when it wrote one (``A student might ask, "..."``), else its first paragraph,
+    refused when it speaks as the assistant."""
+    quoted = _QUOTED.search(text)
+    text = quoted.group(1) if quoted else text
     text = _LEAD.sub("", text.strip()).strip().strip('"\u201c\u201d').strip()
     text = text.split("\n\n")[0].strip()  # the message, not what the target added after it
-    if not 15 <= len(text) <= 500 or text.lower().startswith(("sure", "here is", "here's", "i'm sorry", "as an ai")):
+    if not 15 <= len(text) <= 500 or text.lower().startswith(_ASSISTANT_VOICE):
         return None
     return text
 
