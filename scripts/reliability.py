@@ -10,6 +10,14 @@ Cases: a 6 MB form-encoded generate body through the guard, and straight to Trit
 never gives up on such crashes; crowds on ``ensemble`` and ``tensorrt_llm_bls``; clients of
 ``ensemble`` that give up after 3 s; 100,000 stop words; integers Triton would wrap; an 8 MB
 prompt over gRPC; the admin APIs; status codes of validation and overload errors.
+
+Issue 44's cases (``--only issue44`` runs just these, in about a minute after the server is up):
+plain requests batched beside guided ones whose schema the grammar engine refuses (10,000 and
+600 optional properties, a ``$ref`` loop), counted as ``poisoned_batch_collateral_failures``
+(goal 0); a 3.9 MB prompt refused (``oversize_prompt_refusal_ms``, goal <= 100, one at a time);
+malformed values (NaN / -1 / inf / 1e30 temperature, top_p 0, a 5000-digit max_tokens, a lone
+surrogate) on every model, counted as ``malformed_value_500s`` (goal 0); a batch of 8 to
+``tensorrt_llm_bls``.
 """
 
 from __future__ import annotations
@@ -128,6 +136,93 @@ def abandoned(serve: Serve, count: int) -> dict[str, object]:
             "cancelled_counted": int(serve.counter("cancelled") - before)}
 
 
+MANY_OPTIONAL = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}
+POISONED = {"10,000 optional properties": MANY_OPTIONAL,
+            "600 optional properties": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}},
+            "a $ref loop": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}
+
+
+def poisoned_batch(base: str, plain: int = 12) -> dict[str, object]:
+    """Plain requests beside guided ones the grammar engine refuses, all at once."""
+    answers: list[tuple[int, bytes, float]] = []
+    poisoned: dict[str, str] = {}
+    body = {"text_input": "Count to ten.", "max_tokens": 16, "ignore_eos": True}
+
+    def bad(label: str, schema: dict) -> None:
+        status, answer, took = generate(base, "ensemble", {"text_input": "Answer in JSON.", "max_tokens": 16,
+                                                           "guided_decoding_guide_type": "json_schema",
+                                                           "guided_decoding_guide": json.dumps(schema)})
+        poisoned[label] = f"{status} in {took * 1000:.0f} ms: {answer.decode()[:120]}"
+
+    threads = ([threading.Thread(target=lambda: answers.append(generate(base, "ensemble", body))) for _ in range(plain)]
+               + [threading.Thread(target=bad, args=item) for item in POISONED.items()])
+    for t in threads[:plain // 2] + threads[plain:] + threads[plain // 2:plain]:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"plain": len(answers), "collateral_failures": sum(1 for a in answers if a[0] != 200), "poisoned": poisoned}
+
+
+def oversize_prompt(serve: Serve, repeats: int = 3) -> dict[str, object]:
+    """A 3.9 MB prompt, one at a time, to specdec (gRPC: no guard in front) and through ensemble."""
+    prompt = np.array([[b"word " * (780 * 1024)]], dtype=object)
+    took: dict[str, list[float]] = {}
+    for model in ("specdec", "ensemble"):
+        for _ in range(repeats):
+            started = time.monotonic()
+            outcome = stream_request(serve.grpc, [infer_input("text_input", prompt, "BYTES"),
+                                                  infer_input("max_tokens", np.array([[8]], dtype=np.int32), "INT32")],
+                                     model=model)
+            took.setdefault(model, []).append((time.monotonic() - started) * 1000)
+            assert outcome.error and "over the limit" in outcome.error, outcome.error
+    return {model: round(statistics.median(ms), 1) for model, ms in took.items()}
+
+
+def malformed(serve: Serve) -> tuple[list[tuple[str, str]], int]:
+    """Malformed values on every model: (rows, answers that were 500 / internal)."""
+    rows, internal = [], 0
+    for value in (float("nan"), -1.0, float("inf"), 1e30):
+        for model in ("specdec", "ensemble", "tensorrt_llm_bls"):
+            outcome = stream_request(serve.grpc, [
+                infer_input("text_input", np.array([[b"Hi"]], dtype=object), "BYTES"),
+                infer_input("max_tokens", np.array([[4]], dtype=np.int32), "INT32"),
+                infer_input("temperature", np.array([[value]], dtype=np.float32), "FP32")], model=model)
+            internal += outcome.error is None or "internal" in (outcome.error or "").lower()
+            rows.append((f"`temperature` {value} via `{model}` (gRPC)", str(outcome.error)[:120]))
+    raw = [("`top_p` 0 via `specdec`", "specdec", json.dumps({"text_input": "Hi", "top_p": 0.0}).encode()),
+           ("`max_tokens` of 5000 digits", "ensemble", b'{"text_input": "Hi", "max_tokens": ' + b"9" * 5000 + b"}"),
+           ("a lone surrogate in `text_input`", "ensemble", b'{"text_input": "Hi \\ud800", "max_tokens": 4}')]
+    for label, model, body in raw:
+        status, answer, took = post(f"{serve.http}/v2/models/{model}/generate", body, {"Content-Type": "application/json"})
+        internal += status >= 500 or status == 200
+        rows.append((label, f"{status} in {took * 1000:.0f} ms: {answer.decode()[:120]}"))
+    return rows, internal
+
+
+def bls_batch(serve: Serve) -> str:
+    prompts = np.array([[f"Fact {i}: the capital of France is".encode()] for i in range(8)], dtype=object)
+    outcome = stream_request(serve.grpc, [infer_input("text_input", prompts, "BYTES"),
+                                          infer_input("max_tokens", np.full((8, 1), 6, np.int32), "INT32")],
+                             model="tensorrt_llm_bls")
+    if outcome.error:
+        return f"refused: {outcome.error[:160]}"
+    return f"served: {len(outcome.responses[-1]['text_output'].reshape(-1))} rows of text"
+
+
+def issue44(serve: Serve) -> tuple[list[tuple[str, str]], dict[str, float]]:
+    rows: list[tuple[str, str]] = []
+    batch = poisoned_batch(serve.http)
+    rows.append(("12 plain `ensemble` requests beside 3 refused schemas", json.dumps(batch)))
+    sizes = oversize_prompt(serve)
+    rows.append(("3.9 MB prompt over gRPC, median of 3 one at a time (ms)", json.dumps(sizes)))
+    bad, internal = malformed(serve)
+    rows += bad
+    rows.append(("batch of 8 to `tensorrt_llm_bls` (`text_input`, `max_tokens` [8, 1])", bls_batch(serve)))
+    figures = {"poisoned_batch_collateral_failures": float(batch["collateral_failures"]),
+               "oversize_prompt_refusal_ms": max(sizes.values()), "malformed_value_500s": float(internal)}
+    return rows, figures
+
+
 def crashes(serve: Serve, count: int) -> dict[str, object]:
     recoveries = []
     for _ in range(count):
@@ -143,6 +238,11 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     serve = Serve(work)
     try:
+        serve.ready()
+        cases, figures = issue44(serve)
+        rows += cases + [("issue 44 figures", json.dumps(figures))]
+        if args.only == "issue44":
+            return rows
         base = serve.http
         status, body, took = post(f"{base}/v2/models/ensemble/generate", BIG)
         rows.append(("6 MB form-encoded `generate` body through the guard",
@@ -195,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crashes", type=int, default=6)
     p.add_argument("--crowd", type=int, default=150)
     p.add_argument("--abandoned", type=int, default=80)
+    p.add_argument("--only", choices=["issue44"], help="run only these cases (a short check)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "reliability.md")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="specbuild-reliability-") as work:

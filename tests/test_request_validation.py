@@ -99,6 +99,10 @@ def test_lone_surrogates_and_unreadable_integers_are_bad_requests() -> None:
     assert info.value.status == 400
     digits = b'{"text_input": "hi", "max_tokens": ' + b"9" * 5000 + b"}"
     assert "too many digits" in integer_problem("/v2/models/ensemble/generate", digits)
+    lone = b'{"text_input": "Hi \\ud800", "max_tokens": 4}'  # what Triton 2.51 answered with 500
+    assert "lone surrogate" in integer_problem("/v2/models/ensemble/generate", lone)
+    paired = json.dumps({"text_input": "Hi \U0001F600", "max_tokens": 4}).encode()  # escaped as a valid pair
+    assert integer_problem("/v2/models/ensemble/generate", paired) is None
 
 
 def test_the_openai_front_answers_400_for_a_lone_surrogate_and_a_5000_digit_integer() -> None:

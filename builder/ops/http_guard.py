@@ -36,6 +36,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -112,7 +113,8 @@ def _integers(value: object) -> list[object]:
 
 def integer_problem(path: str, body: bytes) -> str | None:
     """Why a JSON ``generate`` / ``infer`` body holds an integer its input's type cannot hold
-    (Triton 2.51 would wrap it: ``max_tokens`` 2^32 + 5 became 5), or ``None``."""
+    (Triton 2.51 would wrap it: ``max_tokens`` 2^32 + 5 became 5) or text that is not Unicode (a
+    lone surrogate escape such as ``"\\ud800"``: Triton 2.51 answered 500), or ``None``."""
     if not path.endswith(("/generate", "/generate_stream", "/infer")):
         return None
     try:
@@ -123,6 +125,8 @@ def integer_problem(path: str, body: bytes) -> str | None:
         return "a number has too many digits for any input type"
     if not isinstance(request, dict):
         return None
+    if b"\\u" in body.lower() and _lone_surrogate(request):
+        return "a string holds a lone surrogate (\\ud800-\\udfff without its pair): not valid Unicode text"
     if path.endswith("/infer"):
         fields = [(t.get("name"), _INT_RANGES.get(str(t.get("datatype")).upper()), t.get("data"))
                   for t in request.get("inputs", []) if isinstance(t, dict)]
@@ -133,6 +137,23 @@ def integer_problem(path: str, body: bytes) -> str | None:
             kind = f"{'UINT' if bits < 0 else 'INT'}{abs(bits)}"
             return f"{name}: a value does not fit its type {kind}"
     return None
+
+
+def _lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def _overloaded(body: bytes) -> bool:
