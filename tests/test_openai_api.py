@@ -78,14 +78,21 @@ def test_serve_and_deploy_flags_make_the_front_config() -> None:
     args = build_parser().parse_args(["serve", "--openai-port", "0", "--api-key", "k", "--served-model-name", "m"])
     assert openai_config(args) == OpenAIConfig(host="127.0.0.1", port=0, api_key="k", served_model_name="m")
     assert openai_config(build_parser().parse_args(["serve"])) is None
-    with pytest.raises(ConfigError, match="need --openai-port"):
-        openai_config(build_parser().parse_args(["serve", "--api-key", "k"]))
+    with pytest.raises(ConfigError, match="needs --openai-port"):
+        openai_config(build_parser().parse_args(["serve", "--served-model-name", "m"]))
+    from builder.cli.serve import api_key
+    from builder.ops.triton_server import InferenceKey
+
+    alone = build_parser().parse_args(["serve", "--api-key", "k"])  # guards Triton's own ports without the front
+    assert openai_config(alone) is None and InferenceKey(api_key(alone)).flags() == [
+        "--http-restricted-api=inference:authorization=Bearer k", "--grpc-restricted-protocol=inference:authorization=Bearer k"]
     import argparse
 
     empty = argparse.Namespace(**{s.dest: None for s in SETTINGS})
     env = {"SPECBUILD_OPENAI_PORT": "9000", "SPECBUILD_API_KEY": "secret", "SPECBUILD_HOST": "0.0.0.0"}
     config = config_from_settings(resolve_settings(empty, env)).openai
     assert config == OpenAIConfig(host="0.0.0.0", port=9000, api_key="secret")
+    assert config_from_settings(resolve_settings(empty, env)).server.api_key == InferenceKey("secret")
     assert config_from_settings(resolve_settings(empty, {})).openai is None
 
 

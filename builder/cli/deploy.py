@@ -19,7 +19,8 @@ from typing import Any, Callable
 from builder.ops.deploy import BuildMode, DeployConfig, DeployError, default_engine_cache
 from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
 from builder.ops.openai.app import OpenAIConfig
-from builder.ops.triton_server import DEFAULT_ADMIN_HEADER, Endpoints, RestrictedApi, ServerConfig, TritonSource
+from builder.ops.triton_server import (DEFAULT_ADMIN_HEADER, Endpoints, InferenceKey, RestrictedApi, ServerConfig,
+                                      TritonSource)
 from triton_backend.core.errors import SpecbuildError
 
 _TRUE = ("1", "true", "yes", "on")
@@ -163,7 +164,8 @@ def config_from_settings(v: dict[str, Any]) -> DeployConfig:
                           metrics_port=v["metrics_port"], source=TritonSource(v["triton"]),
                           startup_timeout_s=v["startup_timeout"], exit_timeout_s=v["exit_timeout"],
                           log_verbose=v["log_verbose"],
-                          restricted=RestrictedApi.from_settings(v["admin_key"], v["admin_header"], v["open_admin_apis"]))
+                          restricted=RestrictedApi.from_settings(v["admin_key"], v["admin_header"], v["open_admin_apis"]),
+                          api_key=InferenceKey(v["api_key"]) if v["api_key"] else None)
     return DeployConfig(max_body_bytes=v["max_body_bytes"] or None, spec=v["spec"], source=v["source"],
                         engine_cache=v["engine_cache"] or default_engine_cache(),
                         build_mode=BuildMode(v["build_mode"]), calibration_device=v["calibration_device"],
@@ -174,8 +176,8 @@ def config_from_settings(v: dict[str, Any]) -> DeployConfig:
 
 def _openai(v: dict[str, Any]) -> OpenAIConfig | None:
     if v["openai_port"] is None:
-        if v["api_key"] is not None or v["served_model_name"] is not None:
-            raise DeployError("api-key and served-model-name need openai-port")
+        if v["served_model_name"] is not None:
+            raise DeployError("served-model-name needs openai-port")
         return None
     return OpenAIConfig(host=v["host"], port=v["openai_port"], api_key=v["api_key"],
                         served_model_name=v["served_model_name"])

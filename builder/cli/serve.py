@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, RemoteResult
 from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
-from builder.ops.triton_server import DEFAULT_ADMIN_HEADER, Endpoints, RestrictedApi, ServerConfig, TritonSource
+from builder.ops.triton_server import (DEFAULT_ADMIN_HEADER, Endpoints, InferenceKey, RestrictedApi, ServerConfig,
+                                      TritonSource)
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
 
@@ -67,11 +68,18 @@ def openai_config(a: argparse.Namespace) -> "OpenAIConfig | None":
     from builder.ops.openai.app import OpenAIConfig
 
     if a.openai_port is None:
-        if a.api_key is not None or a.served_model_name is not None:
-            raise ConfigError("--api-key and --served-model-name need --openai-port")
+        if a.served_model_name is not None:
+            raise ConfigError("--served-model-name needs --openai-port")
         return None
-    return OpenAIConfig(host=a.openai_host or a.host, port=a.openai_port, api_key=a.api_key,
+    return OpenAIConfig(host=a.openai_host or a.host, port=a.openai_port, api_key=api_key(a),
                         served_model_name=a.served_model_name, max_body_bytes=a.openai_max_body)
+
+
+def api_key(a: argparse.Namespace) -> str | None:
+    """``--api-key``, else ``$SPECBUILD_API_KEY``, else ``None`` (inference open)."""
+    from builder.ops.openai.app import API_KEY_ENV
+
+    return a.api_key if a.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
 
 
 def add_openai_flags(p: argparse.ArgumentParser) -> None:
@@ -83,7 +91,11 @@ def add_openai_flags(p: argparse.ArgumentParser) -> None:
                         "port, in front of the same Triton server (0 = a free port)")
     g.add_argument("--openai-host", default=None, help="address the OpenAI API binds (default: --host)")
     g.add_argument("--api-key", default=None,
-                   help=f"/v1 routes need 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set, else open)")
+                   help=f"every inference port needs the key (default: ${API_KEY_ENV} if set, else open): the "
+                        "OpenAI /v1 routes and Triton's HTTP infer/generate (through the guard too) take "
+                        "'Authorization: Bearer KEY'; Triton's gRPC takes the metadata "
+                        "'triton-grpc-protocol-authorization: Bearer KEY'. Health, metadata and metrics stay open "
+                        "(docs/security.md)")
     g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
     g.add_argument("--openai-max-body", type=int, default=4 * 1024 * 1024, help="largest request body, bytes")
 
@@ -95,16 +107,19 @@ def _cmd_serve(a: argparse.Namespace) -> int:
                             unary_instance_count=a.max_concurrency, max_batch_size=a.max_batch_size,
                             max_queue_size=a.max_queue_size, batch_policy=a.batch_policy,
                             decoupled_mode=a.decoupled_mode == "true",
-                            exclude_input_in_output=a.exclude_input_in_output != "false")
+                            exclude_input_in_output=a.exclude_input_in_output != "false",
+                            ensemble_mode=a.ensemble or "forward")
     server = ServerConfig(model_repository=Path("."), host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
                           metrics_port=a.metrics_port, source=TritonSource(a.triton),
                           startup_timeout_s=a.startup_timeout, exit_timeout_s=a.exit_timeout, log_verbose=a.log_verbose,
                           log_file=a.log_file, restricted=RestrictedApi.from_settings(
-                              a.admin_key or os.environ.get("SPECBUILD_ADMIN_KEY"), a.admin_header, a.open_admin_apis))
-    rendering = (a.decoupled_mode, a.exclude_input_in_output)
-    if rendering != (None, None) and a.source is not None and find_deployment(a.source) is None:
-        raise ConfigError("--decoupled-mode / --exclude-input-in-output apply to a repository serve renders; this "
-                          "model repository is served as rendered (render it again with --render-only ...)")
+                              a.admin_key or os.environ.get("SPECBUILD_ADMIN_KEY"), a.admin_header, a.open_admin_apis),
+                          api_key=InferenceKey(api_key(a)) if api_key(a) else None)
+    rendering = (a.decoupled_mode, a.exclude_input_in_output, a.ensemble)
+    if rendering != (None, None, None) and a.source is not None and find_deployment(a.source) is None:
+        raise ConfigError("--decoupled-mode / --exclude-input-in-output / --ensemble apply to a repository serve "
+                          "renders; this model repository is served as rendered (render it again with --render-only "
+                          "...)")
     restart = RestartPolicy(max_fast_failures=a.restart_limit, fast_failure_s=a.restart_window)
     config = ServeConfig(source=a.source, server=server, serving=serving, repository_dir=a.repository_dir,
                          restart=restart, openai=openai_config(a), max_body_bytes=a.max_body_bytes or None)
@@ -146,6 +161,11 @@ def _add_serve(sub: Any) -> None:
                    help="tensorrt_llm's parameter: what output_ids hold when a request leaves exclude_input_in_output "
                         "out: the new tokens only (true, the default, as NVIDIA's setups) or the prompt first (false: "
                         "client-side draft-target orchestration, e2e_grpc_speculative_decoding_client.py)")
+    p.add_argument("--ensemble", choices=("forward", "pipeline"), default=None,
+                   help="forward (default): ensemble hands the text request to specdec (chat templates, text stop "
+                        "strings, guides); pipeline: NVIDIA's layout, a Triton ensemble of preprocessing -> "
+                        "tensorrt_llm -> postprocessing, each counting every ensemble request (r25.05's "
+                        "base_metrics_verification_tests.py). Applies when serve renders the repository")
     p.add_argument("--instance-count", type=int, default=1, help="model instances (each loads the models)")
     p.add_argument("--repository-dir", type=Path, default=None, help="render the repository here (kept)")
     p.add_argument("--render-only", action="store_true", help="render the repository and exit")

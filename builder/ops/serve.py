@@ -26,7 +26,7 @@ from builder.stages.model_repository import is_model_repository, render_model_re
 from builder.ops.http_guard import GuardConfig, HttpGuard
 from builder.ops.openai.app import OpenAIConfig, OpenAIServer
 from builder.ops.openai.backend import BackendConfig, tokenizer_source
-from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer, free_port
+from builder.ops.triton_server import Endpoints, InferenceKey, ServerConfig, ServerError, TritonServer, free_port
 from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
@@ -86,10 +86,11 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
 
 
 def start_openai_front(config: OpenAIConfig, endpoints: Endpoints, repository: Path,
-                       model_name: str = "specdec") -> OpenAIServer:
-    """The OpenAI front on its own thread, talking gRPC to the Triton at ``endpoints``."""
+                       model_name: str = "specdec", api_key: InferenceKey | None = None) -> OpenAIServer:
+    """The OpenAI front on its own thread, talking gRPC to the Triton at ``endpoints`` (with
+    ``api_key``, the key Triton's inference APIs need)."""
     backend = BackendConfig(grpc_url=endpoints.grpc_url, tokenizer=tokenizer_source(repository, model_name),
-                            model_name=model_name)
+                            model_name=model_name, grpc_headers=api_key.grpc_metadata if api_key else None)
     front = OpenAIServer(config, backend)
     front.start()
     return front
@@ -133,7 +134,7 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
             endpoints = replace(endpoints, http_port=guard.port, http_host=None)
         if config.openai is not None:
             front = start_openai_front(replace(config.openai, shutdown_timeout_s=config.server.exit_timeout_s),
-                                       endpoints, repository, config.serving.model_name)
+                                       endpoints, repository, config.serving.model_name, server_config.api_key)
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)
         if on_ready is not None:

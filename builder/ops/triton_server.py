@@ -217,6 +217,37 @@ class RestrictedApi:
         return [f"--http-restricted-api={setting}", f"--grpc-restricted-protocol={setting}"]
 
 
+API_KEY_HEADER = "authorization"  # the inference APIs' key travels as the OpenAI front's does
+_API_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{1,256}$")
+
+
+@dataclass(frozen=True)
+class InferenceKey:
+    """``serve --api-key``: Triton's ``inference`` API group (``infer``, ``generate``,
+    ``generate_stream``; gRPC ``ModelInfer`` / ``ModelStreamInfer``) answers only requests with
+    ``Authorization: Bearer <key>`` (HTTP, through the guard too) or the gRPC metadata
+    ``triton-grpc-protocol-authorization: Bearer <key>``; anyone else gets 403 / UNAVAILABLE."""
+
+    key: str
+
+    def __post_init__(self) -> None:
+        if not _API_KEY.match(self.key):
+            raise ServerError("API key: use 1 to 256 characters of letters, digits and ._~+/- (Triton takes no others)")
+
+    @property
+    def value(self) -> str:
+        return f"Bearer {self.key}"
+
+    @property
+    def grpc_metadata(self) -> dict[str, str]:
+        """What a gRPC client sends (tritonclient's ``headers=``)."""
+        return {GRPC_HEADER_PREFIX + API_KEY_HEADER: self.value}
+
+    def flags(self) -> list[str]:
+        setting = f"inference:{API_KEY_HEADER}={self.value}"
+        return [f"--http-restricted-api={setting}", f"--grpc-restricted-protocol={setting}"]
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """How to start Triton. Ports left ``None`` are picked free at start. ``http_host``: where
@@ -236,6 +267,7 @@ class ServerConfig:
     echo_log: bool = False  # copy Triton's log lines to stderr as they come
     http_host: str | None = None  # None: ``host``
     restricted: RestrictedApi | None = None  # None: every API open (as Triton's default)
+    api_key: InferenceKey | None = None  # None: inference open to every client that reaches a port
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_repository", Path(self.model_repository))
@@ -302,8 +334,9 @@ class TritonServer:
         cmd = self.command(installation, endpoints)
         become_subreaper()
         shown = " ".join(cmd)
-        if cfg.restricted is not None:  # the key stays out of the log
-            shown = shown.replace(cfg.restricted.key, "***")
+        for secret in (cfg.restricted.key if cfg.restricted else None, cfg.api_key.key if cfg.api_key else None):
+            if secret:  # keys stay out of the log
+                shown = shown.replace(secret, "***")
         logger.info("starting %s: %s", installation.description, shown)
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env=server_environment(installation), start_new_session=True,
@@ -330,6 +363,8 @@ class TritonServer:
             cmd.append(f"--backend-directory={installation.backend_dir}")
         if cfg.restricted is not None:
             cmd += cfg.restricted.flags()
+        if cfg.api_key is not None:
+            cmd += cfg.api_key.flags()
         return cmd
 
     def _endpoints(self) -> Endpoints:
@@ -475,5 +510,5 @@ class TritonServer:
         self.stop()
 
 
-__all__ = ["ADMIN_APIS", "DEFAULT_ADMIN_HEADER", "GRPC_HEADER_PREFIX", "RestrictedApi", "Endpoints", "ServerConfig", "ServerError", "TritonInstallation", "TritonServer", "TritonSource",
+__all__ = ["ADMIN_APIS", "API_KEY_HEADER", "DEFAULT_ADMIN_HEADER", "GRPC_HEADER_PREFIX", "InferenceKey", "RestrictedApi", "Endpoints", "ServerConfig", "ServerError", "TritonInstallation", "TritonServer", "TritonSource",
            "check_port_free", "collect_defunct_stubs", "find_installation", "free_port", "process_group_members", "pytriton_installation", "server_environment"]

@@ -37,6 +37,7 @@ class BackendConfig:
     model_name: str = "specdec"
     ready_timeout_s: float = 300.0  # wait this long for the model at start
     request_timeout_s: float = 600.0
+    grpc_headers: Mapping[str, str] | None = None  # e.g. the key Triton's inference APIs need (serve --api-key)
 
 
 @dataclass
@@ -188,7 +189,8 @@ class TritonBackend:
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": self.config.model_name, "inputs": inputs}
 
-        call = self._client.stream_infer(requests(), stream_timeout=self.config.request_timeout_s)
+        call = self._client.stream_infer(requests(), stream_timeout=self.config.request_timeout_s,
+                                         headers=dict(self.config.grpc_headers) if self.config.grpc_headers else None)
         finished = False
         try:
             async for result, error in _responses(call):
