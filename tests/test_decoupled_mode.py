@@ -93,3 +93,43 @@ def test_tensorrt_llm_request_defaults() -> None:
         {"exclude_input_in_output": _one(False, np.bool_)}, True)
     with pytest.raises(InvalidRequestError, match="top_k"):
         trtllm_request_defaults({"top_k": _one(5, np.int32), "runtime_top_k": _one(6, np.int32)}, None)
+
+
+@pytest.mark.parametrize("mode", [False, True])
+def test_ensemble_pipeline_renders_nvidias_ensemble_of_the_three_stage_models(tmp_path: Path, mode: bool) -> None:
+    """ensemble_mode 'pipeline': ensemble is a Triton ensemble preprocessing -> tensorrt_llm ->
+    postprocessing whose every mapped tensor exists, with the same type, in the model it maps to;
+    tensorrt_llm runs one request per execution; switching back restores the forwarder's shim."""
+    from builder.stages.ensemble_pipeline import pipeline_inputs
+
+    serving = ServingConfig(decoupled_mode=mode, ensemble_mode="pipeline")
+    repo = render_model_repository(DeploymentConfig(), tmp_path, serving)
+    config = (repo / "ensemble" / "config.pbtxt").read_text()
+    assert 'platform: "ensemble"' in config and not list((repo / "ensemble" / "1").iterdir())
+
+    def tensors(text: str, section: str) -> dict[str, str]:
+        body = re.search(rf"\n{section} \[(.*?)\n\]", text, re.S).group(1)
+        return dict(re.findall(r'name: "(\w+)"\s+data_type: (\w+)', body))
+
+    ours = {**tensors(config, "input"), **tensors(config, "output")}
+    steps = re.findall(r'model_name: "(\w+)"(.*?)\n    \}', config, re.S)
+    assert [name for name, _ in steps] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    produced: dict[str, str] = {}
+    for name, body in steps:
+        model = (repo / name / "config.pbtxt").read_text()
+        model_in, model_out = tensors(model, "input"), tensors(model, "output")
+        for key, value in re.findall(r'input_map \{\s+key: "(\w+)"\s+value: "(\w+)"', body):
+            assert model_in[key] == (ours.get(value) or produced[value]), (name, key, value)
+        for key, value in re.findall(r'output_map \{\s+key: "(\w+)"\s+value: "(\w+)"', body):
+            produced[value] = model_out[key]
+            assert value.startswith("_") or ours[value] == model_out[key], (name, key, value)
+    assert set(tensors(config, "output")) <= set(produced)
+    assert {s.name for s in pipeline_inputs() if not s.optional} == {"text_input", "max_tokens"}
+    token_model = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert ("preferred_batch_size: [ 1 ]" in token_model) is (not mode)  # decoupled: no batching queue at all
+    assert "dynamic_batching" not in token_model or "preferred_batch_size: [ 1 ]" in token_model
+    render_front_models(ServingConfig(decoupled_mode=mode), repo)
+    assert (repo / "ensemble" / "1" / "model.py").is_file() and "backend: \"python\"" in (
+        repo / "ensemble" / "config.pbtxt").read_text()
+    with pytest.raises(ConfigError, match="ensemble_mode"):
+        ServingConfig(ensemble_mode="triton")

@@ -10,7 +10,9 @@
     out_dir/ensemble, tensorrt_llm_bls,   tensorrtllm_backend's names (r25.05 tensors) in front of specdec:
       tensorrt_llm, preprocessing,        forwarders (triton_backend.serving.triton.forward_model; decoupled
       postprocessing                      as ServingConfig.decoupled_mode says) and the tokenizer models
-                                          (triton_backend.serving.triton.tokenizer_models)
+                                          (triton_backend.serving.triton.tokenizer_models); with
+                                          ensemble_mode "pipeline", ensemble is a Triton ensemble
+                                          of the other three (builder.stages.ensemble_pipeline)
 
 config.pbtxt is rendered from the typed :class:`~triton_backend.serving.interface.ServingConfig` and
 the tensor specs in :mod:`triton_backend.serving.interface`; every placeholder must be filled
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from builder.stages.ensemble_pipeline import ONE_REQUEST_PER_EXECUTION, render_pipeline_ensemble
 from triton_backend.core.errors import SpecbuildError
 from triton_backend.serving.interface import INPUTS, OUTPUTS, ServingConfig
 from triton_backend.serving.tensors import TensorSpec
@@ -166,6 +169,7 @@ class FrontModel:
 
 
 FORWARD_MODULE = "triton_backend.serving.triton.forward_model"  # the text- and token-level tensorrtllm_backend models
+ENSEMBLE_PLATFORM = "ensemble"  # FrontModel.module of a Triton ensemble (ensemble_mode "pipeline"): no model.py
 
 
 def front_models(serving: ServingConfig) -> list[FrontModel]:
@@ -177,7 +181,8 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
     decoupled = serving.decoupled_mode  # tensorrtllm_backend's decoupled_mode switch
     # tensorrt_llm's parameter; the text-level models inherit it as NVIDIA's do through tensorrt_llm
     exclude = (("exclude_input_in_output", "true" if serving.exclude_input_in_output else "false"),)
-    specs = [(names.ensemble, decoupled, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward, exclude),
+    ensemble = (ENSEMBLE_PLATFORM, "") if serving.ensemble_mode == "pipeline" else forward
+    specs = [(names.ensemble, decoupled, ENSEMBLE_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *ensemble, exclude),
              (names.bls, decoupled, BLS_SERVED_INPUTS, TEXT_SERVED_OUTPUTS, *forward, exclude),
              (names.tokens, decoupled, TOKEN_INPUTS, TOKEN_SERVED_OUTPUTS, *forward, exclude),
              (names.preprocessing, False, PRE_INPUTS, PRE_OUTPUTS, tok, "PreprocessingModel"),
@@ -186,9 +191,14 @@ def front_models(serving: ServingConfig) -> list[FrontModel]:
 
 
 def render_front_config(serving: ServingConfig, model: FrontModel) -> str:
+    if model.module == ENSEMBLE_PLATFORM:
+        return render_pipeline_ensemble(serving, _tensors)
     params, tail = {"target_model": serving.model_name}, ""
     if model.module == FORWARD_MODULE:
         params, tail = _forwarding(serving, model.decoupled)
+        pipeline = serving.ensemble_mode == "pipeline" and serving.trtllm_models is not None
+        if pipeline and model.name == serving.trtllm_models.tokens and tail:  # one request per execution
+            tail = tail.replace("dynamic_batching {\n", "dynamic_batching {\n" + ONE_REQUEST_PER_EXECUTION, 1)
     return _config(model.name, decoupled=model.decoupled, inputs=model.inputs, outputs=model.outputs,
                    count=serving.unary_instance_count if model.module == FORWARD_MODULE and not model.decoupled else 1,
                    params={**params, **dict(model.parameters)}, max_batch_size=serving.max_batch_size) + tail
@@ -238,8 +248,13 @@ def render_front_models(serving: ServingConfig, out_dir: Path) -> list[Path]:
         if _write(config, render_front_config(serving, model)):
             changed.append(config)
         shim = Path(out_dir) / model.name / VERSION / "model.py"
-        if _write(shim, render_template(MODEL_SHIM, {"name": model.name, "module": model.module,
-                                                     "adapter": model.adapter})):
+        if model.module == ENSEMBLE_PLATFORM:  # a version folder, no code; a forwarder's shim goes
+            shim.parent.mkdir(parents=True, exist_ok=True)
+            if shim.is_file():
+                shim.unlink()
+                changed.append(shim)
+        elif _write(shim, render_template(MODEL_SHIM, {"name": model.name, "module": model.module,
+                                                       "adapter": model.adapter})):
             changed.append(shim)
     return changed
 

@@ -59,6 +59,7 @@ OUTPUTS: tuple[TensorSpec, ...] = (TEXT_OUTPUT, ACCEPTANCE_RATE, TOTAL_ACCEPTED,
 
 
 BATCH_POLICIES = ("load_aware", "per_request")
+ENSEMBLE_MODES = ("forward", "pipeline")  # ServingConfig.ensemble_mode
 TRTLLM_METRICS_MODEL = "trtllm_metrics_model"  # the serving model's config parameter: ServingConfig.trtllm_metrics_model  # triton_backend.batching.plan.BatchPolicy
 
 
@@ -106,7 +107,13 @@ class ServingConfig:
     ``exclude_input_in_output``: tensorrt_llm's parameter of that name, what a request to
     ``tensorrt_llm``, ``ensemble`` or ``tensorrt_llm_bls`` that leaves the input out gets (true,
     as in every NVIDIA setup: the new tokens / text only; false: the prompt first, when not
-    streaming).
+    streaming). ``ensemble_mode``: ``forward`` (default) makes ``ensemble`` forward the text
+    request to ``model_name``, which tokenizes, generates and detokenizes in one process (chat
+    templates, text stop strings, guides, incremental detokenization); ``pipeline`` renders
+    NVIDIA's layout, a Triton ensemble of ``preprocessing`` -> ``tensorrt_llm`` ->
+    ``postprocessing`` (NVIDIA's ensemble inputs that those three honour), so each ensemble
+    request is one request of every one of them, as r25.05's ``base_metrics_verification_tests.py``
+    expects (:mod:`builder.stages.ensemble_pipeline`).
     """
 
     model_name: str = "specdec"
@@ -123,6 +130,7 @@ class ServingConfig:
     prefill_chunk_tokens: int = 512
     decoupled_mode: bool = False
     exclude_input_in_output: bool = True
+    ensemble_mode: str = "forward"
 
     def __post_init__(self) -> None:
         for name in ("decoupled_mode", "exclude_input_in_output"):
@@ -133,6 +141,13 @@ class ServingConfig:
             _positive(getattr(self, name), name)
         if self.batch_policy not in BATCH_POLICIES:
             raise ConfigError(f"batch_policy must be one of {BATCH_POLICIES}, got {self.batch_policy!r}")
+        if self.ensemble_mode not in ENSEMBLE_MODES:
+            raise ConfigError(f"ensemble_mode must be one of {ENSEMBLE_MODES}, got {self.ensemble_mode!r}")
+        front = self.trtllm_models
+        if self.ensemble_mode == "pipeline" and not (front and front.ensemble and front.tokens
+                                                     and front.preprocessing and front.postprocessing):
+            raise ConfigError("ensemble_mode 'pipeline' needs the ensemble, tensorrt_llm, preprocessing and "
+                              "postprocessing models")
         names = [self.model_name, self.unary_model_name or "x"] + (self.trtllm_models.names() if self.trtllm_models else [])
         if len(set(names)) != len(names):
             raise ConfigError(f"model names must differ, got {names}")
