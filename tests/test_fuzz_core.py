@@ -142,7 +142,8 @@ PROMPTS = st.one_of(
 )
 SAMPLING = st.builds(
     SamplingParams, max_tokens=st.integers(1, 12),
-    temperature=st.one_of(st.just(0.0), st.floats(0.01, 3.0), st.sampled_from([1e-45, 1e6])),
+    # (above MAX_TEMPERATURE, 2, a request is refused: check_sampling_values; the processor alone is fuzzed above)
+    temperature=st.one_of(st.just(0.0), st.floats(0.01, 2.0), st.sampled_from([1e-45, 2.0])),
     top_k=st.sampled_from([0, 1, 3, 64]), top_p=st.sampled_from([1.0, 0.9, 0.3]),
     seed=st.one_of(st.none(), st.integers(0, 2**64 - 1)),
     stop_token_ids=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2).map(tuple), max_size=2),

@@ -207,6 +207,8 @@ class BatchScheduler:
         if params.guide is not None:
             self._prepare_guide(job)
         with self._cond:
+            if self._closed:  # closed while the guide compiled
+                raise SchedulerClosedError("the model is shutting down")
             if job.guide is not None:
                 self._compiling.append(job)
             else:

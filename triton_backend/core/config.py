@@ -131,6 +131,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self._check_penalties()
         _require(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        for name in ("temperature", "top_p", "top_k"):  # (None means "not sent" to the shared check only)
+            _require(getattr(self, name) is not None, f"{name} must be set, got None")
         check_sampling_values(self.temperature, self.top_p, self.top_k)
         _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), f"seed must be an integer in [0, 2^64), got {self.seed!r}")
         _require(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
