@@ -5,10 +5,11 @@ conversations people had with a chat assistant and shared (the ShareGPT V3 "unfi
 split, the data the published EAGLE and Medusa drafters trained on). The package's file is cut off
 part-way through a record (125 MB of the upstream ~640 MB), so :func:`read_sharegpt` decodes it
 record by record and keeps the ~17.7k complete ones. The package states no licence and the upstream
-terms are unclear: the project commits token ids of the target's answers to these requests, never
-the file, and :func:`fetch_sharegpt` gets it from the registry when asked (``specbuild eagle-data
---prompt-source conversations --from FILE``). Only the *users'* turns are used: the assistant side is
-always the target's own writing.
+terms are unclear: the project never commits the file; a corpus folder made from it holds the
+requests it used (``prompts.jsonl.gz``) and the target's answers as token ids, and
+:func:`fetch_sharegpt` gets the file from the registry when asked (``specbuild eagle-data
+--prompt-source conversations --from sharegpt``). Only the *users'* first turns are used: the
+assistant side is always the target's own writing.
 """
 
 from __future__ import annotations
