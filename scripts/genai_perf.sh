@@ -4,7 +4,7 @@
 # genai-perf and its dependencies (~940 MB, 77 packages) go into their own virtual environment
 # (default ~/.cache/specbuild/genai-perf-venv), not the project's, which is why CI does not run
 # this. It drives perf_analyzer, which scripts/get_perf_analyzer.sh installs. The script starts
-# `specbuild serve` (reference target, n-gram lookup) on free loopback ports, runs the profile
+# `specbuild serve` (the default deployment, docs/serving.md) on free loopback ports, runs the profile
 # against the `ensemble` model over gRPC streaming (the server's admin APIs open: perf_analyzer
 # reads Triton's statistics API), prints genai-perf's table, and stops the server.
 # With --endpoint-type chat or completions it starts the OpenAI-compatible API too

@@ -297,6 +297,26 @@ def test_variables_ports_and_default_spec(kind: str) -> None:
         BuildSpec.load(spec)  # parses and validates
 
 
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_image_cache_holds_the_default_deployments_eagle3_drafter(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no spec the images serve the default deployment (builder/ops/default_deployment.py),
+    which drafts with the packaged EAGLE-3 drafter: the build stage copies that folder, whole, to
+    where the installed package looks for it (the cache, which the image takes from the build stage)."""
+    from builder.ops.default_deployment import REFERENCE_DRAFTER, drafter_search_paths
+
+    build = stages(parse_dockerfile(DOCKERFILES[kind]))[1]
+    cache = env_values(build)["SPECBUILD_CACHE_DIR"]
+    assert env_values(final_stage(DOCKERFILES[kind]))["SPECBUILD_CACHE_DIR"] == cache
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", cache)
+    in_image = drafter_search_paths()[-1]  # an installed wheel has no checkout artifacts/: the cache's copy
+    packaged = REPO / "artifacts" / REFERENCE_DRAFTER
+    files = sorted(p for p in packaged.rglob("*") if p.is_file())
+    assert {p.name for p in files} >= {"config.json", "model.safetensors"}
+    for file in files:
+        assert repo_path_in_image(build, (in_image / file.relative_to(packaged)).as_posix()) == file, file
+        assert not dockerignore_excludes(file.relative_to(REPO).as_posix()), file
+
+
 def _pyproject_dependencies() -> dict[str, str]:
     try:
         import tomllib

@@ -63,9 +63,12 @@ def test_no_placeholder_left_unfilled() -> None:
 
 
 def test_committed_model_repo_is_the_rendered_default(tmp_path: Path) -> None:
-    out = render_model_repository(DeploymentConfig(), tmp_path / "repo")
-    rendered = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    from builder.ops.default_deployment import default_deployment
+
     committed_root = REPO_ROOT / "model_repo"
+    # the default deployment as rendered into model_repo/ (its drafter path relative to the file there)
+    out = render_model_repository(default_deployment(relative_to=committed_root / "specdec" / "1"), tmp_path / "repo")
+    rendered = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     committed = sorted(p.relative_to(committed_root) for p in committed_root.rglob("*")
                        if p.is_file() and "__pycache__" not in p.parts)
     assert rendered == committed

@@ -309,7 +309,9 @@ def test_demo_end_to_end() -> None:
     answers: list = []
     demo = run_demo(DemoConfig(), pieces.append, answers.append)
     assert demo.result.text and "".join(pieces) == demo.result.text and answers == [demo.result]
-    assert demo.result.stats["speculation_method"] == "ngram" and demo.result.stats["total_draft_tokens"] > 0
+    # the default deployment: auto with the packaged EAGLE-3 drafter (merged with n-gram lookup)
+    assert demo.result.stats["speculation_method"] == "eagle" and demo.result.stats["total_draft_tokens"] > 0
+    assert demo.drafters.startswith("auto: EAGLE-3 drafter") and "n-gram lookup" in demo.drafters
     # the default prompt asks for an even-number check with an example call: the answer does that
     assert "def is_even(" in demo.result.text and "% 2 == 0" in demo.result.text
     assert "print(is_even(" in demo.result.text
@@ -318,6 +320,7 @@ def test_demo_end_to_end() -> None:
     assert tokens_per_s(demo.result) > 0 and tokens_per_s(demo.plain) > 0
     line = demo.comparison()
     assert "speed-up" in line and "one measurement each" in line and "text identical" in line
+    assert line.startswith(f"drafter: {demo.drafters}") and "acceptance" in line
 
 
 class RecordingSink:

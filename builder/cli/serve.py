@@ -140,7 +140,8 @@ def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="start Triton Inference Server on a deployment or model repository")
     p.add_argument("source", nargs="?", type=Path, default=None,
                    help="a model repository, a folder with model_repo/ or deployment.json, or a deployment JSON "
-                        "file (default: the reference target with n-gram lookup)")
+                        "file (default: the reference target, auto with the packaged EAGLE-3 drafter merged with "
+                        "n-gram lookup; n-gram lookup alone where the drafter is absent)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--http-port", type=int, default=None, help="default: a free port")
     p.add_argument("--grpc-port", type=int, default=None, help="default: a free port")
@@ -228,8 +229,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     print(f"prompt: {a.prompt}\n", flush=True)
     demo = run_demo(config, None if a.no_stream else _print_piece,
                     lambda answer: (_print_result(answer, not a.no_stream), sys.stdout.flush()))
-    if demo.plain is not None:
-        print(demo.comparison())
+    print(demo.comparison())
     return 0
 
 
@@ -237,11 +237,13 @@ def _add_demo(sub: Any) -> None:
     from builder.ops.local_run import DEFAULT_PROMPT
 
     p = sub.add_parser("demo", help="end to end: prepare the default deployment, start Triton, send a request, "
-                                    "print the answer and its acceptance statistics, send it again with "
-                                    "speculation off and print both speeds, stop Triton")
+                                    "print the answer, the drafter that ran and its acceptance statistics, send it "
+                                    "again with speculation off and print both speeds, stop Triton")
     _add_request_flags(p, prompt_default=DEFAULT_PROMPT)
     p.set_defaults(max_tokens=64)
-    p.add_argument("--deployment", type=Path, default=None, help="a deployment JSON file (default: reference + n-gram)")
+    p.add_argument("--deployment", type=Path, default=None,
+                   help="a deployment JSON file (default: the reference target, auto with the packaged EAGLE-3 "
+                        "drafter + n-gram lookup)")
     p.add_argument("--no-stream", action="store_true", help="one unary request instead of streaming")
     p.add_argument("--no-compare", action="store_true",
                    help="skip the second request (the same one with speculation off) and the speed comparison")

@@ -7,7 +7,8 @@ What to serve (:class:`DeployConfig`), one of:
   finished build with the same key is there already, which is reused as is;
 - ``source``: a model repository, a build folder or a deployment JSON, served as
   ``specbuild serve`` would serve it;
-- neither: the default deployment (the reference target with n-gram lookup).
+- neither: the default deployment (:mod:`builder.ops.default_deployment`: the reference target,
+  ``auto`` with the packaged EAGLE-3 drafter merged with n-gram lookup).
 
 The cache key is the sha256 of: the spec (canonical JSON), the build mode, the calibration
 device, whether ``trtllm-build`` is on PATH, the versions of specbuild and of the tools that
@@ -348,10 +349,11 @@ class MpiTritonServer(TritonServer):
 
 # -- the whole thing ------------------------------------------------------------------------
 def _default_repository(config: DeployConfig) -> Path:
+    from builder.ops.default_deployment import default_deployment
     from builder.stages.model_repository import render_model_repository
     from triton_backend.core.reference_model import ensure_reference_model
 
-    deployment = DeploymentConfig()
+    deployment = default_deployment()  # names its drafter by absolute path (hashed into the folder name)
     ensure_reference_model(deployment.target)  # fetched at image build time; here: before Triton loads it
     name = hashlib.sha256(deployment.to_json().encode()).hexdigest()[:20]
     return render_model_repository(deployment, config.engine_cache / f"default-{name}" / REPOSITORY_DIR,

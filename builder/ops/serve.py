@@ -2,7 +2,8 @@
 
 What to serve (``ServeConfig.source``):
 
-- nothing: the default deployment (the reference target + n-gram lookup), rendered;
+- nothing: the default deployment (:mod:`builder.ops.default_deployment`: the reference target,
+  ``auto`` with the packaged EAGLE-3 drafter merged with n-gram lookup), rendered;
 - a model repository (a folder with ``<model>/config.pbtxt``), served as is;
 - a folder holding ``model_repo/`` (a built deployment), its ``model_repo/``;
 - a DeploymentConfig JSON file, or a folder holding ``deployment.json``: rendered first.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from builder.stages.model_repository import is_model_repository, render_model_repository
+from builder.stages.model_repository import deployment_dir, is_model_repository, render_model_repository
 from builder.ops.http_guard import GuardConfig, HttpGuard
 from builder.ops.openai.app import OpenAIConfig, OpenAIServer
 from builder.ops.openai.backend import BackendConfig, tokenizer_source
@@ -73,16 +74,21 @@ def prepare_repository(config: ServeConfig) -> tuple[Path, bool]:
     if source is not None and source.is_dir() and is_model_repository(source / REPOSITORY_DIR):
         return source / REPOSITORY_DIR, False
     deployment_file = find_deployment(source)
-    if deployment_file is None:
-        from triton_backend.deployment.config import DeploymentConfig
-
-        deployment = DeploymentConfig()
-    else:
+    if deployment_file is not None:
         from triton_backend.serving.service import load_deployment  # relative model paths: relative to the file
 
         deployment = load_deployment(deployment_file)
     out = config.repository_dir or Path(tempfile.mkdtemp(prefix="specbuild-repo-"))
-    return render_model_repository(deployment, out, config.serving), config.repository_dir is None
+    try:
+        if deployment_file is None:  # its drafter path is written relative to the repository where it can be
+            from builder.ops.default_deployment import default_deployment
+
+            deployment = default_deployment(relative_to=deployment_dir(out, config.serving))
+        return render_model_repository(deployment, out, config.serving), config.repository_dir is None
+    except BaseException:
+        if config.repository_dir is None:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def start_openai_front(config: OpenAIConfig, endpoints: Endpoints, repository: Path,

@@ -220,6 +220,12 @@ def _write_model(out_dir: Path, name: str, config: str, module: str, adapter: st
     return out_dir / name
 
 
+def deployment_dir(out_dir: Path, serving: ServingConfig | None = None) -> Path:
+    """The folder a rendering into ``out_dir`` writes the deployment file into (relative model
+    paths in that file are read relative to it)."""
+    return Path(out_dir) / (serving or ServingConfig()).model_name / VERSION
+
+
 def render_model_repository(deployment: "DeploymentConfig", out_dir: Path,
                             serving: ServingConfig | None = None) -> Path:
     """Write the model repository serving ``deployment`` into ``out_dir`` (created if needed;
@@ -227,9 +233,9 @@ def render_model_repository(deployment: "DeploymentConfig", out_dir: Path,
     commands (``specbuild build``) call it."""
     serving = serving or ServingConfig()
     out_dir = Path(out_dir)
-    model_dir = _write_model(out_dir, serving.model_name, render_config_pbtxt(serving),
-                             "triton_backend.serving.triton.specdec_model", "SpecdecModel")
-    _write(model_dir / VERSION / serving.deployment_file, deployment.to_json() + "\n")
+    _write_model(out_dir, serving.model_name, render_config_pbtxt(serving),
+                 "triton_backend.serving.triton.specdec_model", "SpecdecModel")
+    _write(deployment_dir(out_dir, serving) / serving.deployment_file, deployment.to_json() + "\n")
     if serving.unary_model_name is not None:
         _write_model(out_dir, serving.unary_model_name, render_config_pbtxt(serving, unary=True),
                      "triton_backend.serving.triton.unary_model", "UnaryModel")
@@ -264,4 +270,4 @@ def is_model_repository(path: Path) -> bool:
     return path.is_dir() and any(p.is_file() for p in path.glob("*/config.pbtxt"))
 
 
-__all__ = ["FrontModel", "RenderError", "front_models", "render_front_models", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]
+__all__ = ["FrontModel", "RenderError", "deployment_dir", "front_models", "render_front_models", "is_model_repository", "render_config_pbtxt", "render_model_repository", "render_template"]

@@ -1,6 +1,6 @@
 """Two code trees served side by side through real Triton: serving throughput, A against B.
 
-Starts ``specbuild serve`` (the reference target with n-gram lookup) once from each tree
+Starts ``specbuild serve`` (each tree's default deployment) once from each tree
 (``PYTHONPATH`` and working folder set to the tree, free loopback ports), then runs the
 concurrency bench's levels (:func:`builder.bench.concurrency.run_level`: ``c`` gRPC streams,
 the bench prompts, ``ignore_eos``) on A and B in turn (which goes first alternates), ``repeats``
