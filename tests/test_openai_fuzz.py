@@ -25,15 +25,20 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st
 _KEYS = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                          "top_k", "seed", "stop", "n", "stream", "stream_options", "presence_penalty", "logprobs",
                          "top_logprobs",
-                         "response_format", "tools", "tool_choice", "ignore_eos", "min_tokens", "speculation",
+                         "response_format", "tools", "tool_choice", "parallel_tool_calls", "ignore_eos", "min_tokens", "speculation",
                          "num_draft_tokens", "echo", "user", "bogus"])
+
+_TOOL_TURNS = [{"role": "user", "content": "Hi"},  # a call and its result replayed (the tool loop)
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "done"}]
 
 
 def _bodies(max_tokens: st.SearchStrategy[Any]) -> st.SearchStrategy[dict]:
     base = st.fixed_dictionaries({"model": st.sampled_from([MODEL, MODEL, "other", 3]),
                                   "prompt": st.sampled_from(["Hi", "", "x" * 50]),
                                   "messages": st.sampled_from([[{"role": "user", "content": "Hi"}], [], "Hi",
-                                                               [{"role": "tool", "content": "x"}]]),
+                                                               [{"role": "tool", "content": "x"}], _TOOL_TURNS]),
                                   "max_tokens": max_tokens})
     return st.tuples(base, st.dictionaries(_KEYS, _JSON, max_size=4)).map(lambda pair: {**pair[0], **pair[1]})
 

@@ -1,6 +1,7 @@
 """Forced tool calls on the OpenAI front (builder/ops/openai/tools.py, tool_calls.py): ``tools`` with
 ``tool_choice`` ``required`` or a named function decoded under the function's JSON schema and
-returned as ``tool_calls``; ``auto`` and bad definitions refused. Parsing and shaping without a
+returned as ``tool_calls``; bad definitions refused (``auto`` and the tool loop:
+tests/test_openai_tool_loop.py). Parsing and shaping without a
 server, then through the official ``openai`` SDK against the session's real Triton server."""
 
 from __future__ import annotations
@@ -67,14 +68,9 @@ def test_required_with_several_tools_is_any_of_name_and_arguments_with_refs_reba
     assert "get_weather" in plan.instructions() and "get_time" in plan.instructions()
 
 
-def test_none_ignores_the_tools_and_auto_is_refused_with_what_to_send_instead() -> None:
+def test_none_ignores_the_tools() -> None:  # auto: tests/test_openai_tool_loop.py
     parsed = parse_request(_chat(tools=[WEATHER], tool_choice="none"), Endpoint.CHAT, GUIDED)
     assert parsed.tool_call is None and "guided_decoding_guide" not in parsed.inputs and len(parsed.messages) == 1
-    for body in (_chat(tools=[WEATHER], tool_choice="auto"), _chat(tools=[WEATHER])):  # auto is OpenAI's default
-        with pytest.raises(OpenAIError) as info:
-            parse_request(body, Endpoint.CHAT, GUIDED)
-        assert (info.value.status, info.value.param) == (400, "tool_choice")
-        assert "tool-call chat format" in info.value.message and "'required'" in info.value.message
 
 
 @pytest.mark.parametrize("body, param", [
@@ -191,15 +187,12 @@ def test_required_with_two_tools_calls_one_of_them_with_valid_arguments(client) 
 
 
 @pytest.mark.slow
-def test_auto_and_a_bad_schema_are_refused_in_openai_format(client) -> None:  # noqa: F811
+def test_a_bad_schema_is_refused_in_openai_format(client) -> None:  # noqa: F811
     openai = pytest.importorskip("openai")
-    for extra in ({"tool_choice": "auto"}, {}):
-        with pytest.raises(openai.BadRequestError) as info:
-            client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=8, **extra)
-        assert info.value.body["param"] == "tool_choice" and "required" in info.value.body["message"]
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "strin"}}}}}
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=[bad], tool_choice="required", max_tokens=8)
-    assert info.value.body["param"] == "tools[0].function.parameters"
-    assert info.value.body["code"] == "invalid_tool_schema" and "strin" in info.value.body["message"]
+    for extra in ({"tool_choice": "required"}, {"tool_choice": "auto"}, {}):  # auto: OpenAI's default
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=ASK, tools=[bad], max_tokens=8, **extra)
+        assert info.value.body["param"] == "tools[0].function.parameters"
+        assert info.value.body["code"] == "invalid_tool_schema" and "strin" in info.value.body["message"]

@@ -111,7 +111,7 @@ def rows_for(config: JsonBenchConfig) -> list[JsonRow]:
 
 def _prompt(entry: Any, i: int, path: Path) -> JsonPrompt:
     from builder.ops.openai.errors import OpenAIError
-    from builder.ops.openai.tools import parse_tools
+    from builder.ops.openai.tools import ToolCallPlan, parse_tools
 
     where = f"{path} prompts[{i}]"
     if not isinstance(entry, dict) or entry.get("kind") not in KINDS or not isinstance(entry.get("text"), str):
@@ -126,8 +126,9 @@ def _prompt(entry: Any, i: int, path: Path) -> JsonPrompt:
         plan = parse_tools({"tools": entry.get("tools"), "tool_choice": entry.get("tool_choice", "required")})
     except OpenAIError as exc:
         raise ConfigError(f"{where}: {exc.message}") from None
-    if plan is None:
-        raise ConfigError(f"{where}: a tool_call prompt needs tools and a tool_choice that forces a call")
+    if not isinstance(plan, ToolCallPlan):  # none, or auto (the model may answer in text)
+        raise ConfigError(f"{where}: a tool_call prompt needs tools and a tool_choice that forces a call "
+                          f"('required' or a named function), not {entry.get('tool_choice', 'required')!r}")
     return JsonPrompt(name, "tool_call", ({"role": "system", "content": plan.instructions()}, user), plan.schema())
 
 

@@ -28,7 +28,7 @@ from builder.ops.openai.protocol import Endpoint, GenerationRequest, parse_reque
 from builder.ops.openai.responses import (
     DONE_EVENT, Generation, ResponseIds, chunk, delta_chunk, full_response, models_list, sse, usage_chunk,
 )
-from builder.ops.openai.tool_calls import ToolCallDeltas, tool_call_message
+from builder.ops.openai.tool_parser import tool_deltas, tool_message
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Stream
                 listed += tracker.take(piece)
         generation.text = "".join(pieces)
         if parsed.tool_call is not None:
-            message, finish = tool_call_message(parsed.tool_call, generation.text, generation.finish_reason)
+            message, finish = tool_message(parsed.tool_call, generation.text, generation.finish_reason)
             return web.json_response(full_response(ids, generation, message=message, finish=finish))
         response = full_response(ids, generation)
         return web.json_response(attach(response, listed, endpoint is Endpoint.CHAT) if tracker else response)
@@ -186,7 +186,7 @@ async def _stream(request: web.Request, backend: TritonBackend, parsed: Generati
     """Server-sent events. The first response is awaited before the headers go out, so a request
     the model refuses gets its error status; a later failure is an ``error`` event."""
     pieces = backend.generate(prompt, parsed)
-    calls = ToolCallDeltas(parsed.tool_call) if parsed.tool_call is not None else None
+    calls = tool_deltas(parsed.tool_call) if parsed.tool_call is not None else None
     usage = parsed.include_usage
     try:
         piece = await pieces.__anext__()

@@ -8,7 +8,9 @@ Honoured: ``model``, ``prompt`` (one string) / ``messages`` (text content), ``ma
 ``frequency_penalty`` / ``min_tokens`` / ``repetition_penalty`` other than their no-op value,
 ``response_format`` other than text, forced tool calls (``tools`` with ``tool_choice``
 ``required`` or a named function: :mod:`.tools`) and log probabilities are sent only where the
-served model declares the matching input, and refused with a 400 otherwise. Anything else is refused.
+served model declares the matching input, and refused with a 400 otherwise; ``tool_choice``
+``auto`` is decoded under its grammar where the model has guided decoding, freely otherwise.
+Chat messages, tool calls and tool results included: :mod:`.messages`. Anything else is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, Mapping
 
 from builder.ops.openai.errors import OpenAIError, invalid, unsupported
 from builder.ops.openai.logprobs import LogprobsRequest, parse_logprobs
-from builder.ops.openai.tools import ToolCallPlan, parse_tools
+from builder.ops.openai.messages import Message, parse_messages, with_instructions
+from builder.ops.openai.tools import ToolCallPlan, ToolPlan, parse_tools
 
 MAX_STOP_WORDS = 16
 UINT64_MAX = 2 ** 64 - 1
@@ -47,12 +50,6 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     """One request of either endpoint; ``None`` leaves a setting to the served model's default.
     ``inputs``: the served model's optional inputs to send, by tensor name."""
@@ -64,7 +61,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     inputs: Mapping[str, Any] = field(default_factory=dict)
-    tool_call: ToolCallPlan | None = None  # chat: the answer is decoded as this forced call
+    tool_call: ToolPlan | None = None  # chat: a forced call (ToolCallPlan) or tool_choice 'auto' (AutoToolPlan)
     logprobs: LogprobsRequest | None = None  # None: not asked for
 
 
@@ -75,7 +72,6 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 _KEYS = {Endpoint.COMPLETIONS: _COMMON | {"prompt", "echo", "suffix"},
          Endpoint.CHAT: _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                                    "parallel_tool_calls", "functions", "function_call"}}
-_ROLES = ("system", "user", "assistant", "developer")
 _NO_OP = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0}
 
 
@@ -153,49 +149,6 @@ def _prompt(body: Mapping[str, Any]) -> str:
     return prompt
 
 
-def _content(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        parts = []
-        for part in value:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise unsupported(where, "content parts other than {'type': 'text', 'text': ...}")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise invalid(f"'{where}' must be a string or a list of text parts", where)
-
-
-def _with_instructions(messages: tuple[Message, ...], text: str) -> tuple[Message, ...]:
-    """``text`` as the system message: appended to the request's own when it starts with one."""
-    if messages and messages[0].role == "system":
-        return (Message("system", f"{messages[0].content}\n\n{text}"),) + messages[1:]
-    return (Message("system", text),) + messages
-
-
-def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise invalid("'messages' must be a non-empty list", "messages")
-    out = []
-    for i, message in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid(f"'{where}' must be an object", where)
-        role = message.get("role")
-        if role not in _ROLES:
-            if role in ("tool", "function"):
-                raise unsupported(f"{where}.role", "tool-result messages in the conversation")
-            raise invalid(f"'{where}.role' must be one of {', '.join(_ROLES)}", f"{where}.role")
-        if message.get("tool_calls") or message.get("function_call"):
-            raise unsupported(f"{where}.tool_calls", "earlier tool calls in the conversation")
-        extra = sorted(set(message) - {"role", "content", "name"})
-        if extra:
-            raise invalid(f"Unrecognized argument in '{where}': {extra[0]}", f"{where}.{extra[0]}")
-        out.append(Message("system" if role == "developer" else role, _content(message.get("content"), where)))
-    return tuple(out)
-
-
 def response_format_guide(response_format: Any) -> tuple[str, str | None] | None:
     """``response_format`` as the served model's guided-decoding inputs: ``(guide type, guide)``,
     ``None`` for plain text. ``json_object`` -> ``json`` (no guide), ``json_schema`` ->
@@ -220,15 +173,23 @@ def response_format_guide(response_format: Any) -> tuple[str, str | None] | None
                   "response_format.type")
 
 
-def _guide_inputs(body: Mapping[str, Any], caps: Capabilities, tool_call: ToolCallPlan | None) -> dict[str, Any]:
+def _guide_inputs(body: Mapping[str, Any], caps: Capabilities, tool_call: ToolPlan | None) -> dict[str, Any]:
     guide = response_format_guide(body.get("response_format"))
+    guided = caps.has(GUIDE_TYPE_INPUT, GUIDE_INPUT)
     if tool_call is not None:
-        if guide is not None:
+        forced = isinstance(tool_call, ToolCallPlan)
+        if guide is not None and forced:
             raise invalid("'response_format' cannot be combined with a forced tool call (the call's schema "
                           "decides the answer's format)", "response_format")
-        if not caps.has(GUIDE_TYPE_INPUT, GUIDE_INPUT):
+        if guide is not None:
+            raise unsupported("response_format", "a response format with tools the model may call "
+                              "(tool_choice 'auto'); send tool_choice 'none' or leave the format out")
+        if not guided and forced:
             raise unsupported("tool_choice", "the served model has no guided decoding to decode a call under")
-        return {GUIDE_TYPE_INPUT: "json_schema", GUIDE_INPUT: tool_call.guide()}
+        if not guided:  # auto, as vLLM does it: the answer is decoded freely and parsed
+            return {}
+        kind, text = tool_call.guide()
+        return {GUIDE_TYPE_INPUT: kind, GUIDE_INPUT: text}
     if guide is None:
         return {}
     if not caps.has(GUIDE_TYPE_INPUT, GUIDE_INPUT):
@@ -331,7 +292,6 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
         raise invalid("'user' must be a string", "user")
     _refuse_unsupported(body, endpoint)
     stream = _flag(body, "stream")
-    _flag(body, "parallel_tool_calls")  # one call at most is returned either way
     tool_call = parse_tools(body) if endpoint is Endpoint.CHAT else None
     inputs: dict[str, Any] = {
         "max_tokens": _max_tokens(body, endpoint), "temperature": _sampling(body, "temperature"),
@@ -346,15 +306,17 @@ def parse_request(body: Any, endpoint: Endpoint, caps: Capabilities) -> Generati
     inputs.update(_speculation_inputs(body))
     logprobs = parse_logprobs(body, endpoint is Endpoint.CHAT, caps.inputs)
     if logprobs is not None:
-        if tool_call is not None:  # the answer is a tool call, not content the log probabilities would annotate
+        if isinstance(tool_call, ToolCallPlan):  # the answer is a tool call, not content they would annotate
             raise unsupported("logprobs", "log probabilities of a forced tool call")
+        if tool_call is not None:
+            raise unsupported("logprobs", "log probabilities with tools the model may call (tool_choice 'auto')")
         inputs.update(logprobs.inputs())
     inputs = {name: value for name, value in inputs.items() if value is not None}
-    prompt, messages = ("", _messages(body)) if endpoint is Endpoint.CHAT else (_prompt(body), ())
+    prompt, messages = ("", parse_messages(body.get("messages"))) if endpoint is Endpoint.CHAT else (_prompt(body), ())
     check_prompt_size(prompt if endpoint is Endpoint.COMPLETIONS else "".join(m.content for m in messages),
                       "prompt" if endpoint is Endpoint.COMPLETIONS else "messages")
     if tool_call is not None:
-        messages = _with_instructions(messages, tool_call.instructions())
+        messages = with_instructions(messages, tool_call.instructions())
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, messages=messages, stream=stream,
                              include_usage=_stream_options(body, stream), inputs=inputs, tool_call=tool_call,
                              logprobs=logprobs)

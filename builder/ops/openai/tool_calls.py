@@ -1,7 +1,8 @@
 """A forced tool call's answer in OpenAI's shape: ``message.tool_calls`` (``content: null``,
 ``finish_reason: "tool_calls"``), and the same as stream deltas.
 
-The model's text is the call (see :mod:`.tools`): for a named function its arguments; for
+The model's text is the call (see :mod:`.tools`; the answer of ``tool_choice: "auto"`` is parsed by
+:mod:`.tool_parser`): for a named function its arguments; for
 ``required`` with several tools ``{"name": ..., "arguments": ...}``. :class:`ToolCallText` splits it
 as it streams: once the name is known, a delta opens the call (``id``, ``type``, ``function.name``,
 ``arguments: ""``), then every text block's argument text goes out as ``function.arguments``
@@ -33,9 +34,11 @@ def new_call_id() -> str:
 class ToolCallText:
     """The call's name and argument text, fed the model's text block by block."""
 
-    def __init__(self, plan: ToolCallPlan) -> None:
-        self.wrapped = plan.named is None  # {"name": ..., "arguments": ...}
-        self.name: str | None = None if self.wrapped else plan.named.name
+    def __init__(self, plan: ToolCallPlan | None = None) -> None:
+        """``plan``: a forced call's; None: a call in the ``auto`` format (name and arguments)."""
+        named = plan.named if plan is not None else None
+        self.wrapped = named is None  # {"name": ..., "arguments": ...}
+        self.name: str | None = None if named is None else named.name
         self._text = ""
         self._start: int | None = None if self.wrapped else 0  # where the arguments start
         self._sent = 0  # argument text handed out up to here
@@ -46,7 +49,7 @@ class ToolCallText:
         opened = False
         if self._start is None:
             match = _HEAD.match(self._text)
-            if match is None:
+            if match is None or match.end() == len(self._text):  # the whitespace before the value may go on
                 return False, ""
             self.name, self._start = json.loads(match.group(1)), match.end()
             self._sent, opened = match.end(), True

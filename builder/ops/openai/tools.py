@@ -1,17 +1,17 @@
-"""Forced tool calls: ``tools`` (type ``function``) with ``tool_choice`` ``"required"`` or a named
-function, parsed into a :class:`ToolCallPlan` -- the JSON schema the answer is decoded under (the
-served model's guided decoding) and the instructions that tell the model about the function(s).
+"""Tool definitions (``tools``, type ``function``) and what ``tool_choice`` makes of them:
 
-- a named function (or ``required`` with one tool): the answer is the function's arguments,
-  decoded under its ``parameters`` schema;
-- ``required`` with several tools: the answer is ``{"name": ..., "arguments": ...}``, decoded under
-  ``anyOf`` one object per function (``name`` a ``const``, ``arguments`` that function's
-  ``parameters``, moved under ``$defs`` so its own ``$ref`` pointers still resolve);
-- ``"none"``: the tools are ignored (not shown to the model either);
-- ``"auto"`` (OpenAI's default when tools are sent): refused. Deciding whether to call needs a
-  model with a tool-call chat format; the reference target has none.
+- a named function (or ``required`` with one tool): a forced call, :class:`ToolCallPlan`; the answer
+  is the function's arguments, decoded under its ``parameters`` schema;
+- ``required`` with several tools: a forced call whose answer is ``{"name": ..., "arguments": ...}``,
+  decoded under ``anyOf`` one object per function (``name`` a ``const``, ``arguments`` that
+  function's ``parameters``, moved under ``$defs`` so its own ``$ref`` pointers still resolve);
+- ``"auto"`` (OpenAI's default when tools are sent): :class:`AutoToolPlan`; the model answers or
+  calls, in the call format of :mod:`.tool_format` (``<tool_call>`` + that same object +
+  ``</tool_call>``, one block per call); under guided decoding the text is free until the model
+  writes ``<tool_call>``, then the call is decoded under the grammar;
+- ``"none"``: the tools are ignored (not shown to the model either).
 
-The definitions are shown to the model in a system message (:meth:`ToolCallPlan.instructions`,
+The definitions are shown to the model in a system message (the plans' ``instructions()``,
 appended to the request's own system message when it starts with one). A definition or schema
 that is malformed, or that the grammar compiler refuses, is a 400 naming the parameter.
 """
@@ -22,9 +22,10 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
-from builder.ops.openai.errors import OpenAIError, invalid, unsupported
+from builder.ops.openai.errors import invalid, unsupported
+from builder.ops.openai.tool_format import call_grammar, format_instructions
 
 MAX_TOOLS = 128
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -32,9 +33,6 @@ NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalP
 _TOOL_KEYS = {"type", "function"}
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 _DATA_KEYWORDS = {"const", "enum", "default", "examples"}  # values, not schemas: no $ref rewritten inside
-AUTO_REFUSED = ("tool_choice 'auto' (OpenAI's default when tools are sent) is not supported: the served model has "
-                "no tool-call chat format to decide whether to call a function. Send tool_choice 'required' or "
-                "{'type': 'function', 'function': {'name': ...}} to have the answer decoded as a call, or 'none'.")
 
 
 @dataclass(frozen=True)
@@ -43,10 +41,25 @@ class FunctionTool:
     description: str
     parameters: Mapping[str, Any]  # a JSON schema (an object)
 
+    def entry(self) -> str:
+        """The function as the model is shown it."""
+        about = f": {self.description}" if self.description else ""
+        return f"{self.name}{about}\nArguments (JSON schema): {json.dumps(self.parameters)}"
+
+
+def call_schema(tools: tuple[FunctionTool, ...]) -> dict[str, Any]:
+    """The schema of one ``{"name": ..., "arguments": ...}`` call of one of ``tools``."""
+    branches = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/fn_{i}"}},
+                 "required": ["name", "arguments"], "additionalProperties": False}
+                for i, t in enumerate(tools)]
+    return {"anyOf": branches, "$defs": {f"fn_{i}": _rebase(t.parameters, f"#/$defs/fn_{i}")
+                                         for i, t in enumerate(tools)}}
+
 
 @dataclass(frozen=True)
 class ToolCallPlan:
-    """The answer must be a call of one of ``tools`` (one: that function's arguments alone)."""
+    """A forced call: the answer must be a call of one of ``tools`` (one: that function's
+    arguments alone), decoded under :meth:`schema` as the served model's ``json_schema`` guide."""
 
     tools: tuple[FunctionTool, ...]
 
@@ -56,30 +69,37 @@ class ToolCallPlan:
         return self.tools[0] if len(self.tools) == 1 else None
 
     def schema(self) -> dict[str, Any]:
-        if self.named is not None:
-            return dict(self.named.parameters)
-        branches = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/fn_{i}"}},
-                     "required": ["name", "arguments"], "additionalProperties": False}
-                    for i, t in enumerate(self.tools)]
-        return {"anyOf": branches, "$defs": {f"fn_{i}": _rebase(t.parameters, f"#/$defs/fn_{i}")
-                                             for i, t in enumerate(self.tools)}}
+        return dict(self.named.parameters) if self.named is not None else call_schema(self.tools)
 
-    def guide(self) -> str:
-        """The schema as the served model's ``guided_decoding_guide`` (type ``json_schema``)."""
-        return json.dumps(self.schema())
+    def guide(self) -> tuple[str, str]:
+        """The served model's guided-decoding inputs: (guide type, guide)."""
+        return "json_schema", json.dumps(self.schema())
 
     def instructions(self) -> str:
         """The system-message text that describes the function(s) and the expected answer."""
-        def entry(tool: FunctionTool) -> str:
-            about = f": {tool.description}" if tool.description else ""
-            return f"{tool.name}{about}\nArguments (JSON schema): {json.dumps(tool.parameters)}"
-
         if self.named is not None:
             return (f"Call the function {self.named.name}: answer with its arguments as one JSON object and "
-                    f"nothing else.\n\n{entry(self.named)}")
-        listed = "\n\n".join(f"- {entry(t)}" for t in self.tools)
+                    f"nothing else.\n\n{self.named.entry()}")
+        listed = "\n\n".join(f"- {t.entry()}" for t in self.tools)
         return ('Call one of these functions: answer with one JSON object and nothing else, '
                 '{"name": <the function\'s name>, "arguments": <its arguments>}.\n\n' + listed)
+
+
+@dataclass(frozen=True)
+class AutoToolPlan:
+    """``tool_choice: "auto"``: the model answers in text or calls one or more of ``tools`` (at
+    most one unless ``parallel``) in the format of :mod:`.tool_format`."""
+
+    tools: tuple[FunctionTool, ...]
+    parallel: bool = True
+
+    def guide(self) -> tuple[str, str]:
+        """The served model's guided-decoding inputs: free text, or calls valid for their schemas."""
+        return "ebnf_grammar", call_grammar(call_schema(self.tools), self.parallel)
+
+    def instructions(self) -> str:
+        listed = "\n\n".join(f"- {t.entry()}" for t in self.tools)
+        return f"{format_instructions(self.parallel)}\n\nFunctions:\n\n{listed}"
 
 
 def _rebase(schema: Any, base: str) -> Any:
@@ -93,24 +113,31 @@ def _rebase(schema: Any, base: str) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _compile_error(schema_text: str) -> str | None:
-    """Why the grammar compiler refuses this schema (None: it compiles). Cached: clients send
+def _compile_error(kind: str, text: str) -> str | None:
+    """Why the grammar compiler refuses this guide (None: it compiles). Cached: clients send
     the same definitions with every request."""
     from triton_backend.core.errors import InvalidRequestError
     from triton_backend.core.grammar import check_guide
-    from triton_backend.core.guide import Guide, GuideType
+    from triton_backend.core.guide import Guide
 
     try:
-        check_guide(Guide(GuideType.JSON_SCHEMA, schema_text))
+        check_guide(Guide(kind, text))
     except InvalidRequestError as exc:
         return str(exc)
     return None
 
 
 def _check_schema(schema: Mapping[str, Any], param: str) -> None:
-    error = _compile_error(json.dumps(schema, sort_keys=True))
+    error = _compile_error("json_schema", json.dumps(schema, sort_keys=True))
     if error is not None:
         raise invalid(f"'{param}' is not a usable JSON schema: {error}", param, "invalid_tool_schema")
+
+
+def _check_guide(plan: "ToolCallPlan | AutoToolPlan") -> None:
+    """The whole guide of a plan with several tools compiles (each tool's schema did alone)."""
+    error = _compile_error(*plan.guide())
+    if error is not None:
+        raise invalid(f"'tools' together are not a usable guide: {error}", "tools", "invalid_tool_schema")
 
 
 def _function(tool: Any, i: int) -> FunctionTool:
@@ -152,41 +179,49 @@ def _tools(raw: Any) -> tuple[FunctionTool, ...]:
     return tools
 
 
-def _chosen(choice: Any, tools: tuple[FunctionTool, ...]) -> tuple[FunctionTool, ...] | None:
-    """The functions the call may be of; None: no call (``none``)."""
+ToolPlan = Union[ToolCallPlan, AutoToolPlan]
+
+
+def _parallel(body: Mapping[str, Any]) -> bool:
+    value = body.get("parallel_tool_calls")
+    if value is not None and not isinstance(value, bool):
+        raise invalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    return value is not False  # OpenAI's default: true
+
+
+def _plan(choice: Any, tools: tuple[FunctionTool, ...], parallel: bool) -> ToolPlan | None:
+    """What ``tool_choice`` asks for; None: no call (``none``)."""
     if choice == "none":
         return None
     if choice is None or choice == "auto":
-        raise OpenAIError(AUTO_REFUSED, param="tool_choice", code="unsupported_parameter")
+        return AutoToolPlan(tools, parallel)
     if choice == "required":
-        return tools
+        return ToolCallPlan(tools)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         match = [t for t in tools if t.name == name]
         if not match:
             raise invalid(f"'tool_choice' names the function {name!r}, which is not in 'tools'", "tool_choice")
-        return tuple(match)
+        return ToolCallPlan(tuple(match))
     if isinstance(choice, dict) and choice.get("type") in ("allowed_tools", "custom"):
         raise unsupported("tool_choice", f"tool_choice of type {choice['type']!r}")
-    raise invalid("'tool_choice' must be 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
-                  "tool_choice")
+    raise invalid("'tool_choice' must be 'none', 'auto', 'required' or "
+                  "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
 
 
-def parse_tools(body: Mapping[str, Any]) -> ToolCallPlan | None:
-    """The forced call a chat request asks for (None: none), or a 400 :class:`OpenAIError`."""
+def parse_tools(body: Mapping[str, Any]) -> ToolPlan | None:
+    """What a chat request's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` ask for (None:
+    no tools, or ``none``), or a 400 :class:`OpenAIError`."""
     raw, choice = body.get("tools"), body.get("tool_choice")
+    parallel = _parallel(body)
     if raw is None or raw == []:
         if choice not in (None, "none"):
             raise invalid("'tool_choice' needs 'tools'", "tool_choice")
         return None
-    tools = _tools(raw)
-    chosen = _chosen(choice, tools)
-    if chosen is None:
-        return None
-    plan = ToolCallPlan(chosen)
-    if plan.named is None:
-        _check_schema(plan.schema(), "tools")
+    plan = _plan(choice, _tools(raw), parallel)
+    if plan is not None and (isinstance(plan, AutoToolPlan) or plan.named is None):
+        _check_guide(plan)
     return plan
 
 
-__all__ = ["AUTO_REFUSED", "FunctionTool", "MAX_TOOLS", "ToolCallPlan", "parse_tools"]
+__all__ = ["AutoToolPlan", "FunctionTool", "MAX_TOOLS", "ToolCallPlan", "ToolPlan", "call_schema", "parse_tools"]
