@@ -27,6 +27,7 @@ from builder.stages.model_repository import render_model_repository
 from builder.plan.spec import BuildSpec
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, free_port
+from builder.ops.default_deployment import default_deployment
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.serving.service import parse_request
 
@@ -197,7 +198,7 @@ def test_default_deployment_without_a_spec(tmp_path: Path) -> None:
     repository = Path(proc.stdout.strip().splitlines()[-1])
     assert repository.is_relative_to(tmp_path / "engines")
     deployment = DeploymentConfig.load(repository / "specdec" / "1" / "deployment.json")
-    assert deployment == DeploymentConfig()
+    assert deployment == default_deployment()  # the reference target, auto with the packaged EAGLE-3 drafter
 
 
 # -- errors at the edge -----------------------------------------------------------------------
