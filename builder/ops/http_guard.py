@@ -36,13 +36,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from builder.ops.triton_server import RestrictedApi, ServerError
 from triton_backend.core.errors import OVERLOADED_MESSAGE_PREFIX
+from triton_backend.serving.limits import unencodable_text
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def integer_problem(path: str, body: bytes) -> str | None:
         return "a number has too many digits for any input type"
     if not isinstance(request, dict):
         return None
-    if b"\\u" in body.lower() and _lone_surrogate(request):
+    if b"\\u" in body.lower() and unencodable_text(request) is not None:
         return "a string holds a lone surrogate (\\ud800-\\udfff without its pair): not valid Unicode text"
     if path.endswith("/infer"):
         fields = [(t.get("name"), _INT_RANGES.get(str(t.get("datatype")).upper()), t.get("data"))
@@ -137,23 +137,6 @@ def integer_problem(path: str, body: bytes) -> str | None:
             kind = f"{'UINT' if bits < 0 else 'INT'}{abs(bits)}"
             return f"{name}: a value does not fit its type {kind}"
     return None
-
-
-def _lone_surrogate(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str) and not item.isascii():
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-    return False
 
 
 def _overloaded(body: bytes) -> bool:

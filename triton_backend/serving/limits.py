@@ -15,7 +15,7 @@ wrap them silently. docs/security.md lists these figures.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -56,6 +56,26 @@ def check_text(text: str, what: str = "the prompt", limits: RequestLimits = LIMI
         raise InvalidRequestError(f"{what} is not valid Unicode text: {exc.reason} at character {exc.start}") from None
     if size > limits.max_prompt_bytes:
         raise InvalidRequestError(f"{what} has {size} bytes of UTF-8, over the limit of {limits.max_prompt_bytes}")
+
+
+def unencodable_text(value: Any) -> UnicodeEncodeError | None:
+    """The first string (or key) of a parsed JSON value that does not encode as UTF-8, as its
+    encoding error: JSON lets a lone surrogate through (``"\\ud800"``), which no tokenizer or
+    Triton tensor takes. ``None`` when every string encodes."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return exc
+    return None
 
 
 def check_prompt_bytes(arrays: Mapping[str, np.ndarray], name: str = "text_input",

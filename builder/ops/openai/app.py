@@ -25,6 +25,7 @@ from builder.ops.openai.backend import BackendConfig, TritonBackend
 from builder.ops.openai.errors import OpenAIError, invalid, not_found, unauthorized
 from builder.ops.openai.logprobs import attach, new_tracker
 from builder.ops.openai.protocol import Endpoint, GenerationRequest, parse_request
+from triton_backend.serving.limits import unencodable_text
 from builder.ops.openai.responses import (
     DONE_EVENT, Generation, ResponseIds, chunk, delta_chunk, full_response, models_list, sse, usage_chunk,
 )
@@ -133,20 +134,10 @@ async def _body(request: web.Request) -> Any:
 def _check_unicode(body: Any) -> None:
     """Every string (and key) of the body encodes as UTF-8: JSON lets a lone surrogate through
     (``"\\ud800"``), which no tokenizer or Triton tensor takes."""
-    stack = [body]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str) and not item.isascii():
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise invalid(f"the request body holds text that is not valid Unicode ({exc.reason} at "
-                              f"character {exc.start} of a string)") from None
+    exc = unencodable_text(body)
+    if exc is not None:
+        raise invalid(f"the request body holds text that is not valid Unicode ({exc.reason} at "
+                      f"character {exc.start} of a string)")
 
 
 def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
