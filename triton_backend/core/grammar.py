@@ -48,7 +48,7 @@ class GuideLimitError(InvalidRequestError):
 
 def refusal(kind: str, matcher: Any, cls: type[InvalidRequestError] = GuideLimitError) -> InvalidRequestError:
     """A readable, typed error for a matcher llguidance put in its error state over a guide."""
-    error = _short(matcher.get_error())
+    error = short_message(matcher.get_error())
     if error.startswith("NoExtensionBias"):
         why = "no output satisfies it (e.g. a $ref loop or a type nothing matches)"
     elif "max is" in error or "limit" in error.lower():
@@ -121,7 +121,7 @@ def grammar_text(guide: Guide) -> str:
     try:
         lark = any_to_lark(guide.text)
     except Exception as e:  # the converter raises its own parse errors (and plain ones) on bad input
-        raise InvalidRequestError(f"invalid EBNF grammar: {_short(str(e))}") from None
+        raise InvalidRequestError(f"invalid EBNF grammar: {short_message(str(e))}") from None
     return LLMatcher.grammar_from_lark(lark)
 
 
@@ -132,26 +132,32 @@ def check_guide(guide: Guide) -> None:
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar_text(guide), None)
     if is_error:
-        raise InvalidRequestError(f"invalid {guide.type.value} guide: {_short(messages[0] if messages else '')}")
+        raise InvalidRequestError(f"invalid {guide.type.value} guide: {short_message(messages[0] if messages else '')}")
+
+
+def validated_matcher(guide: Guide, lltok: Any) -> Any:
+    """llguidance's matcher for ``guide`` once its grammar validates (InvalidRequestError with the
+    compiler's first line otherwise); the caller checks ``matcher.is_error()`` its own way."""
+    from llguidance import LLMatcher
+
+    grammar = grammar_text(guide)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, lltok)
+    if is_error:
+        raise InvalidRequestError(f"invalid {guide.type.value} guide: {short_message(messages[0] if messages else '')}")
+    return LLMatcher(lltok, grammar, log_level=0)
 
 
 def compile_guide(guide: Guide, tokenizer: Any, *, vocab: int, eos_token_ids: Sequence[int],
                   prompt_len: int) -> "GuideMatcher":
     """A fresh grammar state for one request whose prompt is ``prompt_len`` tokens long."""
-    from llguidance import LLMatcher
-
-    lltok = ll_tokenizer(tokenizer, vocab, eos_token_ids)
-    grammar = grammar_text(guide)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, lltok)
-    if is_error:
-        raise InvalidRequestError(f"invalid {guide.type.value} guide: {_short(messages[0] if messages else '')}")
-    matcher = LLMatcher(lltok, grammar, log_level=0)
+    matcher = validated_matcher(guide, ll_tokenizer(tokenizer, vocab, eos_token_ids))
     if matcher.is_error():
-        raise InvalidRequestError(f"invalid {guide.type.value} guide: {_short(matcher.get_error())}")
+        raise InvalidRequestError(f"invalid {guide.type.value} guide: {short_message(matcher.get_error())}")
     return GuideMatcher(matcher, vocab, prompt_len)
 
 
-def _short(message: str, limit: int = 300) -> str:
+def short_message(message: str, limit: int = 300) -> str:
+    """A compiler message's first line, cut to ``limit`` characters."""
     first = message.strip().splitlines()[0] if message.strip() else "rejected by the grammar compiler"
     return first if len(first) <= limit else first[:limit] + "..."
 
@@ -183,7 +189,7 @@ class GuideMatcher:
     def _failure(self, what: str) -> SpecbuildError:
         """The error of a matcher in its error state: the guide's fault (the engine's limits, no
         output left) as :class:`GuideLimitError`, anything else as :class:`GuideError`."""
-        error = _short(self._matcher.get_error())
+        error = short_message(self._matcher.get_error())
         if error.startswith("NoExtensionBias") or "max is" in error or "limit" in error.lower():
             return refusal("request's", self._matcher)
         return GuideError(f"{what}: {error}")
@@ -252,4 +258,5 @@ class GuideMatcher:
         return bool(self._matcher.is_accepting())
 
 
-__all__ = ["GuideError", "GuideLimitError", "GuideMatcher", "refusal", "check_guide", "compile_guide", "grammar_text", "ll_tokenizer"]
+__all__ = ["GuideError", "GuideLimitError", "GuideMatcher", "refusal", "check_guide", "compile_guide", "grammar_text", "ll_tokenizer",
+           "short_message", "validated_matcher"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from triton_backend.core.errors import InvalidRequestError, OverloadedError
-from triton_backend.core.grammar import GuideMatcher, grammar_text, ll_tokenizer, refusal
+from triton_backend.core.grammar import GuideMatcher, ll_tokenizer, refusal, short_message, validated_matcher
 from triton_backend.core.guide import Guide
 
 logger = logging.getLogger(__name__)
@@ -79,13 +79,7 @@ def compile_and_probe(guide: Guide, lltok: Any, vocab: int, eos_token_ids: Seque
     """llguidance's matcher for ``guide``, checked: it validates, builds, and survives the
     probe walk (see the module doc). Raises :class:`GuideRefusedError` /
     :class:`InvalidRequestError` with a short reason."""
-    from llguidance import LLMatcher
-
-    grammar = grammar_text(guide)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, lltok)
-    if is_error:
-        raise InvalidRequestError(f"invalid {guide.type.value} guide: {_first_line(messages[0] if messages else '')}")
-    matcher = LLMatcher(lltok, grammar, log_level=0)
+    matcher = validated_matcher(guide, lltok)
     if matcher.is_error():
         raise refusal(guide.type.value, matcher, GuideRefusedError)
     probe = matcher.deep_copy()
@@ -113,11 +107,6 @@ def _lowest_allowed(bits: bytes, vocab: int, eos: set[int]) -> int | None:
             if byte >> b & 1 and token not in eos:
                 return token
     return None
-
-
-def _first_line(message: str) -> str:
-    first = message.strip().splitlines()[0] if message.strip() else "rejected by the grammar compiler"
-    return first[:300]
 
 
 _Key = tuple[str, str, int]
@@ -173,7 +162,7 @@ class GuideCache:
         except Exception as exc:  # the engine's own failure: logged, the request gets a typed refusal
             logger.exception("compiling a %s guide failed", guide.type.value)
             outcome = GuideRefusedError(f"the grammar engine failed on this {guide.type.value} guide: "
-                                        f"{_first_line(str(exc))}")
+                                        f"{short_message(str(exc))}")
         logger.info("%s guide of %d characters compiled in %.2f s: %s", guide.type.value, len(guide.text),
                     time.perf_counter() - started, "refused" if isinstance(outcome, Exception) else "ok")
         with self._lock:
