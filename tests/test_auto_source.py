@@ -31,7 +31,7 @@ from triton_backend.speculation.drafters.eagle import EagleDrafter
 from triton_backend.speculation.drafters.medusa import MedusaDrafter
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 
 pytestmark = pytest.mark.usefixtures("default_pass_costs")
 

@@ -18,7 +18,7 @@ from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.serving.service import parse_request
 from triton_backend.speculation.drafters.client import ClientDraft, ClientDraftSession
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 
 VOCAB = 32
 PROMPT = [1, 2, 3, 4, 1, 2]

@@ -15,7 +15,7 @@ from triton_backend.core.config import DraftLengthConfig, FallbackConfig, Sampli
 from triton_backend.speculation.drafters.eagle import EagleDrafter
 from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleInfo, EagleNet, load_eagle, save_eagle
 from triton_backend.core.errors import ModelLoadError
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.core.sampling import LogitsProcessor
 
 REFERENCE_DRAFTER = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-eagle"

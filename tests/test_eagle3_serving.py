@@ -28,7 +28,7 @@ from triton_backend.engines.batch import BatchRow
 from triton_backend.speculation.drafters.eagle import EagleDrafter
 from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter
 from triton_backend.speculation.drafters.eagle3_model import Eagle3Info, Eagle3Net, save_eagle3
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 
 LAYERS = (0, 2, 3)  # capture layers of the tiny 4-layer targets
 

@@ -18,7 +18,7 @@ from test_scheduler import Collector
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.controller import SpeculationController
 from triton_backend.speculation.drafters.eagle import EagleDrafter, EagleSession
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
 

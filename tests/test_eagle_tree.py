@@ -18,7 +18,7 @@ from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.core.tree import path_to
 from triton_backend.speculation.drafters.eagle import EagleDrafter
 from triton_backend.speculation.drafters.eagle_tree import TreeShape, draw_without_replacement
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.policy import PassCostModel, plan_round
 from triton_backend.speculation.tree_plan import BEST_FIRST, TreeModel, TreeRecord, best_nodes
 from triton_backend.speculation.tree_verify import verify_tree_multidraft

@@ -26,7 +26,7 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.core.errors import InvalidRequestError, SpecbuildError
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.core.sampling import LogitsProcessor
 
 EXAMPLES = int(os.environ.get("SPECBUILD_FUZZ_EXAMPLES", "150"))

@@ -13,7 +13,7 @@ from triton_backend.core.config import (
 )
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.core.sampling import LogitsProcessor
 
 PROMPTS = ([1, 2, 3], [5, 5, 5, 5], [7, 1, 9, 1, 7, 1, 9, 1, 7])

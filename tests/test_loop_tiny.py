@@ -15,7 +15,7 @@ from triton_backend.core.config import (
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.core.errors import ContextLengthError, InvalidRequestError, VocabMismatchError
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.core.sampling import LogitsProcessor
 
 NO_FALLBACK = dict(fallback=FallbackConfig(enabled=False))

@@ -11,7 +11,7 @@ from conftest import tiny_engine
 from test_medusa_tree import random_heads
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
 from triton_backend.speculation.drafters.medusa import MedusaDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint
 from triton_backend.core.config import SpeculationMode
 

@@ -11,7 +11,7 @@ import torch
 
 from triton_backend.core.config import FallbackConfig, MedusaConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.drafters.medusa import MedusaDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint, MedusaHeads, load_medusa
 from triton_backend.core.tree import path_to
 

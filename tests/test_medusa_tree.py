@@ -18,7 +18,7 @@ from triton_backend.core.config import (
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.medusa import MedusaDrafter
 from triton_backend.core.errors import ConfigError, ModelLoadError
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint, MedusaHeads, MedusaHeadsInfo, load_medusa, save_medusa
 from triton_backend.core.tree import ancestor_mask, choices_to_parents, node_depths, normalise_choices, path_to
 from triton_backend.engines.torch.tree_attention import tree_attention_inputs

@@ -19,7 +19,7 @@ from test_scheduler import assert_mixed_batch_matches_alone
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.core.sampling import sample
 from triton_backend.speculation.auto_source import AutoSource, DraftSource
-from triton_backend.speculation.drafters.base import DraftProposal
+from triton_backend.speculation.drafters.protocol import DraftProposal
 from triton_backend.speculation.drafters.eagle_tree import draw_without_replacement
 from triton_backend.speculation.merged_tree import lookup_accepted, merge_lookup, merged_option
 from triton_backend.speculation.policy import RowOption

@@ -21,7 +21,7 @@ from triton_backend.core.errors import ConfigError
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.suffix_index import (QUEUE_DEPTH, CrossRequestIndex, SuffixAutomaton,
                                                               cross_request_index)
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.match_policy import MatchLengthPolicy
 from triton_backend.speculation.policy import GainSettings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from conftest import tiny_engine
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.core.config import SpeculationMode
 
 PERIODIC_PROMPTS = ([3, 4, 3, 4, 3, 4], [6, 6, 6, 6], [2, 7, 9, 2, 7, 9, 2, 7], [1, 5, 8, 1, 5, 8, 1, 5, 8, 1])

@@ -17,7 +17,7 @@ from triton_backend.core.config import DraftLengthConfig, FallbackConfig, Sampli
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.core.errors import InvalidRequestError
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
 

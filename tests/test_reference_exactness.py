@@ -14,7 +14,7 @@ from triton_backend.core.config import DraftLengthConfig, FallbackConfig, Sampli
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.engines.torch.hf_engine import TorchEngine
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.engines.torch.model_loading import layer_skip_draft, make_torch_engine
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_llama
 from test_scheduler import Collector, submit_all
-from triton_backend.batching.rounds import PlannedRow, isolated
+from triton_backend.batching.batch_round import PlannedRow, isolated
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
 from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams,
                                         SpeculationConfig, SpeculationMode)
@@ -22,7 +22,7 @@ from triton_backend.core.guide import Guide, GuideType
 from triton_backend.core.guide_cache import GuideBudget, GuideCache, GuideRefusedError
 from triton_backend.engines.torch.model_loading import make_torch_engine
 from triton_backend.speculation.drafters.ngram import NgramDrafter, NgramSession
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 
 # a JSON object of 600 optional properties: llguidance refuses its first row (2,407 items, max 2,000)
 MANY_OPTIONAL = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}

@@ -18,7 +18,7 @@ from triton_backend.core.config import DraftLengthConfig, SamplingParams, Specul
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.medusa import MedusaDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint
 from triton_backend.batching.scheduler import BatchScheduler, QueueFullError, SchedulerConfig
 

@@ -168,7 +168,7 @@ def test_the_plan_sizes_ngram_drafts_by_each_rows_match() -> None:
     """Under the pass-cost plan an n-gram row offers the match its next proposal would use: a
     row without one is a free plain row, a row whose text repeats a long stretch gets drafts,
     and its session then drafts exactly the planned length (recorded in that match's bucket)."""
-    from triton_backend.batching.rounds import BatchSequence, PlannedRow, propose_per_row
+    from triton_backend.batching.batch_round import BatchSequence, PlannedRow, propose_per_row
     from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 
     decoder = tiny_decoder_with_every_drafter()

@@ -19,7 +19,7 @@ from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import estimated_cost, self_draft_engine, self_drafter
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.model_loading import make_torch_engine
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 
 from test_scheduler import submit_all
 

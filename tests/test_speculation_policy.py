@@ -350,7 +350,7 @@ def test_a_seeded_sampling_request_does_not_depend_on_the_measured_costs():
     from conftest import tiny_engine
     from triton_backend.core.config import SamplingParams, SpeculationMode
     from triton_backend.speculation.drafters.ngram import NgramDrafter
-    from triton_backend.speculation.loop import SpeculativeDecoder
+    from triton_backend.speculation.torch_decoder import SpeculativeDecoder
     from triton_backend.speculation.policy import install_cost_model
 
     target = tiny_engine(0, vocab=32)

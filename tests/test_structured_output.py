@@ -23,7 +23,7 @@ from triton_backend.core.grammar import compile_guide, grammar_text, ll_tokenize
 from triton_backend.core.guide import Guide, GuideType
 from triton_backend.engines.torch.model_loading import make_torch_engine
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok"],
           "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 99},

@@ -13,7 +13,7 @@ from conftest import tiny_engine
 from trtllm_fixtures import TorchRequestEngine
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.serving.interface import ServingConfig
 from triton_backend.serving.service import SpecdecService
 from triton_backend.speculation.trtllm_loop import EngineDrafter, TargetInfo, TrtllmSpeculativeDecoder

@@ -38,7 +38,7 @@ from triton_backend.engines.trtllm.requests import (
     sampling_spec, target_request,
 )
 from triton_backend.core.errors import ConfigError, ContextLengthError, InvalidRequestError, ModelLoadError
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.serving.service import load_deployment
 from triton_backend.speculation.trtllm_loop import EngineDrafter, EngineMedusa, TargetInfo, TrtllmSpeculativeDecoder
 

@@ -13,7 +13,7 @@ import torch
 from builder.bench.config import BenchPrompt, Sample
 from triton_backend.core.config import SamplingParams, SpeculationConfig
 from triton_backend.core.eos import eos_token_ids
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 
 
 @dataclass

@@ -19,8 +19,8 @@ from builder.bench.rows import OursRow, Row
 from triton_backend.core.config import DraftLengthConfig, SpeculationConfig, SpeculationMode, WeightPrecision
 from triton_backend.deployment.config import SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
-from triton_backend.speculation.drafters.base import Drafter
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.drafters.protocol import Drafter
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.pass_cost import runtime_settings
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from triton_backend.core.config import DraftLengthConfig, FallbackConfig, Runtim
 from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.deployment.torch_deployment import build_decoder
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.pass_cost import runtime_settings
 from triton_backend.speculation.policy import current_cost_model
 

@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from triton_backend.batching.rounds import BatchSequence
+from triton_backend.batching.batch_round import BatchSequence
 from triton_backend.speculation.policy import PassCostModel, RowOption, current_cost_model, plan_round
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Requests wait in a bounded queue (full: :class:`QueueFullError` at once, never a hang) and
 join the batch at the next round while a slot is free; they leave when finished, cancelled
-or failed, and their slots go back at once. Each round (:mod:`triton_backend.batching.rounds`):
+or failed, and their slots go back at once. Each round (:mod:`triton_backend.batching.batch_round`):
 drop cancelled requests, pick every row's draft length (:mod:`triton_backend.batching.plan`),
 draft, run ONE ragged target pass over all rows (prefill chunks of new prompts beside
 decode/verify rows, at most ``prefill_chunk_tokens`` prompt tokens a round so a long prompt
@@ -17,7 +17,7 @@ queue until its guide is compiled and probed on a thread of its own, within the 
 (:mod:`triton_backend.core.guide_cache`); a guide the grammar engine refuses fails that request
 alone, before it joins the batch. In a round, whatever fails for one row (its grammar, stop rule,
 sampling or drafter; a batched drafter call that raises is run again row by row:
-:func:`~triton_backend.batching.rounds.isolated`) fails that row's request only; only a failure of
+:func:`~triton_backend.batching.batch_round.isolated`) fails that row's request only; only a failure of
 the one target pass, which every row shares, fails the batch.
 """
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from triton_backend.batching.plan import BatchPolicy, DraftPlanner
-from triton_backend.batching.rounds import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_eagle_rows,
+from triton_backend.batching.batch_round import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_eagle_rows,
                                         propose_per_row, propose_with_draft_model, verify_row)
 from triton_backend.core.guide_cache import GUIDES, CompiledGuide, GuideCache, over_budget
 from triton_backend.speculation.commit import GenerationChunk
@@ -44,7 +44,7 @@ from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing,
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
 from triton_backend.engines.torch.hf_engine import TorchEngine, common_prefix_length
 from triton_backend.core.errors import InvalidRequestError, OverloadedError, SpecbuildError
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.policy import PassCostModel
 
 logger = logging.getLogger(__name__)

@@ -15,10 +15,10 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.suffix_index import cross_request_index
-from triton_backend.speculation.drafters.base import Drafter
+from triton_backend.speculation.drafters.protocol import Drafter
 from triton_backend.engines.trtllm.config import EngineRuntime
 from triton_backend.speculation.decoding import Decoder
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.model_loading import (
     eos_ids, layer_skip_draft, load_engine, load_model, load_tokenizer, make_torch_engine,

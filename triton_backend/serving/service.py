@@ -22,7 +22,7 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.core.errors import InvalidRequestError, OverloadedError, SpecbuildError
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.speculation.decoding import Decoder
-from triton_backend.speculation.loop import SpeculativeDecoder
+from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.serving.interface import (
     CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, NUM_DRAFT_TOKENS, SPECULATION, STOP_WORDS, TEMPERATURE, ServingConfig,
 )

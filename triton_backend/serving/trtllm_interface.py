@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from triton_backend.serving.interface import (
     ACCEPTANCE_RATE, BAD_WORDS, CHAT, END_ID, EXCLUDE_INPUT, FINISH_REASON, GUIDE, GUIDE_TYPE, IGNORE_EOS, INPUTS,
     MAX_TOKENS,
-    NUM_DRAFT_TOKENS, OUTPUTS, SPECULATION, STOP_WORDS, STREAM, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P,
+    NUM_DRAFT_TOKENS, OUTPUTS, RANDOM_SEED, SPECULATION, STOP_WORDS, STREAM, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P,
     TOTAL_ACCEPTED, TOTAL_DRAFT,
 )
 from triton_backend.serving.tensors import TensorSpec
@@ -41,7 +41,6 @@ MIN_TOKENS = _in("min_tokens", T.INT32, doc="end tokens are masked until this ma
 PRESENCE_PENALTY = _in("presence_penalty", T.FP32, doc="0 = off; subtracted once from a seen token's logit")
 FREQUENCY_PENALTY = _in("frequency_penalty", T.FP32, doc="0 = off; subtracted per occurrence")
 SEED = _in("seed", T.UINT64, doc="seed of the sampler (r25.05 name; random_seed also accepted)")
-RANDOM_SEED = _in("random_seed", T.UINT64, doc="seed of the sampler (name before r25.03)")
 RETURN_LOG_PROBS = _in("return_log_probs", T.BOOL, doc="add cum_log_probs and output_log_probs")
 RETURN_CONTEXT_LOGITS = _in("return_context_logits", T.BOOL)
 RETURN_GENERATION_LOGITS = _in("return_generation_logits", T.BOOL)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 from typing import Sequence
 
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.speculation.match_policy import MatchLengthPolicy
 from triton_backend.speculation.merged_tree import MergedOption, OverlapEstimate, merged_option

@@ -27,7 +27,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from triton_backend.core.config import FallbackConfig, FallbackRule, SpeculationConfig, SpeculationMode
-from triton_backend.speculation.drafters.base import DraftCost, DrafterSession
+from triton_backend.speculation.drafters.protocol import DraftCost, DrafterSession
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.shared_prior import SharedAcceptance, shared_acceptance
 from triton_backend.speculation.tree_plan import TreeModel, TreeRecord

@@ -1,6 +1,6 @@
 """What every decoder offers serving, and the request handling they share.
 
-A :class:`Decoder` (the torch runtime's :class:`~triton_backend.speculation.loop.SpeculativeDecoder`,
+A :class:`Decoder` (the torch runtime's :class:`~triton_backend.speculation.torch_decoder.SpeculativeDecoder`,
 the TensorRT-LLM runtime's :class:`~triton_backend.speculation.trtllm_loop.TrtllmSpeculativeDecoder`)
 encodes a prompt, streams a generation chunk by chunk, and collects one into a result.
 """

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from triton_backend.speculation.drafters.base import DraftProposal
+from triton_backend.speculation.drafters.protocol import DraftProposal
 from triton_backend.speculation.drafters.eagle import EagleSession
 from triton_backend.engines.base import EngineSession, FeatureSession
 from triton_backend.speculation.rounds import RoundOutcome

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from triton_backend.speculation.drafters.base import DraftProposal
+from triton_backend.speculation.drafters.protocol import DraftProposal
 from triton_backend.speculation.policy import RowOption
 
 

@@ -7,7 +7,7 @@ controller); :func:`generation_loop` records each round, commits its block
 (:class:`~triton_backend.speculation.commit.Commit`) and yields the chunks until the request ends.
 
 Strategies: chain, tree (Medusa) and EAGLE rounds on the torch runtime
-(:mod:`triton_backend.speculation.loop`, :mod:`triton_backend.speculation.tree_round`,
+(:mod:`triton_backend.speculation.torch_decoder`, :mod:`triton_backend.speculation.tree_round`,
 :mod:`triton_backend.speculation.eagle_round`); engine-verified rounds on the TensorRT-LLM runtime
 (:mod:`triton_backend.speculation.trtllm_loop`). The batch scheduler records and commits its rows
 through the same two calls.

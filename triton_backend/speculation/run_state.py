@@ -1,5 +1,5 @@
 """One request's generation on the torch runtime, whatever runs its target passes (the
-single-request loop of :mod:`triton_backend.speculation.loop`, or a row of the batch scheduler):
+single-request loop of :mod:`triton_backend.speculation.torch_decoder`, or a row of the batch scheduler):
 its sampler and seeded RNG, drafter session, speculation controller and committed output
 (:class:`~triton_backend.speculation.commit.Commit`), and the steps every round shares: the draft
 length, chain verification, log probabilities and recording the round."""
@@ -14,7 +14,7 @@ import torch
 from triton_backend.speculation.commit import Commit
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.controller import controller_for
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal, Drafter
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, DraftModelSession
 from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.engines.base import CausalLMEngine

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from triton_backend.core.config import TreeAcceptance
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.medusa import EMPTY_TREE, MedusaSession
 from triton_backend.engines.base import EngineSession
 from triton_backend.speculation.rounds import RoundOutcome

@@ -4,7 +4,7 @@ The target engine verifies draft tokens itself (TensorRT-LLM's draft_tokens_exte
 so one round here is: the controller picks ``k``; a draft engine (or n-gram lookup) proposes
 up to ``k`` tokens; ONE target request verifies them and returns the accepted drafts plus one
 token of its own; the tokens are committed one by one through the stop checker, exactly as
-in :mod:`triton_backend.speculation.loop`. Plain decoding (``mode=off``, after fallback, or when the
+in :mod:`triton_backend.speculation.torch_decoder`. Plain decoding (``mode=off``, after fallback, or when the
 next round would not fit the engine's ``max_input_len``) is one streaming request for the
 rest. A Medusa target engine drafts and verifies its own tree inside one streaming request.
 
@@ -31,7 +31,7 @@ from triton_backend.speculation.commit import Commit, GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance
 from triton_backend.speculation.controller import controller_for
 from triton_backend.speculation.decoding import GenerationResult, collect, encode_prompt, resolve_mode
-from triton_backend.speculation.drafters.base import DraftCost
+from triton_backend.speculation.drafters.protocol import DraftCost
 from triton_backend.speculation.drafters.ngram import NgramDrafter, NgramIndex
 from triton_backend.engines.trtllm.engine import EngineOutput, TrtllmEngineError
 from triton_backend.engines.trtllm.requests import (

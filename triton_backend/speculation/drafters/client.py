@@ -21,7 +21,7 @@ import torch
 
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.core.sampling import LogitsProcessor
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal
 
 METHOD = "client"  # GenerationStats.method of a request verifying client drafts
 

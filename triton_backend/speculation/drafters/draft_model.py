@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
-from triton_backend.speculation.drafters.base import DraftProposal
+from triton_backend.speculation.drafters.protocol import DraftProposal
 from triton_backend.engines.base import CausalLMEngine, EngineSession
 from triton_backend.core.errors import VocabMismatchError
 from triton_backend.core.config import DraftContext

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.eagle_model import EagleCheckpoint, EagleKV, TreeStep, load_eagle
 from triton_backend.speculation.drafters.eagle_tree import DraftTree, TreeShape, grow_trees
 from triton_backend.core.errors import ModelLoadError

@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from triton_backend.core.drafter_format import EAGLE3_ARCHITECTURE
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.llama_forward import rotate
-from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, _MLP, _RMSNorm
+from triton_backend.speculation.drafters.eagle_model import EagleKV, TreeStep, GatedMLP, RMSNorm
 
 ARCHITECTURE = EAGLE3_ARCHITECTURE
 WEIGHTS = "model.safetensors"
@@ -189,12 +189,12 @@ class Eagle3Net(nn.Module):
         h = info.hidden_size
         self.fc = nn.Linear(info.feature_size, h, bias=False)
         self.midlayer = nn.Module()
-        self.midlayer.input_layernorm = _RMSNorm(h, info.rms_norm_eps)
-        self.midlayer.hidden_norm = _RMSNorm(h, info.rms_norm_eps)
+        self.midlayer.input_layernorm = RMSNorm(h, info.rms_norm_eps)
+        self.midlayer.hidden_norm = RMSNorm(h, info.rms_norm_eps)
         self.midlayer.self_attn = _Attention2H(info)
-        self.midlayer.post_attention_layernorm = _RMSNorm(h, info.rms_norm_eps)
-        self.midlayer.mlp = _MLP(info)  # type: ignore[arg-type]  # reads hidden/intermediate sizes only
-        self.norm = _RMSNorm(h, info.rms_norm_eps)
+        self.midlayer.post_attention_layernorm = RMSNorm(h, info.rms_norm_eps)
+        self.midlayer.mlp = GatedMLP(info)  # type: ignore[arg-type]  # reads hidden/intermediate sizes only
+        self.norm = RMSNorm(h, info.rms_norm_eps)
         self.lm_head = nn.Linear(h, info.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(info.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(info.vocab_size, dtype=torch.bool))

@@ -130,7 +130,7 @@ class TreeStep:
         return int(self.visible.shape[-1])
 
 
-class _RMSNorm(nn.Module):
+class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -182,7 +182,7 @@ class _Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, info.num_heads * info.head_dim))
 
 
-class _MLP(nn.Module):
+class GatedMLP(nn.Module):
     def __init__(self, info: EagleInfo) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(info.hidden_size, info.intermediate_size, bias=False)
@@ -199,8 +199,8 @@ class _Layer(nn.Module):
     def __init__(self, info: EagleInfo) -> None:
         super().__init__()
         self.self_attn = _Attention(info)
-        self.post_attention_layernorm = _RMSNorm(info.hidden_size, info.rms_norm_eps)
-        self.mlp = _MLP(info)
+        self.post_attention_layernorm = RMSNorm(info.hidden_size, info.rms_norm_eps)
+        self.mlp = GatedMLP(info)
 
     def forward(self, x: torch.Tensor, starts: torch.Tensor, kv: EagleKV, slots: torch.Tensor,
                 tree: TreeStep | None = None) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from triton_backend.speculation.drafters.base import DraftProposal
+from triton_backend.speculation.drafters.protocol import DraftProposal
 from triton_backend.engines.torch.hf_engine import TorchEngine
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint, load_medusa

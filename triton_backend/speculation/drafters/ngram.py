@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal
+from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.suffix_index import QUERY_WINDOW, CrossRequestIndex
 from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.speculation.match_policy import MatchLengthPolicy

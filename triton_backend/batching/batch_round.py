@@ -7,7 +7,7 @@ follow the engine contract (:mod:`triton_backend.engines.batch`): a row starts a
 the slot holds that is still committed (``valid``, at most the committed length minus 1,
 so the last committed token is re-fed and yields the first logits row), so rollback of
 rejected drafts is only the next row starting earlier. Per row the steps are those of the
-single-request loop's rounds (:mod:`triton_backend.speculation.loop`, :mod:`triton_backend.speculation.tree_round`,
+single-request loop's rounds (:mod:`triton_backend.speculation.torch_decoder`, :mod:`triton_backend.speculation.tree_round`,
 :mod:`triton_backend.speculation.eagle_round`, whose verification they call) in the same order, so each
 sequence consumes its RNG exactly as it would alone: draft (n-gram per row; a draft model
 batched across rows, one pass per draft position; EAGLE trees and chains batched across rows,
@@ -27,7 +27,7 @@ import torch
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.core.guide_cache import CompiledGuide
-from triton_backend.speculation.drafters.base import EMPTY_PROPOSAL, DraftProposal, Drafter
+from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal, Drafter
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, doubtful
 from triton_backend.speculation.drafters.eagle import EagleSession, FeatureDrafter
 from triton_backend.speculation.drafters.eagle_tree import TreeShape

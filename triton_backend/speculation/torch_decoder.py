@@ -21,7 +21,7 @@ from triton_backend.core.stats import GenerationStats
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.decoding import GenerationResult, collect, encode_prompt, resolve_mode
-from triton_backend.speculation.drafters.base import Drafter
+from triton_backend.speculation.drafters.protocol import Drafter
 from triton_backend.speculation.drafters.eagle import EagleSession
 from triton_backend.speculation.drafters.medusa import MedusaSession
 from triton_backend.speculation.eagle_round import EagleRound
