@@ -77,6 +77,20 @@ class SlotKVCache:
         self.keys[layer, slot, :, start:start + n] = keys
         self.values[layer, slot, :, start:start + n] = values
 
+    def write_rows(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor) -> None:
+        """One batched write for a static-shape pass: token ``(r, t)``'s keys/values
+        ``[R, T, kv_heads, head_dim]`` at position ``positions[r, t]`` of slot ``slots[r, t]``
+        (both ``[R, T]`` device tensors: no host sync, one kernel per tensor)."""
+        self.keys[layer][slots, :, positions] = keys
+        self.values[layer][slots, :, positions] = values
+
+    def gather_rows(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[R, kv_heads, length, head_dim]`` of positions ``0 .. length - 1`` of
+        each slot in ``slots`` ``[R]`` (a static ``length``: the pass's context bucket)."""
+        return (self.keys[layer, :, :, :length].index_select(0, slots),
+                self.values[layer, :, :, :length].index_select(0, slots))
+
     def view(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[kv_heads, length, head_dim]`` of positions ``0 .. length - 1``."""
         return self.keys[layer, slot, :, :length], self.values[layer, slot, :, :length]

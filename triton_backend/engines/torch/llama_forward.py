@@ -321,7 +321,8 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
     rows may differ from a row alone in the last bits)."""
     shape = fwd.shape
     t = ids.shape[0]
-    cos, sin = fwd.rope(int(positions.max()) + 1)
+    # every RoPE position is below its row's end (tree nodes: root + depth): sized from the plan, no host sync
+    cos, sin = fwd.rope(max(r.start + r.n for r in rows))
     cos, sin = cos[positions][:, None].to(fwd.dtype), sin[positions][:, None].to(fwd.dtype)
     sin = signed_sin(sin)
     x = F.embedding(ids, fwd.embed)
@@ -401,7 +402,7 @@ def _decode_attention(fwd: LlamaForward, cache: SlotKVCache, layer: int, q: torc
     kvh, d = shape.num_kv_heads, shape.head_dim
     g = shape.num_heads // kvh
     lengths = torch.tensor([r.start + 1 for r in rows], device=q.device)
-    longest = int(lengths.max())
+    longest = max(r.start + 1 for r in rows)  # from the plan, not the tensor: no host sync per layer
     slots = torch.tensor([r.slot for r in rows], device=q.device)
     keys = cache.keys[layer].index_select(0, slots)[:, :, :longest]  # [B, kvh, L, d]
     values = cache.values[layer].index_select(0, slots)[:, :, :longest]
