@@ -296,3 +296,46 @@ def test_init_from_target_copies_the_last_layer(tiny_data):
         assert torch.equal(mine[:, :h], plain.midlayer.self_attn.get_parameter(f"{proj}.weight")[:, :h])
     ids = torch.arange(32) + net.d2t
     assert torch.equal(net.lm_head.weight, parts.head[ids]) and torch.equal(net.fc.weight, plain.fc.weight)
+
+
+def test_revocab_keeps_the_body_and_the_shared_head_rows(tiny_data):
+    """``revocab``: a warm start over a draft vocabulary re-picked from new data keeps the init's
+    body, its head rows for the tokens both vocabularies hold, the target's rows for the others;
+    coverage of the new data rises; without ``init_from`` it is refused."""
+    from dataclasses import replace
+
+    from builder.errors import BuildSpecError
+    from builder.train.eagle3_init import coverage_of, fresh_net, revocab, target_parts
+
+    parts = target_parts(tiny_data[0])
+    old_data = [torch.arange(0, 40).repeat(3)]
+    new_data = [torch.arange(20, 90).repeat(3)]
+    init, _ = fresh_net(parts, old_data, 40, (1, 2, 2), "tiny", 0)
+    with torch.no_grad():
+        init.lm_head.weight.add_(torch.randn_like(init.lm_head.weight))  # trained rows, unlike the target's
+    net, coverage = revocab(init, parts, new_data, 48)
+    assert net.info.draft_vocab_size == 48 and coverage > coverage_of(init, new_data)
+    assert coverage == pytest.approx(48 / 70)
+    for k, v in init.state_dict().items():
+        if not k.startswith("lm_head") and k not in ("d2t", "t2d"):
+            assert torch.equal(net.state_dict()[k], v), k
+    ids = net.draft_to_target(torch.arange(48))
+    old = init.target_to_draft(ids)
+    for i, (token, j) in enumerate(zip(ids.tolist(), old.tolist())):
+        want = init.lm_head.weight[j] if j >= 0 else parts.head[token]
+        assert torch.equal(net.lm_head.weight[i], want), token
+    assert (old >= 0).any() and (old < 0).any()
+    cfg = _train_cfg(tiny_data, "unused", init_from="")
+    with pytest.raises(BuildSpecError, match="needs --init-from"):
+        replace(cfg, revocab=True)
+
+
+def test_revocab_training_run(tmp_path, tiny_data):
+    from builder.train.eagle3 import train_eagle3
+
+    train_eagle3(_train_cfg(tiny_data, tmp_path / "first", epochs=2), progress=False)
+    cfg = _train_cfg(tiny_data, tmp_path / "re", draft_vocab=48, init_from=str(tmp_path / "first"), revocab=True,
+                     features_dir=tiny_data[2], epochs=1)
+    report = train_eagle3(cfg, progress=False)
+    assert report.draft_vocab == 48 and report.steps > 0
+    assert load_eagle3(tmp_path / "re").info.draft_vocab_size == 48

@@ -35,7 +35,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
                             draft_vocab=a.draft_vocab, ttt_steps=a.ttt_steps, step_decay=a.step_decay, epochs=a.epochs,
                             batch_size=a.batch_size, max_len=a.max_len, lr=a.lr, time_limit_s=a.time_limit,
                             eval_every_s=a.eval_every, seed=a.seed, init_from=a.init_from or "",
-                            init_from_target=a.init_from_target, threads=a.threads)
+                            init_from_target=a.init_from_target, revocab=a.revocab, threads=a.threads)
     print(train_eagle3(cfg, progress=not a.quiet).summary())
     return 0
 
@@ -82,6 +82,9 @@ def register_eagle3_commands(sub: "argparse._SubParsersAction[argparse.ArgumentP
                         "map; capture layers must match the features'); a checkpoint in --out still resumes first")
     t.add_argument("--init-from-target", action="store_true",
                    help="fresh start: the decoder layer from the target's last decoder layer where shapes fit")
+    t.add_argument("--revocab", action="store_true",
+                   help="with --init-from: re-pick the draft vocabulary from this run's data (--draft-vocab tokens, "
+                        "default the init's size); the init's body and its head rows for tokens kept")
     t.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default 0: torch's default, the cores it sees or OMP_NUM_THREADS)")
     t.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (draft depth trained)")

@@ -40,7 +40,7 @@ from torch.nn import functional as F
 
 from builder.errors import BuildSpecError
 from builder.report_paths import portable, repo_path
-from builder.train.eagle3_init import (InitDrafter, TargetParts, check_layers, coverage_of, fresh_net, read_init,
+from builder.train.eagle3_init import (InitDrafter, TargetParts, check_layers, coverage_of, fresh_net, read_init, revocab,
                                        target_parts, warm_net)
 from builder.train.eagle_features import feature_files
 from builder.train.schedule import TimedCosine
@@ -74,6 +74,7 @@ class Eagle3TrainConfig:
     seed: int = 0
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": a fresh drafter)
     init_from_target: bool = False  # fresh drafter: decoder layer from the target's last layer
+    revocab: bool = False  # with init_from: the draft vocabulary re-picked from this run's data (draft_vocab tokens)
     threads: int = 0  # torch CPU threads (0: torch's default, the cores it sees or OMP_NUM_THREADS)
 
     def __post_init__(self) -> None:
@@ -87,13 +88,18 @@ class Eagle3TrainConfig:
         if self.init_from and self.init_from_target:
             raise BuildSpecError("--init-from (a drafter) and --init-from-target (a fresh drafter's layer from the "
                                  "target) exclude each other")
+        if self.revocab and not self.init_from:
+            raise BuildSpecError("--revocab re-picks a warm start's draft vocabulary: it needs --init-from "
+                                 "(a fresh drafter picks its vocabulary from the data anyway)")
 
     def identity(self) -> dict[str, object]:
         """The settings a checkpoint must share to be resumed (threads may change)."""
         keep = ("target", "features_dir", "ttt_steps", "step_decay", "epochs", "batch_size", "max_len", "lr", "seed")
         ident: dict[str, object] = {k: v for k, v in asdict(self).items() if k in keep}
-        if self.init_from:  # the draft vocabulary is the init's (checked to agree)
+        if self.init_from:  # the draft vocabulary is the init's (checked to agree) or re-picked
             ident["init_from"] = str(Path(self.init_from).resolve())
+            if self.revocab:
+                ident["revocab"] = self.draft_vocab or "the init's size"
         else:
             ident["draft_vocab"] = DEFAULT_DRAFT_VOCAB if self.draft_vocab is None else self.draft_vocab
         if self.init_from_target:
@@ -264,6 +270,8 @@ def _start_net(cfg: Eagle3TrainConfig, train: list[_Seq], layers: tuple[int, ...
     """The drafter the run starts from (fresh, or the init's) and its draft vocabulary's coverage."""
     top1 = [s.top1[s.first:] for s in train]
     name = Path(cfg.target).name
+    if init is not None and cfg.revocab:
+        return revocab(warm_net(init, layers, name), parts, top1, cfg.draft_vocab or init.info.draft_vocab_size)
     if init is not None:
         net = warm_net(init, layers, name)
         coverage = coverage_of(net, top1)
@@ -363,7 +371,7 @@ class _Run:
 def _prepare(cfg: Eagle3TrainConfig) -> _Run:
     """Target, init (checked before the bulk of the features is read), features, starting drafter."""
     parts = target_parts(cfg.target)
-    init = read_init(cfg.init_from, cfg.target, parts.config, cfg.draft_vocab) if cfg.init_from else None
+    init = read_init(cfg.init_from, cfg.target, parts.config, cfg.draft_vocab, cfg.revocab) if cfg.init_from else None
     train_files = feature_files(cfg.target, cfg.features_dir)
     layers = tuple(torch.load(train_files[0], weights_only=True)["layers"])
     if init is not None:

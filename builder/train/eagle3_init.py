@@ -12,6 +12,12 @@
   and its draft-to-target vocabulary map, unchanged. The map is part of the drafter's weights
   (the LM head's rows are its tokens), so the vocabulary is never recomputed from the new data;
   the drafter must be for this target and read the features' capture layers.
+- **Warm with a new vocabulary** (``init_from`` and ``revocab``): the init's body (fc, decoder
+  layer, norm) and a draft vocabulary re-picked from this run's data (:func:`revocab`): the LM
+  head keeps the init's rows for the tokens both vocabularies hold and starts the new tokens'
+  rows from the target's head, as a fresh drafter does. For data unlike the init's (a drafter
+  trained on templated prompts, now trained on users' requests) the old vocabulary covers less of
+  what the target writes, and a token outside it can never be drafted.
 """
 
 from __future__ import annotations
@@ -120,9 +126,10 @@ class InitDrafter:
     num_target_layers: int  # the target's depth (the capture layers of a config that names none)
 
 
-def read_init(folder: str, target: str, config: Any, draft_vocab: int | None) -> InitDrafter:
+def read_init(folder: str, target: str, config: Any, draft_vocab: int | None, revocab: bool = False) -> InitDrafter:
     """Check the drafter folder's config against the target (name, vocabulary, widths) and the
-    asked draft vocabulary size (None: the folder's); BuildSpecError on a mismatch."""
+    asked draft vocabulary size (None: the folder's; any size with ``revocab``); BuildSpecError on
+    a mismatch."""
     root = Path(folder)
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
@@ -142,7 +149,7 @@ def read_init(folder: str, target: str, config: Any, draft_vocab: int | None) ->
     if bad:
         raise BuildSpecError(f"--init-from {folder} does not fit target {name!r}: "
                              + ", ".join(f"{k} {a} (target {b})" for k, (a, b) in bad.items()))
-    if draft_vocab is not None and draft_vocab != info.draft_vocab_size:
+    if draft_vocab is not None and draft_vocab != info.draft_vocab_size and not revocab:
         raise BuildSpecError(f"--draft-vocab {draft_vocab} disagrees with --init-from {folder} "
                              f"({info.draft_vocab_size} tokens, its vocabulary map is kept); leave --draft-vocab out")
     return InitDrafter(root, info, int(config.num_hidden_layers))
@@ -166,5 +173,30 @@ def warm_net(init: InitDrafter, layers: tuple[int, ...], target_name: str) -> Ea
     return net
 
 
-__all__ = ["InitDrafter", "TargetParts", "check_layers", "copy_target_layer", "coverage_of", "draft_vocabulary", "fresh_net",
+def revocab(net: Eagle3Net, parts: TargetParts, top1: list[torch.Tensor], size: int) -> tuple[Eagle3Net, float]:
+    """``net`` over a new draft vocabulary: the ``size`` tokens the target writes most in ``top1``.
+    The body is ``net``'s; head rows of tokens ``net`` already drafts are kept, the others start
+    from the target's head. Returns the new drafter and its coverage of ``top1``."""
+    ids, coverage = draft_vocabulary(top1, size, net.info.vocab_size)
+    new = Eagle3Net(replace(net.info, draft_vocab_size=len(ids)))
+    body = {k: v for k, v in net.state_dict().items() if not k.startswith("lm_head.") and k not in ("d2t", "t2d")}
+    missing, unexpected = new.load_state_dict(body, strict=False)
+    if unexpected or set(missing) != {"lm_head.weight", "d2t", "t2d"}:
+        raise BuildSpecError(f"re-picking the draft vocabulary: weights do not carry over (missing {missing}, "
+                             f"unexpected {unexpected})")
+    new.set_vocab(ids)
+    old_index = net.target_to_draft(ids)
+    kept = old_index >= 0
+    with torch.no_grad():
+        rows = parts.head[ids].clone()
+        rows[kept] = net.lm_head.weight[old_index[kept]]
+        new.lm_head.weight.copy_(rows)
+    logger.info("draft vocabulary re-picked: %d tokens (%d kept from the init's %d), covering %.3f of the training "
+                "targets (the init's: %.3f)", len(ids), int(kept.sum()), net.info.draft_vocab_size, coverage,
+                coverage_of(net, top1))
+    new.train()
+    return new, coverage
+
+
+__all__ = ["InitDrafter", "revocab", "TargetParts", "check_layers", "copy_target_layer", "coverage_of", "draft_vocabulary", "fresh_net",
            "read_init", "target_parts", "token_counts", "warm_net"]
