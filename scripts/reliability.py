@@ -11,13 +11,19 @@ never gives up on such crashes; crowds on ``ensemble`` and ``tensorrt_llm_bls``;
 ``ensemble`` that give up after 3 s; 100,000 stop words; integers Triton would wrap; an 8 MB
 prompt over gRPC; the admin APIs; status codes of validation and overload errors.
 
-Issue 44's cases (``--only issue44`` runs just these, in about a minute after the server is up):
+Issue 44's cases (``--only issue44`` runs just these: two server starts, a few minutes), in a
+section of their own, their figures also in benchmarks/results/headline.json:
 plain requests batched beside guided ones whose schema the grammar engine refuses (10,000 and
 600 optional properties, a ``$ref`` loop), counted as ``poisoned_batch_collateral_failures``
 (goal 0); a 3.9 MB prompt refused (``oversize_prompt_refusal_ms``, goal <= 100, one at a time);
 malformed values (NaN / -1 / inf / 1e30 temperature, top_p 0, a 5000-digit max_tokens, a lone
 surrogate) on every model, counted as ``malformed_value_500s`` (goal 0); a batch of 8 to
-``tensorrt_llm_bls``.
+``tensorrt_llm_bls``; 16 HTTP ``generate`` clients that give up after 3 s, then a fresh 4-token
+request (``abandoned_http_fresh_request_s``); SIGTERM with nothing in flight (``shutdown_s``,
+goal <= 5, exit status 0, every port free at once); then a server with ``--api-key`` and the
+OpenAI front on the same ports, each inference port probed without the key
+(``unauthenticated_ports_with_key``, goal 0), and SIGTERM with a request in flight (drained:
+answered in full, exit status 0).
 """
 
 from __future__ import annotations
@@ -45,8 +51,15 @@ from reliability_fixtures import BIG, infer_input, stream_request  # noqa: E402
 from reliability_fixtures import post as _post  # noqa: E402
 
 import numpy as np  # noqa: E402
+import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from builder.headline import HEADLINE_PATH, update_headline  # noqa: E402
+from builder.ops.triton_server import InferenceKey, ServerError, check_port_free, free_port  # noqa: E402
 
 BEGIN, END = "<!-- reliability.py: begin -->", "<!-- reliability.py: end -->"
+BEGIN44, END44 = "<!-- reliability.py issue44: begin -->", "<!-- reliability.py issue44: end -->"
+KEY = InferenceKey("reliability-" + "k" * 20)
 
 
 def post(url: str, body: bytes | None, headers: dict[str, str] | None = None,
@@ -56,21 +69,29 @@ def post(url: str, body: bytes | None, headers: dict[str, str] | None = None,
 
 
 class Serve:
-    """`specbuild serve` in a subprocess: its public endpoints and Triton's internal HTTP port."""
+    """`specbuild serve` in a subprocess: its public endpoints and Triton's internal HTTP port.
+    ``ports``: (HTTP, gRPC, metrics) to listen on; ``extra``: more ``serve`` flags."""
 
-    def __init__(self, work: Path) -> None:
-        self.err = open(work / "serve.err", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "builder.cli.main", "serve", "--log-file",
-                                      str(work / "triton.log")], cwd=REPO, stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    def __init__(self, work: Path, ports: tuple[int, int, int] | None = None, extra: tuple[str, ...] = (),
+                 tag: str = "serve") -> None:
+        self.ports = ports or (free_port(), free_port(), free_port())
+        self.err = open(work / f"{tag}.err", "w+")
+        flags = ["--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port",
+                 str(self.ports[2]), "--log-file", str(work / f"{tag}-triton.log"), *extra]
+        self.proc = subprocess.Popen([sys.executable, "-m", "builder.cli.main", "serve", *flags], cwd=REPO,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
         lines = {}
-        while "metrics" not in lines:
+        while True:
             line = self.proc.stdout.readline()
             if not line:
-                raise SystemExit("specbuild serve ended: " + (work / "serve.err").read_text()[-2000:])
-            if line.split(" ", 1)[0] in ("HTTP", "gRPC", "metrics"):
+                raise SystemExit("specbuild serve ended: " + Path(self.err.name).read_text()[-2000:])
+            if line.split(" ", 1)[0] in ("HTTP", "gRPC", "metrics", "OpenAI"):
                 lines[line.split(" ", 1)[0]] = line.split()[1]
+            if line.startswith("try:"):
+                break
         self.http, self.grpc, self.metrics = lines["HTTP"], lines["gRPC"], lines["metrics"]
+        self.openai = lines["OpenAI"].removesuffix("/v1") if "OpenAI" in lines else None
         self.internal = re.search(r"HTTP guard on \S+ -> (http://\S+)", self.stderr()).group(1)
 
     def stderr(self) -> str:
@@ -90,9 +111,35 @@ class Serve:
         match = re.search(rf'^specdec_requests_total{{model="specdec",outcome="{outcome}"}} (\S+)$', text, re.M)
         return float(match.group(1)) if match else 0.0
 
+    def in_flight(self) -> float:
+        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
+        return sum(float(m) for m in re.findall(r"^specdec_requests_in_flight\{[^}]*\} (\S+)$", text, re.M))
+
+    def wait_idle(self, timeout_s: float = 120) -> float:
+        """Seconds until nothing is in flight."""
+        started = time.monotonic()
+        while self.in_flight() > 0:
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"requests still in flight after {timeout_s:.0f}s")
+            time.sleep(0.2)
+        return time.monotonic() - started
+
     def stop(self) -> int:
+        return self.timed_stop()[0]
+
+    def timed_stop(self) -> tuple[int, float, list[str]]:
+        """SIGTERM: (exit status, seconds to exit, the ports that a new server could not take at once)."""
+        started = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=120)
+        code = self.proc.wait(timeout=300)
+        took = time.monotonic() - started
+        taken = []
+        for what, port in zip(("HTTP", "gRPC", "metrics"), self.ports):
+            try:
+                check_port_free("127.0.0.1", port, what)
+            except ServerError:
+                taken.append(f"{what} {port}")
+        return code, took, taken
 
 
 def generate(base: str, model: str, body: dict) -> tuple[int, bytes, float]:
@@ -209,7 +256,7 @@ def bls_batch(serve: Serve) -> str:
     return f"served: {len(outcome.responses[-1]['text_output'].reshape(-1))} rows of text"
 
 
-def issue44(serve: Serve) -> tuple[list[tuple[str, str]], dict[str, float]]:
+def issue44(serve: Serve) -> tuple[list[tuple[str, str]], dict[str, float | int]]:
     rows: list[tuple[str, str]] = []
     batch = poisoned_batch(serve.http)
     rows.append(("12 plain `ensemble` requests beside 3 refused schemas", json.dumps(batch)))
@@ -218,9 +265,100 @@ def issue44(serve: Serve) -> tuple[list[tuple[str, str]], dict[str, float]]:
     bad, internal = malformed(serve)
     rows += bad
     rows.append(("batch of 8 to `tensorrt_llm_bls` (`text_input`, `max_tokens` [8, 1])", bls_batch(serve)))
-    figures = {"poisoned_batch_collateral_failures": float(batch["collateral_failures"]),
-               "oversize_prompt_refusal_ms": max(sizes.values()), "malformed_value_500s": float(internal)}
+    figures = {"poisoned_batch_collateral_failures": int(batch["collateral_failures"]),
+               "oversize_prompt_refusal_ms": max(sizes.values()), "malformed_value_500s": int(internal)}
     return rows, figures
+
+
+def abandoned_http(serve: Serve, count: int = 16) -> dict[str, object]:
+    """``count`` HTTP generate clients of ``ensemble`` (2048 tokens) that give up after 3 s, then a
+    fresh 4-token request: how long it took, and whether the work behind the gone clients stopped."""
+    before = serve.counter("cancelled")
+    answers: list[tuple[int, bytes, float]] = []
+    body = json.dumps({"text_input": "Tell me a long story.", "max_tokens": 2048, "ignore_eos": True}).encode()
+    threads = [threading.Thread(target=lambda: answers.append(post(
+        f"{serve.http}/v2/models/ensemble/generate", body, {"Content-Type": "application/json"}, timeout_s=3.0)))
+        for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fresh = generate(serve.http, "ensemble", {"text_input": "Hi", "max_tokens": 4})
+    idle_after_s = serve.wait_idle()
+    return {"clients": count, "gave_up": sum(1 for a in answers if a[0] == 0),
+            "refused": sorted({a[0] for a in answers if a[0] not in (0, 200)}), "fresh_status": fresh[0],
+            "fresh_served_after_s": round(fresh[2], 2), "idle_after_s": round(idle_after_s, 2),
+            "cancelled_counted": int(serve.counter("cancelled") - before)}
+
+
+def grpc_served(url: str, headers: dict[str, str] | None) -> bool:
+    """Whether Triton's gRPC port serves an ``ensemble`` request with these headers."""
+    inputs = [infer_input("text_input", np.array([[b"Hi"]], dtype=object), "BYTES"),
+              infer_input("max_tokens", np.array([[2]], dtype=np.int32), "INT32")]
+    with grpcclient.InferenceServerClient(url) as client:
+        try:
+            client.infer("ensemble", inputs, headers=headers, client_timeout=120)
+            return True
+        except InferenceServerException:
+            return False
+
+
+def openai_served(base: str, key: str | None) -> bool:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    status, answer, _ = post(f"{base}/v1/models", None, headers)
+    if status != 200:
+        return False
+    model = json.loads(answer)["data"][0]["id"]
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+    return post(f"{base}/v1/chat/completions", body, headers)[0] == 200
+
+
+def key_probe(serve: Serve) -> tuple[dict[str, object], int]:
+    """With ``--api-key``: which inference port serves a request without the key (or with a wrong
+    one), and, as a check of the probe, that each serves one with it. (rows, unauthenticated ports)."""
+    generate_body = json.dumps({"text_input": "Hi", "max_tokens": 2}).encode()
+    wrong = InferenceKey("not-the-key-" + "w" * 16)
+
+    def http_served(base: str, key: InferenceKey | None) -> bool:
+        headers = {"Content-Type": "application/json", **({"Authorization": key.value} if key else {})}
+        return post(f"{base}/v2/models/ensemble/generate", generate_body, headers)[0] == 200
+
+    assert serve.openai is not None
+    probes = {"HTTP (the guard)": lambda key: http_served(serve.http, key),
+              "Triton's internal HTTP (loopback)": lambda key: http_served(serve.internal, key),
+              "gRPC": lambda key: grpc_served(serve.grpc, key.grpc_metadata if key else None),
+              "OpenAI": lambda key: openai_served(serve.openai, key.key if key else None)}
+    seen: dict[str, object] = {}
+    open_ports = 0
+    for port, served in probes.items():
+        without, with_wrong, with_key = served(None), served(wrong), served(KEY)
+        seen[port] = {"no key": without, "wrong key": with_wrong, "the key": with_key}
+        open_ports += without or with_wrong
+        if not with_key:
+            raise SystemExit(f"{port} did not serve a request with the key: the probe proves nothing")
+    return seen, open_ports
+
+
+def drain(serve: Serve) -> dict[str, object]:
+    """SIGTERM while a 48-token HTTP request (with the key) is in flight: answered in full?"""
+    answer: dict[str, tuple[int, bytes, float]] = {}
+    body = json.dumps({"text_input": "Tell me a story.", "max_tokens": 48, "ignore_eos": True}).encode()
+    thread = threading.Thread(target=lambda: answer.setdefault("a", post(
+        f"{serve.http}/v2/models/ensemble/generate", body,
+        {"Content-Type": "application/json", "Authorization": KEY.value})))
+    thread.start()
+    started = time.monotonic()
+    while serve.in_flight() < 1:
+        if time.monotonic() - started > 60:
+            raise SystemExit("the request never got in flight")
+        time.sleep(0.05)
+    time.sleep(1.0)
+    code, took, taken = serve.timed_stop()
+    thread.join()
+    status, text, _ = answer["a"]
+    tokens = json.loads(text).get("num_output_tokens") if status == 200 else None
+    return {"exit_status": code, "shutdown_s": round(took, 2), "request_status": status, "tokens": tokens,
+            "ports_not_free": taken}
 
 
 def crashes(serve: Serve, count: int) -> dict[str, object]:
@@ -234,15 +372,47 @@ def crashes(serve: Serve, count: int) -> dict[str, object]:
             "gave_up": "giving up" in serve.stderr(), "serve_running": serve.proc.poll() is None}
 
 
+def run_issue44(work: Path) -> tuple[list[tuple[str, str]], dict[str, float | int]]:
+    """Issue 44's cases on two servers, the second on the first one's ports with a key."""
+    serve = Serve(work, tag="serve-issue44")
+    try:
+        serve.ready()
+        rows, figures = issue44(serve)
+        abandoned_figures = abandoned_http(serve)
+        rows.append(("16 HTTP `generate` clients of `ensemble` (2048 tokens) giving up after 3 s, then a 4-token "
+                     "request", json.dumps(abandoned_figures)))
+        figures["abandoned_http_fresh_request_s"] = abandoned_figures["fresh_served_after_s"]
+        serve.wait_idle()
+        time.sleep(1.0)
+    except BaseException:
+        serve.stop()
+        raise
+    code, took, taken = serve.timed_stop()
+    rows.append(("SIGTERM with nothing in flight", json.dumps({"exit_status": code, "shutdown_s": round(took, 2),
+                                                              "ports_not_free": taken})))
+    figures["shutdown_s"] = round(took, 2)
+    started = time.monotonic()
+    keyed = Serve(work, serve.ports, ("--api-key", KEY.key, "--openai-port", str(free_port())), tag="serve-keyed")
+    try:
+        keyed.ready()
+        rows.append(("`specbuild serve --api-key ... --openai-port ...` on the same ports at once",
+                     f"started, ready {time.monotonic() - started:.0f} s later"))
+        seen, open_ports = key_probe(keyed)
+        rows.append(("inference ports served without the key / with a wrong key / with the key", json.dumps(seen)))
+        figures["unauthenticated_ports_with_key"] = open_ports
+        drained = drain(keyed)
+        rows.append(("SIGTERM with a 48-token HTTP request in flight (drain)", json.dumps(drained)))
+    finally:
+        if keyed.proc.poll() is None:
+            keyed.stop()
+    return rows, figures
+
+
 def run(args: argparse.Namespace, work: Path) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     serve = Serve(work)
     try:
         serve.ready()
-        cases, figures = issue44(serve)
-        rows += cases + [("issue 44 figures", json.dumps(figures))]
-        if args.only == "issue44":
-            return rows
         base = serve.http
         status, body, took = post(f"{base}/v2/models/ensemble/generate", BIG)
         rows.append(("6 MB form-encoded `generate` body through the guard",
@@ -274,20 +444,37 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, str]]:
     return rows
 
 
+def replace_section(text: str, begin: str, end: str, section: str) -> str:
+    if begin in text:
+        return text[:text.index(begin)] + section + text[text.index(end) + len(end):]
+    return text.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def table(rows: list[tuple[str, str]]) -> str:
+    return "\n".join(f"| {what} | {seen.replace('|', '/')} |" for what, seen in rows)
+
+
 def write(rows: list[tuple[str, str]], args: argparse.Namespace, out: Path) -> None:
-    table = "\n".join(f"| {what} | {seen.replace('|', '/')} |" for what, seen in rows)
     section = (f"{BEGIN}\n## One unauthenticated client (issue 26)\n\n"
                f"`python scripts/reliability.py --crashes {args.crashes} --crowd {args.crowd} --abandoned {args.abandoned}`"
                f", {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, on the shared 2-core development machine "
                "(`specbuild serve` with its defaults: 8 batch slots + 64 queue places on `specdec`, the HTTP guard "
                "bounding bodies at 2 MiB, admin APIs closed).\n\n| case | observed |\n| --- | --- |\n"
-               f"{table}\n{END}")
+               f"{table(rows)}\n{END}")
     text = out.read_text() if out.is_file() else "# Reliability\n"
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    out.write_text(text)
+    out.write_text(replace_section(text, BEGIN, END, section))
+
+
+def write_issue44(rows: list[tuple[str, str]], figures: dict[str, float | int], out: Path) -> None:
+    load = os.getloadavg()[0]
+    section = (f"{BEGIN44}\n## One request's failure stays its own (issue 44)\n\n"
+               f"`python scripts/reliability.py --only issue44`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+               f"on the shared 2-core development machine (load average {load:.1f} at the end: other sessions' "
+               "work; times are those of a busy box), `specbuild serve` with its defaults (the default deployment).\n\n"
+               f"Figures (also in `headline.json`): {json.dumps(figures)}\n\n| case | observed |\n| --- | --- |\n"
+               f"{table(rows)}\n{END44}")
+    text = out.read_text() if out.is_file() else "# Reliability\n"
+    out.write_text(replace_section(text, BEGIN44, END44, section))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,13 +482,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crashes", type=int, default=6)
     p.add_argument("--crowd", type=int, default=150)
     p.add_argument("--abandoned", type=int, default=80)
-    p.add_argument("--only", choices=["issue44"], help="run only these cases (a short check)")
+    p.add_argument("--only", choices=["issue44", "issue26"], help="run only these cases")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "reliability.md")
+    p.add_argument("--headline", type=Path, default=HEADLINE_PATH, help="the headline file to update")
+    p.add_argument("--no-headline", action="store_true", help="do not write headline.json")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="specbuild-reliability-") as work:
-        rows = run(args, Path(work))
-    write(rows, args, args.out)
-    print("\n".join(f"{a}: {b}" for a, b in rows))
+        if args.only != "issue26":
+            rows44, figures = run_issue44(Path(work))
+            write_issue44(rows44, figures, args.out)
+            if not args.no_headline:
+                update_headline(figures, args.headline)
+            print("\n".join(f"{a}: {b}" for a, b in rows44))
+        if args.only != "issue44":
+            rows = run(args, Path(work))
+            write(rows, args, args.out)
+            print("\n".join(f"{a}: {b}" for a, b in rows))
     return 0
 
 

@@ -158,17 +158,23 @@ def _wait_for_in_flight(metrics_url: str, count: int, timeout_s: float = 120) ->
         time.sleep(0.05)
 
 
-def test_a_client_holding_its_stream_open_cannot_keep_specbuild_serve_up(tmp_path: Path) -> None:
-    """Triton 2.51 does not exit while a gRPC stream is open (its gRPC server shuts down with no
-    deadline). `specbuild serve` gives it its exit timeout plus a grace period, then stops it."""
+def test_a_request_in_flight_past_the_deadline_cannot_keep_specbuild_serve_up(tmp_path: Path) -> None:
+    """SIGTERM drains in-flight requests up to a deadline (builder/ops/triton_drain.py): an endless
+    request is still in flight at ``--exit-timeout`` + the grace period, so `specbuild serve` ends
+    Triton by force then (status 1), while another client holds an idle gRPC stream open (Triton
+    2.51 alone would never exit then). Nothing of the server is left: processes, shared memory."""
     grpc_port, exit_timeout = free_port(), 3
     proc = subprocess.Popen([sys.executable, "-m", "builder.cli.main", "serve", "--grpc-port", str(grpc_port),
                              "--exit-timeout", str(exit_timeout), "--log-file", str(tmp_path / "log.txt")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    endless = None
     try:
         _read_until(proc, "gRPC")
         tree = process_tree(proc.pid)
+        endless = subprocess.Popen([sys.executable, "-c", CLIENT, f"127.0.0.1:{grpc_port}"], stdout=subprocess.PIPE,
+                                   text=True)
+        assert endless.stdout.readline().strip() == "streaming"
         replies: queue.Queue = queue.Queue()
         with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
             client.start_stream(callback=lambda result, error: replies.put((result, error)))
@@ -183,12 +189,14 @@ def test_a_client_holding_its_stream_open_cannot_keep_specbuild_serve_up(tmp_pat
             client.stop_stream(cancel_requests=True)
         err = proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for p in (proc, endless):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
     assert code == 1 and took < exit_timeout + 10 + 20, (code, took)
-    assert "did not exit within" in err and "Traceback" not in err
+    assert "did not finish within" in err and "request(s) in flight" in err and "Traceback" not in err, err[-2000:]
     assert not [p for p in tree if Path(f"/proc/{p}").exists() and p != proc.pid], "Triton processes left running"
+    assert not list(Path("/dev/shm").glob(f"specbuild_{proc.pid}_*")), "shared memory left behind"
 
 
 def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float = 300) -> None:

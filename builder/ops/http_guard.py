@@ -18,6 +18,11 @@ HTTP port. For each request the guard:
   without the admin header with ``403`` (Triton checks the same key again behind it);
 - streams Triton's answer back as it comes (``generate_stream`` server-sent events included)
   and closes the upstream connection when the client goes away;
+- names each JSON ``generate`` / ``generate_stream`` request (a request parameter,
+  :data:`~triton_backend.serving.triton.io.CANCEL_ID_PARAM`) and, when its client goes away
+  before the answer is complete, cancels it in the serving model through the models'
+  cancellation channel (Triton 2.51's HTTP frontend does not tell a model that its client left,
+  so an abandoned request ran to its end and held a batch slot);
 - answers ``503`` while Triton is not reachable (a restart after a crash), and turns the 400
   that Triton 2.51's ``generate`` endpoint gives every model error into ``503`` (with
   ``Retry-After``) when the model refused the request as overloaded.
@@ -35,14 +40,18 @@ import logging
 import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
 
+from builder.ops.processes import process_group_members
 from builder.ops.triton_server import RestrictedApi, ServerError
 from triton_backend.core.errors import OVERLOADED_MESSAGE_PREFIX
 from triton_backend.serving.limits import unencodable_text
+from triton_backend.serving.triton.io import CANCEL_ID_PARAM, cancel_on_server
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +148,26 @@ def integer_problem(path: str, body: bytes) -> str | None:
     return None
 
 
+def with_cancel_id(path: str, body: bytes) -> tuple[bytes, str | None]:
+    """A JSON ``generate`` / ``generate_stream`` body with a fresh cancellation id as its first
+    member (Triton passes a member that is no input on as a request parameter), and the id;
+    any other body as it is, and ``None``. The client's bytes are kept as they came."""
+    if not path.endswith(("/generate", "/generate_stream")):
+        return body, None
+    stripped = body.lstrip()
+    if not stripped.startswith(b"{"):
+        return body, None
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return body, None
+    if not isinstance(request, dict) or CANCEL_ID_PARAM in request:
+        return body, None
+    cancel_id = uuid.uuid4().hex
+    member = json.dumps({CANCEL_ID_PARAM: cancel_id})[:-1].encode()  # '{"specbuild_cancel_id": "..."'
+    return member + (b", " if request else b"") + stripped[1:], cancel_id
+
+
 def _overloaded(body: bytes) -> bool:
     try:
         error = json.loads(body).get("error", "")
@@ -156,8 +185,10 @@ class HttpGuard:
     """The guard's server, on its own event loop in a daemon thread: ``start()`` binds the
     public port (raises :class:`ServerError` when taken), ``stop()`` closes it."""
 
-    def __init__(self, config: GuardConfig, upstream_url: str) -> None:
+    def __init__(self, config: GuardConfig, upstream_url: str,
+                 server_pid: Callable[[], int | None] | None = None) -> None:
         self.config = config
+        self.server_pid = server_pid  # the Triton server behind (its models' cancellation channels); None: none
         self.upstream_url = upstream_url.rstrip("/")
         self.port: int | None = None
         self.refused: dict[str, int] = {}  # code -> count
@@ -166,6 +197,8 @@ class HttpGuard:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._unreachable_logged = -UNREACHABLE_LOG_S
+        self.in_flight = 0  # requests being handled now (read by the drain at a stop)
+        self.cancelled = 0  # requests cancelled because their client went away
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> int:
@@ -201,6 +234,23 @@ class HttpGuard:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket (the port is free at once for a new server); requests
+        already in flight go on. Part of a stop: :attr:`in_flight` tells when they are done."""
+        if self._loop is None or not self._loop.is_running() or self._runner is None:
+            return
+
+        async def close_sites() -> None:
+            assert self._runner is not None
+            for site in list(self._runner.sites):
+                await site.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(close_sites(), self._loop).result(timeout=5)
+        except (TimeoutError, RuntimeError, OSError):
+            logger.warning("the HTTP guard did not close its port cleanly")
+        logger.info("HTTP guard: no longer accepting connections (%d request(s) in flight)", self.in_flight)
 
     def stop(self) -> None:
         if self._loop is None:
@@ -254,6 +304,13 @@ class HttpGuard:
         return b"".join(chunks)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1  # only the guard's event loop thread touches it
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         refused = self._check(request)
         if refused is not None:
             return refused
@@ -265,6 +322,9 @@ class HttpGuard:
             problem = integer_problem(request.path, body)
             if problem is not None:
                 return self._refuse(400, "invalid_request", problem)
+            body, cancel_id = with_cancel_id(request.path, body) if self.server_pid else (body, None)
+        else:
+            cancel_id = None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         if headers.get("Content-Type", "").split(";")[0].strip().lower() == _FORM:
             headers["Content-Type"] = "application/json"
@@ -272,7 +332,11 @@ class HttpGuard:
         try:
             async with self._session.request(request.method, self.upstream_url + request.path_qs, data=body,
                                              headers=headers, allow_redirects=False) as upstream:
-                return await self._relay(request, upstream)
+                return await self._relay(request, upstream, cancel_id)
+        except asyncio.CancelledError:  # the client went away (aiohttp cancels its handler)
+            if cancel_id is not None:
+                self._cancel(cancel_id)
+            raise
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             now = time.monotonic()
             if now - self._unreachable_logged > UNREACHABLE_LOG_S:  # once in a while, not per request
@@ -289,7 +353,19 @@ class HttpGuard:
             return refused
         return web.Response(status=400, body=body, content_type=upstream.content_type)
 
-    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    def _cancel(self, cancel_id: str) -> None:
+        """Cancel the request named ``cancel_id`` in whichever model of the current server holds it."""
+        pid = self.server_pid() if self.server_pid is not None else None
+        if pid is None:
+            return
+        reached = cancel_on_server(pid, cancel_id)
+        if not reached:  # a server launched through a wrapper (mpirun): its tritonserver is in its group
+            reached = sum(cancel_on_server(member, cancel_id) for member in process_group_members(pid) if member != pid)
+        self.cancelled += 1
+        logger.info("HTTP client went away: cancelled request %s (%d model instance(s) told)", cancel_id, reached)
+
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                     cancel_id: str | None = None) -> web.StreamResponse:
         head = b""
         if upstream.status == 400 and (upstream.content_length or 0) < 1 << 16:
             while not upstream.content.at_eof() and len(head) < 1 << 16:
@@ -312,10 +388,13 @@ class HttpGuard:
                 await response.write(chunk)
         except (ConnectionResetError, aiohttp.ClientPayloadError) as exc:  # one side went away mid-answer
             logger.info("relay ended early: %s", exc)
+            if isinstance(exc, ConnectionResetError) and cancel_id is not None:  # the client's side
+                self._cancel(cancel_id)
             upstream.close()
             return response
         await response.write_eof()
         return response
 
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "GuardConfig", "HttpGuard", "api_group", "integer_problem", "refusal"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "GuardConfig", "HttpGuard", "api_group", "integer_problem", "refusal",
+           "with_cancel_id"]

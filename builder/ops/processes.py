@@ -62,6 +62,35 @@ def collect_defunct_stubs() -> list[int]:
     return collected
 
 
+def remove_shared_memory(prefix: str) -> list[str]:
+    """Remove the POSIX shared-memory regions (``/dev/shm``) whose names start with ``prefix``:
+    what the Python backend of a server that was killed leaves behind (a server that unloads
+    its models removes its own). Returns the names removed."""
+    removed = []
+    if not prefix or "/" in prefix:
+        return removed
+    for path in Path("/dev/shm").glob(prefix + "*"):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except OSError:
+            pass
+    if removed:
+        logger.info("removed %d shared-memory region(s) of a stopped server (%s*)", len(removed), prefix)
+    return removed
+
+
+def remove_cancel_channels(server_pid: int) -> None:
+    """Remove the cancellation sockets of a stopped server's models
+    (:class:`triton_backend.serving.triton.io.CancelChannel`, one folder per model)."""
+    import shutil
+
+    from triton_backend.serving.triton.io import server_cancel_folders
+
+    for folder in server_cancel_folders(server_pid):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def become_subreaper() -> None:
     """Linux: orphaned descendants (backend stubs of a server that died) become our children,
     so :meth:`TritonServer.reap` can collect them instead of leaving zombies to PID 1."""
@@ -74,4 +103,5 @@ def become_subreaper() -> None:
             pass
 
 
-__all__ = ["TRITON_COMMANDS", "become_subreaper", "collect_defunct_stubs", "die_with_parent", "process_group_members"]
+__all__ = ["TRITON_COMMANDS", "become_subreaper", "collect_defunct_stubs", "die_with_parent", "process_group_members",
+           "remove_cancel_channels", "remove_shared_memory"]

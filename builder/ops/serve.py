@@ -105,8 +105,9 @@ def start_openai_front(config: OpenAIConfig, endpoints: Endpoints, repository: P
 def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
                   server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
     """Start the HTTP guard (:mod:`builder.ops.http_guard`, unless ``config.max_body_bytes`` is
-    ``None``) and Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (forwarded to Triton as
-    SIGTERM: it finishes in-flight requests), restarting it after abnormal exits as
+    ``None``) and Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (the guard's port closes
+    at once; forwarded to Triton as SIGTERM: it finishes in-flight requests, and is ended as soon as
+    none is left, :mod:`builder.ops.triton_drain`), restarting it after abnormal exits as
     ``config.restart`` says (:mod:`builder.ops.triton_supervisor`). With ``config.openai``, the
     OpenAI front runs beside it (:mod:`builder.ops.openai`), started once Triton is ready and
     stopped before it; a restarted Triton is reached again on the same port. Returns Triton's last status
@@ -121,12 +122,17 @@ def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], Non
                                       max_body_bytes=config.max_body_bytes, restricted=server_config.restricted),
                           f"http://127.0.0.1:{internal}")
         server_config = replace(server_config, http_host="127.0.0.1", http_port=internal)
-    supervisor = TritonSupervisor(server_config, server_factory, config.restart)
+    supervisor = TritonSupervisor(server_config, server_factory, config.restart,
+                                  busy=(lambda: guard.in_flight) if guard is not None else (lambda: 0))
+    if guard is not None:  # the guard cancels abandoned HTTP requests in the current server's models
+        guard.server_pid = lambda: supervisor.server.pid if supervisor.server is not None else None
     previous: dict[int, object] = {}
     front: OpenAIServer | None = None
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
         logger.info("received signal %d: stopping Triton", signum)
+        if guard is not None:  # the public HTTP port closes first; its requests in flight go on
+            guard.stop_accepting()
         supervisor.request_stop()
         if front is not None:  # stops listening, lets its requests finish, then lets go of Triton
             threading.Thread(target=front.stop, name="openai-front-stop", daemon=True).start()

@@ -1,156 +1,41 @@
 """Starting a real Triton Inference Server on a model repository.
 
-Two installations are supported (:class:`TritonSource`):
-
-- ``pytriton``: the ``tritonserver`` that ``nvidia-pytriton`` bundles, with its Python
-  backend. It is copied once into the cache (``$SPECBUILD_CACHE_DIR/tritonserver/...``)
-  with the Python backend stub for this interpreter's version, and run with
-  ``LD_LIBRARY_PATH`` = the bundled libraries + the folder holding ``libpythonX.Y.so``,
-  and this interpreter's ``bin`` first on ``PATH`` (the stub finds its Python there).
-- ``path``: a ``tritonserver`` on ``PATH`` (NVIDIA's Triton container images) with its
-  own backends.
-
-``auto`` takes a ``tritonserver`` on ``PATH`` when there is one, else the bundled one.
-The server listens on loopback by default, on free ports unless given.
+Where the ``tritonserver`` comes from: :mod:`builder.ops.triton_install`. The server listens
+on loopback by default, on free ports unless given. Stopping: SIGTERM (Triton finishes its
+in-flight requests; :mod:`builder.ops.triton_drain` ends the slow unload after that), and
+whatever it leaves (backend stubs, their shared memory, cancellation sockets) is removed by
+:meth:`TritonServer.reap`.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
+import itertools
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from builder.ops.processes import become_subreaper, die_with_parent, collect_defunct_stubs, process_group_members
-from triton_backend.core.errors import SpecbuildError
-from triton_backend.core.reference_model import cache_dir
+from builder.ops.processes import (become_subreaper, collect_defunct_stubs, die_with_parent, process_group_members,
+                                   remove_cancel_channels, remove_shared_memory)
+from builder.ops.triton_install import (ServerError, TritonInstallation, TritonSource, find_installation,
+                                        pytriton_installation, server_environment)
 
 logger = logging.getLogger(__name__)
 
 
-class ServerError(SpecbuildError, RuntimeError):
-    """Triton could not be found, started, or did not become ready."""
-
-    code = "server"
-
-
-class TritonSource(str, enum.Enum):
-    AUTO = "auto"
-    PYTRITON = "pytriton"
-    PATH = "path"
-
-
-@dataclass(frozen=True)
-class TritonInstallation:
-    binary: Path
-    backend_dir: Path | None  # None: the installation's default
-    env: dict[str, str] = field(default_factory=dict)  # variables to set for the server
-    description: str = ""
-
-
-def _package_root() -> Path:
-    """The folder holding the ``triton_backend`` package (put on the stub's PYTHONPATH)."""
-    import triton_backend
-
-    return Path(triton_backend.__file__).resolve().parent.parent
-
-
-def _libpython_dir() -> Path:
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    name = sysconfig.get_config_var("LDLIBRARY") or ""
-    if libdir and ".so" in name and (Path(libdir) / name).exists():
-        return Path(libdir)
-    raise ServerError(
-        f"this Python ({sys.executable}) has no shared libpython (LDLIBRARY={name!r} in {libdir!r}); the bundled "
-        "Triton Python backend needs one: use a Python built with --enable-shared "
-        "(pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)"
-    )
-
-
-def _pytriton_root() -> Path:
-    try:
-        import pytriton
-    except ImportError:
-        raise ServerError("no tritonserver on PATH and nvidia-pytriton is not installed: "
-                          "pip install 'nvidia-pytriton==0.7.0' or run inside NVIDIA's Triton image") from None
-    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
-    if not (root / "bin" / "tritonserver").exists():
-        raise ServerError(f"nvidia-pytriton at {root.parent} has no bundled tritonserver")
-    return root
-
-
-def _copy_bundled_server(root: Path, stub: Path) -> Path:
-    """Copy the bundled server + the stub into the cache once; return the copy."""
-    from importlib.metadata import version
-
-    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    dest = cache_dir() / "tritonserver" / f"pytriton-{version('nvidia-pytriton')}-py{pyver}"
-    if (dest / "backends" / "python" / "triton_python_backend_stub").exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".copy-", dir=dest.parent))
-    shutil.copytree(root, tmp / "server", ignore=shutil.ignore_patterns("python_backend_stubs", "__pycache__"))
-    shutil.copy2(stub, tmp / "server" / "backends" / "python" / "triton_python_backend_stub")
-    try:
-        os.rename(tmp / "server", dest)
-    except OSError:  # another process made it first
-        if not dest.exists():
-            raise
-    shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("prepared the bundled Triton server in %s", dest)
-    return dest
-
-
-def pytriton_installation() -> TritonInstallation:
-    root = _pytriton_root()
-    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "python_backend_stubs" / pyver / "triton_python_backend_stub"
-    if not stub.exists():
-        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {pyver}")
-    copy = _copy_bundled_server(root, stub)
-    libs = root.parent.parent / "nvidia_pytriton.libs"
-    ld = [str(libs), str(_libpython_dir())]
-    if os.environ.get("LD_LIBRARY_PATH"):
-        ld.append(os.environ["LD_LIBRARY_PATH"])
-    env = {"LD_LIBRARY_PATH": os.pathsep.join(ld),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    return TritonInstallation(copy / "bin" / "tritonserver", copy / "backends", env,
-                              f"tritonserver bundled with nvidia-pytriton (Python {pyver} backend)")
-
-
-def find_installation(source: TritonSource = TritonSource.AUTO) -> TritonInstallation:
-    on_path = shutil.which("tritonserver")
-    if source is TritonSource.PATH or (source is TritonSource.AUTO and on_path):
-        if not on_path:
-            raise ServerError("no tritonserver on PATH")
-        return TritonInstallation(Path(on_path), None, {}, f"tritonserver on PATH ({on_path})")
-    return pytriton_installation()
-
-
-def server_environment(installation: TritonInstallation) -> dict[str, str]:
-    """The server's environment: ours, the installation's, this project on PYTHONPATH and
-    the cache folder (the model loads its weights from it)."""
-    env = dict(os.environ)
-    env.update(installation.env)
-    paths = [str(_package_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env["SPECBUILD_CACHE_DIR"] = str(cache_dir())
-    return env
+_SERVERS = itertools.count(1)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -160,7 +45,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
+    """Raise unless a server can listen on ``port`` now. With SO_REUSEADDR, as Triton's and the
+    guard's listeners bind: connections of a stopped server left in TIME_WAIT do not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -319,6 +207,8 @@ class TritonServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=400)
         self._reader: threading.Thread | None = None
+        # the Python backend's shared-memory regions (/dev/shm) of this server, removed in reap()
+        self.shm_prefix = f"specbuild_{os.getpid()}_{next(_SERVERS)}_"
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, endpoints: Endpoints | None = None) -> Endpoints:
@@ -361,6 +251,7 @@ class TritonServer:
                f"--exit-timeout-secs={cfg.exit_timeout_s}", f"--log-verbose={cfg.log_verbose}"]
         if installation.backend_dir is not None:
             cmd.append(f"--backend-directory={installation.backend_dir}")
+        cmd.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
         if cfg.restricted is not None:
             cmd += cfg.restricted.flags()
         if cfg.api_key is not None:
@@ -455,9 +346,18 @@ class TritonServer:
 
     def reap(self) -> list[int]:
         """Once the server has exited: SIGKILL whatever is left of its process group (Python
-        backend stubs that outlived it hold the model's memory). Returns their pids."""
+        backend stubs that outlived it hold the model's memory), then remove what a server that
+        did not unload its models leaves: its shared-memory regions and its models' cancellation
+        sockets. Returns the pids killed."""
         if self._proc is None or self._proc.poll() is None:
             return []
+        leftovers = self._kill_group()
+        remove_shared_memory(self.shm_prefix)
+        remove_cancel_channels(self._proc.pid)
+        return leftovers
+
+    def _kill_group(self) -> list[int]:
+        assert self._proc is not None
         leftovers = process_group_members(self._proc.pid)
         for pid in leftovers:
             try:

@@ -16,10 +16,13 @@ restarted after a backoff that grows while crashes come within ``fast_failure_s`
 (up to ``backoff_max_s``). Requests in flight at a crash are lost: the clients see their
 stream or connection fail and may retry.
 
-Stopping (SIGTERM to ``specbuild serve``): Triton gets SIGTERM and finishes in-flight
-requests; Triton 2.51 does not exit while a client holds a gRPC stream open, so it is
-killed ``exit_timeout_s + EXIT_GRACE_S`` seconds later. Its process group is reaped in
-every case, so no stub outlives it.
+Stopping (SIGTERM to ``specbuild serve``): Triton gets SIGTERM, refuses new requests and
+finishes the ones in flight; once nothing is in flight (:mod:`builder.ops.triton_drain`) its
+process group is ended without waiting for its slow model unload, a clean stop (status 0).
+Requests still in flight ``exit_timeout_s + EXIT_GRACE_S`` seconds after the signal (or a
+server whose metrics do not tell, left to exit on its own until then; Triton 2.51 does not
+exit while a client holds a gRPC stream open) end it by force (status 1). Its process group is
+reaped in every case, so no stub outlives it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from builder.ops.triton_drain import POLL_S, Drain, Verdict
 from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer, collect_defunct_stubs
 
 logger = logging.getLogger(__name__)
@@ -76,8 +80,10 @@ class TritonSupervisor:
     """Runs Triton in the foreground and restarts it after abnormal exits (see module doc)."""
 
     def __init__(self, config: ServerConfig, factory: Callable[[ServerConfig], TritonServer] = TritonServer,
-                 policy: RestartPolicy | None = None) -> None:
+                 policy: RestartPolicy | None = None, busy: Callable[[], int] = lambda: 0) -> None:
         self.config = config
+        self.busy = busy  # requests in flight that Triton's metrics do not show (the HTTP guard's relays)
+        self.drain: Drain | None = None  # the last stop's drain
         self.factory = factory
         self.policy = policy or RestartPolicy()
         self.restarts = 0
@@ -196,20 +202,32 @@ class TritonSupervisor:
         return 2
 
     def _wait(self, server: TritonServer) -> int:
-        """The server's exit status. Once told to stop, wait at most its exit timeout plus a grace
-        period: Triton 2.51 does not exit while a client holds a gRPC stream open (its gRPC server
-        shuts down with no deadline), so a client that never closes its stream would keep it up."""
-        deadline = None
-        while deadline is None or time.monotonic() < deadline:
+        """The server's exit status. Once told to stop: 0 as soon as the drain finds nothing in
+        flight (the server is ended then, see the module doc), 1 when requests are still in
+        flight (or the server still up) ``exit_timeout_s + EXIT_GRACE_S`` after the signal."""
+        while True:
             try:
-                return server.wait(timeout=0.5)
+                return server.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
-                if deadline is None and self.stopping:
-                    deadline = time.monotonic() + server.config.exit_timeout_s + EXIT_GRACE_S
-        logger.error("Triton did not exit within %ds of the stop signal (a client still holds a gRPC stream "
-                     "open?); killing it", server.config.exit_timeout_s + EXIT_GRACE_S)
-        server.kill()
-        return 1
+                if not self.stopping:
+                    continue
+            if self.drain is None:
+                assert server.endpoints is not None
+                self.drain = Drain(server.endpoints.metrics_url, server.config.exit_timeout_s + EXIT_GRACE_S, self.busy)
+            verdict = self.drain.poll()
+            if verdict is Verdict.DRAINED:
+                took = time.monotonic() - self.drain.started
+                server.kill()
+                logger.info("nothing in flight %.1fs after the stop signal: Triton stopped without unloading its "
+                            "models", took)
+                return 0
+            if verdict is Verdict.OVERDUE:
+                logger.error("Triton did not finish within %ds of the stop signal (%s); killing it",
+                             server.config.exit_timeout_s + EXIT_GRACE_S,
+                             "a client still holds a gRPC stream open?" if self.drain.last_in_flight is None
+                             else f"{self.drain.last_in_flight} request(s) in flight")
+                server.kill()
+                return 1
 
 
 __all__ = ["EXIT_GRACE_S", "RestartPolicy", "TritonSupervisor", "describe_status"]

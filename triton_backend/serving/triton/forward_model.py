@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -34,8 +35,8 @@ from typing import Any
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.core.errors import InvalidRequestError, OverloadedError
-from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, error_response, forwarded_error,
-                                              model_parameters)
+from triton_backend.serving.triton.io import (CANCEL_ID_PARAM, FORWARD_ID_PARAM, CancelChannel, error_response,
+                                              forwarded_error, model_parameters, request_parameters)
 from triton_backend.serving.batch_rows import split_rows, stack_rows
 from triton_backend.serving.limits import check_prompt_bytes
 from triton_backend.serving.trtllm_inputs import DEFAULTS_READ, trtllm_request_defaults
@@ -47,6 +48,7 @@ PROMPT_INPUT = "text_input"
 LAST_RESPONSE_OUTPUT = "finish_reason"  # the serving model's final response always carries it
 DEFAULT_MAX_IN_FLIGHT = 64
 CANCEL_POLL_S = 0.25
+_CLIENT_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 class CancelWatch:
@@ -65,9 +67,14 @@ class CancelWatch:
         self._thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
         self._thread.start()
 
-    def add(self, request: Any) -> str:
-        forward_id = uuid.uuid4().hex
+    def add(self, request: Any, client_id: bool = True) -> str:
+        """Watch ``request``; the id its forwarded request carries. ``client_id``: the id the
+        HTTP guard gave the request (:data:`~triton_backend.serving.triton.io.CANCEL_ID_PARAM`)
+        when it has one that is not live, so the guard's cancellation reaches the child."""
+        given = request_parameters(request).get(CANCEL_ID_PARAM) if client_id else None
         with self._lock:
+            ok = isinstance(given, str) and _CLIENT_ID.match(given) is not None and given not in self._live
+            forward_id = given if ok else uuid.uuid4().hex
             self._live[forward_id] = request
         return forward_id
 
@@ -211,7 +218,7 @@ class ForwardModel:
     def _batched(self, request: Any, rows: list[list[Any]]) -> Any:
         """A batched request: one forwarded request per row, all in flight at once, their final
         answers stacked into one response (an error in any row is the request's error)."""
-        ids = [self._watch.add(request) for _ in rows]
+        ids = [self._watch.add(request, client_id=False) for _ in rows]  # one id per row
         finals: list[Any] = [None] * len(rows)
         error = None
         try:

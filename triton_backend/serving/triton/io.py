@@ -56,6 +56,11 @@ def inference_response(outputs: Mapping[str, np.ndarray]) -> Any:
 # cancelled caller's child is cancelled through a datagram to the serving model's instances
 # (CancelChannel; a second BLS request could wait behind the forwarded ones for minutes).
 FORWARD_ID_PARAM = "specbuild_forward_id"
+# The HTTP guard (builder/ops/http_guard.py) names each HTTP generate request in this parameter
+# and, when its client goes away (Triton 2.51's HTTP frontend cannot tell a model), sends the
+# name over the cancellation channel: the serving model registers a request under it, a front
+# model passes it on as its child's forward id.
+CANCEL_ID_PARAM = "specbuild_cancel_id"
 _CODE_SEPARATOR = "|"
 _UNAVAILABLE_CODES = ("model_load", "overloaded")
 
@@ -104,6 +109,33 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return parameters if isinstance(parameters, dict) else {}
 
 
+CANCEL_FOLDER_PREFIX = "specbuild-cancel-"  # + "<Triton server pid>-<serving model>"
+
+
+def server_cancel_folders(server_pid: int) -> list[Any]:
+    """The cancellation folders of every model of the Triton server ``server_pid``."""
+    import tempfile
+    from pathlib import Path
+
+    return sorted(Path(tempfile.gettempdir()).glob(f"{CANCEL_FOLDER_PREFIX}{int(server_pid)}-*"))
+
+
+def cancel_on_server(server_pid: int, forward_id: str) -> int:
+    """Sends a cancellation for ``forward_id`` to every instance of every model of the server
+    ``server_pid`` that listens (the caller need not know which model serves it: ids are
+    unique); how many it reached."""
+    reached = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        for folder in server_cancel_folders(server_pid):
+            for path in folder.glob("*.sock"):
+                try:
+                    sock.sendto(forward_id.encode("ascii"), str(path))
+                    reached += 1
+                except OSError:  # an instance that is gone
+                    pass
+    return reached
+
+
 class CancelChannel:
     """Cancellations of forwarded requests, from a front model to the serving model's instances,
     as Unix datagrams (one socket per serving instance, in a folder only this user can enter,
@@ -114,7 +146,7 @@ class CancelChannel:
         import tempfile
         from pathlib import Path
 
-        self.folder = Path(tempfile.gettempdir()) / f"specbuild-cancel-{os.getppid()}-{model}"
+        self.folder = Path(tempfile.gettempdir()) / f"{CANCEL_FOLDER_PREFIX}{os.getppid()}-{model}"
         self._socket: socket.socket | None = None
 
     def listen(self, on_cancel: Callable[[str], None]) -> None:
@@ -207,5 +239,5 @@ class TritonResponseSink:
         self._out.close()
 
 
-__all__ = ["CancelChannel", "FORWARD_ID_PARAM", "TritonResponseSink", "error_code", "error_response", "forwarded_error",
-           "request_parameters", "triton_error", "inference_response", "model_parameters", "request_arrays"]
+__all__ = ["CANCEL_FOLDER_PREFIX", "CANCEL_ID_PARAM", "CancelChannel", "FORWARD_ID_PARAM", "TritonResponseSink", "error_code", "error_response", "forwarded_error",
+           "request_parameters", "triton_error", "inference_response", "model_parameters", "request_arrays", "cancel_on_server", "server_cancel_folders"]

@@ -22,7 +22,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from triton_backend.serving.interface import TRTLLM_METRICS_MODEL, ServingConfig
-from triton_backend.serving.triton.io import (FORWARD_ID_PARAM, CancelChannel, TritonResponseSink, model_parameters,
+from triton_backend.serving.triton.io import (CANCEL_ID_PARAM, FORWARD_ID_PARAM, CancelChannel, TritonResponseSink, model_parameters,
                                               request_arrays, request_parameters)
 from triton_backend.serving.trtllm_interface import SERVED_INPUTS
 
@@ -69,13 +69,15 @@ class SpecdecModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            forward_id = request_parameters(request).get(FORWARD_ID_PARAM)
+            parameters = request_parameters(request)
+            forward_id = parameters.get(FORWARD_ID_PARAM)
             sink = TritonResponseSink(request, forwarded=forward_id is not None)
-            if forward_id is not None:
+            cancel_id = forward_id if forward_id is not None else parameters.get(CANCEL_ID_PARAM)  # the HTTP guard's
+            if cancel_id is not None:
                 with self._cancel_lock:
-                    self._forwarded[str(forward_id)] = sink
-                    if str(forward_id) in self._early_cancels:  # cancelled before it arrived
-                        del self._early_cancels[str(forward_id)]
+                    self._forwarded[str(cancel_id)] = sink
+                    if str(cancel_id) in self._early_cancels:  # cancelled before it arrived
+                        del self._early_cancels[str(cancel_id)]
                         sink.cancel()
             self.service.submit(request_arrays(request, SERVED_INPUTS), sink)
         return None
