@@ -19,7 +19,25 @@ from triton_backend.engines.torch.quantize_weights import FP8_MAX, dequantize_in
 
 ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
 pytestmark = pytest.mark.skipif(not ISAS, reason="the CPU kernels need x86-64 with AVX2 + FMA")
-FORMATS = ["int8", "fp8", "int4-32", "int4-64", "float16", "bfloat16"]
+FORMATS = ["int8", "fp8", "int4-32", "int4-64", "int4min-32", "int8g-32", "int8g-16", "float16", "bfloat16"]
+
+
+def asymmetric_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GGUF Q4_1's values for ``w``: ``q`` in [0, 15], a float16 scale and minimum per group."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // group, group)
+    low, high = blocks.amin(-1), blocks.amax(-1)
+    scales = ((high - low) / 15).half().float().clamp_min(2**-14)
+    mins = low.half().float()
+    q = torch.round((blocks - mins[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int8).reshape(n, k)
+    return q, scales, mins
+
+
+def grouped_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = w.shape
+    blocks = w.reshape(n, k // group, group)
+    scales = (blocks.abs().amax(-1) / 127).half().float().clamp_min(2**-14)
+    return torch.round(blocks / scales[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k), scales
 
 
 def packed(fmt: str, w: torch.Tensor) -> tuple[wg.PackedWeight, torch.Tensor, torch.Tensor | None]:
@@ -30,6 +48,13 @@ def packed(fmt: str, w: torch.Tensor) -> tuple[wg.PackedWeight, torch.Tensor, to
     if fmt == "fp8":
         q, s = quantize_fp8(w)
         return wg.pack_fp8(q, s), q.float(), s
+    if fmt.startswith("int4min") or fmt.startswith("int8g"):
+        group = int(fmt.split("-")[1])
+        if fmt.startswith("int8g"):
+            q, s = grouped_int8(w, group)
+            return wg.pack_int8(q, s, group), q.float() * s.repeat_interleave(group, dim=1), None
+        q, s, m = asymmetric_int4(w, group)
+        return wg.pack_int4(q, s, group, m), q.float() * s.repeat_interleave(group, 1) + m.repeat_interleave(group, 1), None
     if fmt.startswith("int4"):
         group = int(fmt.split("-")[1])
         q, s = quantize_int4(w, group)
@@ -55,8 +80,8 @@ def kernels(request, monkeypatch):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k,n", [(64, 48), (192, 37), (576, 200), (75, 33)])
 def test_equals_the_row_kernel_on_the_decoded_weight(kernels, fmt, k, n):
-    if fmt.startswith("int4") and k % int(fmt.split("-")[1]):
-        pytest.skip("int4 groups must divide k")
+    if "-" in fmt and k % int(fmt.split("-")[1]):
+        pytest.skip("groups must divide k")
     row, compact = kernels
     gen = torch.Generator().manual_seed(k + n)
     w, b = torch.randn(n, k, generator=gen) * 0.05, torch.randn(n, generator=gen)
@@ -142,6 +167,12 @@ def test_bad_inputs_are_refused(kernels):
         wg.pack_int4(torch.zeros(8, 63, dtype=torch.int8), torch.ones(8, 3), 21)
     with pytest.raises(ValueError, match=r"\[-8, 7\]"):
         wg.pack_int4(q + 9, torch.ones(8, 2), 32)
+    with pytest.raises(ValueError, match=r"\[0, 15\]"):
+        wg.pack_int4(q - 1, torch.ones(8, 2), 32, torch.zeros(8, 2))
+    with pytest.raises(ValueError, match="minimums"):
+        wg.pack_int4(q, torch.ones(8, 2), 32, torch.zeros(8, 3))
+    with pytest.raises(ValueError, match="group"):
+        wg.pack_int8(q, torch.ones(8, 3), 32)
     with pytest.raises(ValueError, match="int8"):
         wg.pack_int8(q.float(), torch.ones(8))
     with pytest.raises(ValueError, match="finite"):

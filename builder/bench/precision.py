@@ -2,7 +2,10 @@
 
 Engines: the slot engine over one loaded model, once per precision (``RuntimeConfig.weights``: the
 float weights quantized at load, round to nearest, the LM head too; int4 in the planner's groups),
-all on the CPU kernels, one thread.
+all on the CPU kernels, one thread. A target whose float32 weights are a GGUF file dequantized (the
+reference model: Q4_1 with a Q8_0 embedding) is served at the precision of its blocks from the blocks
+themselves (:mod:`~triton_backend.engines.torch.gguf_blocks`: float32's very weights), unless
+``gguf_blocks`` is off; the row's ``weights`` says which.
 
 * Speed: one row, one token per pass (a plain decode step, plus its greedy pick) over a warm cache
   of ``context`` tokens; each repeat runs ``steps`` steps per engine in turn (interleaved: a loaded
@@ -47,6 +50,7 @@ class PrecisionBenchConfig:
     steps: int = 32  # decode steps per engine per repeat
     repeats: int = 7
     num_threads: int = 1
+    gguf_blocks: bool = True  # a GGUF target's own blocks where they serve a precision (else round to nearest)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precisions", tuple(WeightPrecision(p) for p in self.precisions))
@@ -56,21 +60,28 @@ class PrecisionBenchConfig:
             raise ConfigError("prompts, max_tokens, context, steps and repeats must be positive")
 
 
-def load_engines(config: PrecisionBenchConfig) -> tuple[dict[str, Any], Any]:
-    """The float32 engine and one per precision over one loaded model, and the tokenizer."""
+def load_engines(config: PrecisionBenchConfig) -> tuple[dict[str, Any], dict[str, str], Any]:
+    """The float32 engine and one per precision over one loaded model, where each one's weights come
+    from (float32, GGUF blocks, round to nearest), and the tokenizer."""
     from triton_backend.engines.torch.llama_engine import LlamaEngine
-    from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
+    from triton_backend.engines.torch.model_loading import gguf_compact, load_model, load_tokenizer, with_head
 
     length = max(config.context + config.steps + 1, 1024)
     runtimes = {"fp32": RuntimeConfig(num_threads=config.num_threads, max_batch_size=2, max_seq_len=length)}
     for p in config.precisions:
         runtimes[KEYS[p]] = RuntimeConfig(num_threads=config.num_threads, max_batch_size=2, max_seq_len=length, weights=p)
     model = load_model(config.target, runtimes["fp32"])
-    engines = {name: LlamaEngine(model, name=name, runtime=r, eos_token_ids=[]) for name, r in runtimes.items()}
+    engines, sources = {}, {}
+    for name, r in runtimes.items():
+        compact = gguf_compact(config.target, model.config, r) if config.gguf_blocks else None
+        if compact is not None:
+            compact = with_head(model, compact, r)
+        engines[name] = LlamaEngine(model, name=name, runtime=r, eos_token_ids=[], compact=compact)
+        sources[name] = "float32" if name == "fp32" else "GGUF blocks" if compact is not None else "round to nearest"
     for name, engine in engines.items():
         if not engine.forward_impl.row_invariant:
             raise ConfigError(f"{name}: the CPU kernels do not run here (x86-64 with AVX2 + FMA, one torch thread)")
-    return engines, load_tokenizer(config.target)
+    return engines, sources, load_tokenizer(config.target)
 
 
 def time_steps(engines: dict[str, Any], config: PrecisionBenchConfig) -> dict[str, list[float]]:
@@ -106,13 +117,14 @@ def greedy_agreement(engines: dict[str, Any], tokenizer: Any, config: PrecisionB
 
 
 def run_precision_bench(config: PrecisionBenchConfig) -> dict:
-    engines, tokenizer = load_engines(config)
+    engines, sources, tokenizer = load_engines(config)
     steps = time_steps(engines, config)
     med = {name: statistics.median(v) for name, v in steps.items()}
     agreement = greedy_agreement(engines, tokenizer, config)
     rows = []
     for name, engine in engines.items():
-        rows.append({"precision": name, "kernel": engine.kernel_name, "linear_mib": engine.linear_weight_bytes() / 2**20,
+        rows.append({"precision": name, "weights": sources[name], "kernel": engine.kernel_name,
+                     "linear_mib": engine.linear_weight_bytes() / 2**20,
                      "step_ms": med[name] * 1e3, "tok_s": 1 / med[name], "x_fp32": med["fp32"] / med[name],
                      "agreement": agreement.get(name, 1.0)})
     headline: dict[str, float] = {}
@@ -131,9 +143,10 @@ def precision_markdown(result: dict) -> str:
              f"{cfg['threads']} thread(s), median of {cfg['repeats']} x {cfg['steps']} steps, interleaved); agreement: "
              f"teacher-forced share of float32's greedy tokens, {cfg['prompts']} held-out prompts x {cfg['max_tokens']} "
              "tokens.", "",
-             "| precision | linear weights MiB | step ms | tok/s | x fp32 | greedy agreement |", "|---|---|---|---|---|---|"]
+             "| precision | weights | linear weights MiB | step ms | tok/s | x fp32 | greedy agreement |",
+             "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['precision']} | {r['linear_mib']:.0f} | {r['step_ms']:.1f} | {r['tok_s']:.1f} | "
+        lines.append(f"| {r['precision']} | {r.get('weights', '-')} | {r['linear_mib']:.0f} | {r['step_ms']:.1f} | {r['tok_s']:.1f} | "
                      f"{r['x_fp32']:.2f} | {r['agreement']:.3f} |")
     lines += ["", "Headline: " + ", ".join(f"{k} = {v:.3f}" for k, v in result["headline"].items())]
     return "\n".join(lines) + "\n"

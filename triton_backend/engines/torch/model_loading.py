@@ -11,13 +11,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 import triton_backend.engines.torch.draft_arch  # noqa: F401  (registers the reduced-vocabulary draft architecture)
 from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.engines.torch.compact_weights import CompactLinear
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.llama_forward import unsupported_reason
 from triton_backend.engines.torch.hf_engine import TorchEngine
 from triton_backend.engines.torch.streamed_loading import StreamedModel, stream_compact_model
 from triton_backend.core.eos import eos_token_ids
 from triton_backend.core.errors import ModelLoadError
-from triton_backend.core.reference_model import REFERENCE_MODELS, ensure_reference_model
+from triton_backend.core.reference_model import REFERENCE_MODELS, ensure_reference_model, fetch_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,35 @@ def resolve_model_path(source: str | Path) -> tuple[Path, str | None]:
         f"model {text!r} not found: give a reference model name ({', '.join(sorted(REFERENCE_MODELS))}), "
         "a Hugging Face model directory or a .gguf file"
     )
+
+
+def gguf_source(source: str | Path) -> Path | None:
+    """The GGUF file ``source``'s float32 weights are the dequantization of: a reference model's
+    (fetched, verified), a ``.gguf`` path itself; ``None`` for a Hugging Face directory."""
+    text = str(source)
+    if text in REFERENCE_MODELS:
+        return fetch_gguf(REFERENCE_MODELS[text])
+    path = Path(text).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
+def gguf_compact(source: str | Path, config: Any, runtime: RuntimeConfig) -> dict[str, CompactLinear] | None:
+    """The linears of ``source``'s GGUF file from its own blocks where they serve ``runtime.weights``
+    (Q4_0 / Q4_1 decoder linears: int4; Q8_0: int8; :mod:`~triton_backend.engines.torch.gguf_blocks`):
+    the very float32 weights the dequantized model holds, not a requantization of them. The LM head
+    from its blocks too where ``runtime.quantize_lm_head`` (else the engine quantizes it as usual);
+    ``None`` where there is no GGUF, its blocks are of other types, or an int4 group size other than the
+    blocks' 32 was asked for."""
+    from triton_backend.engines.torch.gguf_blocks import BLOCK, gguf_compact_linears, gguf_precision
+
+    if runtime.weights not in (WeightPrecision.INT4, WeightPrecision.INT8) or runtime.torch_engine == "hf":
+        return None
+    if runtime.weights is WeightPrecision.INT4 and runtime.int4_group_size not in (0, BLOCK):
+        return None
+    path = gguf_source(source)
+    if path is None or gguf_precision(path, config) is not runtime.weights:
+        return None
+    return gguf_compact_linears(path, config, head=runtime.quantize_lm_head)
 
 
 def load_config(source: str | Path) -> Any:
@@ -148,8 +178,15 @@ def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *, nam
     runtime = runtime or RuntimeConfig()
     tokenizer = load_tokenizer(source)
     name = name or Path(str(source)).name
-    streamed = None if keep_float else _streamed(source, runtime, checkpoint, keep_float_head)
-    if streamed is not None:
+    blocks = _gguf_blocks(source, runtime) if checkpoint is None else None
+    streamed = None if keep_float or blocks is not None else _streamed(source, runtime, checkpoint, keep_float_head)
+    if blocks is not None:
+        model = load_model(source, runtime)
+        eos = eos_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids
+        engine = LlamaEngine(model, name=name, runtime=runtime, eos_token_ids=eos, compact=with_head(model, blocks, runtime))
+        if not keep_float:
+            engine.release_float_linears(keep_head=keep_float_head)
+    elif streamed is not None:
         eos = eos_ids(streamed.model, tokenizer) if eos_token_ids is None else eos_token_ids
         engine: LlamaEngine | TorchEngine = LlamaEngine(streamed.model, name=name, runtime=runtime, eos_token_ids=eos,
                                                         compact=streamed.compact)
@@ -161,6 +198,29 @@ def load_engine(source: str | Path, runtime: RuntimeConfig | None = None, *, nam
             engine.release_float_linears(keep_head=keep_float_head)
     logger.info("loaded %r", engine)
     return engine, tokenizer
+
+
+def _gguf_blocks(source: str | Path, runtime: RuntimeConfig) -> dict[str, CompactLinear] | None:
+    """:func:`gguf_compact` where the slot engine covers the model (logged when used)."""
+    config = load_config(source)
+    if unsupported_reason(config) is not None:
+        return None
+    compact = gguf_compact(source, config, runtime)
+    if compact is not None:
+        logger.info("%s: %s linears from the GGUF file's own blocks (the float32 model's exact weights)", source,
+                    runtime.weights.value)
+    return compact
+
+
+def with_head(model: PreTrainedModel, compact: dict[str, CompactLinear], runtime: RuntimeConfig) -> dict[str, CompactLinear]:
+    """``compact`` (e.g. :func:`gguf_compact`'s) with the LM head in the precision a load quantizes it to where the blocks left it out."""
+    from triton_backend.engines.torch.compact_weights import HEAD, compact_linear, head_precision
+
+    head = model.get_output_embeddings()
+    if HEAD in compact or not isinstance(head, torch.nn.Linear):
+        return compact
+    with torch.no_grad():
+        return {**compact, HEAD: compact_linear(head.weight.detach(), head_precision(runtime))}
 
 
 def _streamed(source: str | Path, runtime: RuntimeConfig, checkpoint: str | Path | None,

@@ -1,10 +1,12 @@
 """Row-invariant CPU matmuls on compact weights: int8 and fp8 e4m3 (per output channel scale), int4
-(group-wise scales) and 16-bit (float16, bfloat16), accumulated in float32.
+(group-wise scales; or group-wise scales and minimums, GGUF's Q4_1), int8 with group-wise scales (GGUF's
+Q8_0) and 16-bit (float16, bfloat16), accumulated in float32.
 
 The row kernel (:mod:`~triton_backend.engines.torch.row_gemm`) streams float32 weights; a one-row decode
 step is bound by that stream (~540 MB for SmolLM2-135M with its LM head). This kernel reads the same
-panels (32 output columns, k-major) in a compact type and decodes each weight in registers (int4:
-``float(q) * group scale``; int8, fp8 and 16-bit exactly). Every output is two fused multiply-add chains,
+panels (32 output columns, k-major) in a compact type and decodes each weight in registers (int4, grouped
+int8: ``float(q) * group scale``; int4 with minimums: ``float(q) * scale + minimum``, two roundings as
+GGUF's float dequantization; int8, fp8 and 16-bit exactly). Every output is two fused multiply-add chains,
 over the even and over the odd ``k`` in ascending order, then their sum (two chains: at one row a
 single chain's FMA latency, not the compact weights' traffic, bounded a decode step), whatever the
 number of rows, so rows are bit-identical batched or alone; the result equals the float32 row kernel
@@ -51,13 +53,15 @@ class WeightFormat(enum.IntEnum):
     FP8 = 5  # e4m3 ("fn": finite, max 448)
 
 
-_SCALED = (WeightFormat.INT8, WeightFormat.FP8)  # a scale per output channel, applied after the chain
+# the C source's format codes beyond WeightFormat's: int4 with minimums, int8 with group scales
+_INT4_MIN_CODE, _INT8_GROUP_CODE = 6, 7
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A ``[n, k]`` weight in the kernel's panels: ``data`` uint8 ``[panels, k, row bytes]``;
-    ``scales`` float32: int8 and fp8 ``[n]`` per output channel, int4 ``[panels, k / group, 32]``, else None."""
+    ``scales`` float32: int8 (``group`` 0) and fp8 ``[n]`` per output channel, int4 and grouped int8
+    ``[panels, k / group, 32]``, else None; ``mins`` (int4 with minimums: unsigned nibbles) like int4's scales."""
 
     format: WeightFormat
     n: int
@@ -65,11 +69,26 @@ class PackedWeight:
     data: torch.Tensor
     scales: torch.Tensor | None = None
     group: int = 0
+    mins: torch.Tensor | None = None
+
+    @property
+    def channel_scaled(self) -> bool:
+        """Whether a scale per output channel multiplies the chain (int8 per channel, fp8)."""
+        return self.format is WeightFormat.FP8 or (self.format is WeightFormat.INT8 and self.group == 0)
+
+    @property
+    def code(self) -> int:
+        """The C source's format code."""
+        if self.mins is not None:
+            return _INT4_MIN_CODE
+        if self.format is WeightFormat.INT8 and self.group:
+            return _INT8_GROUP_CODE
+        return int(self.format)
 
     def nbytes(self) -> int:
-        """What the kernel holds for this weight (panels and scales)."""
-        scales = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
-        return self.data.numel() * self.data.element_size() + scales
+        """What the kernel holds for this weight (panels, scales and minimums)."""
+        extra = sum(t.numel() * t.element_size() for t in (self.scales, self.mins) if t is not None)
+        return self.data.numel() * self.data.element_size() + extra
 
 
 def _panels(w: torch.Tensor) -> torch.Tensor:
@@ -81,10 +100,24 @@ def _panels(w: torch.Tensor) -> torch.Tensor:
     return w.view(padded // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
 
-def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
-    """``q`` int8 ``[n, k]``, ``scales`` ``[n]``: the weight ``q * scales[:, None]``."""
+def _check_groups(name: str, k: int, group: int, scales: torch.Tensor, n: int) -> None:
+    if group <= 0 or group % 2 or k % group or scales.shape != (n, k // group):
+        raise ValueError(f"{name} needs k a multiple of the (even) group {group} and scales [n, k / group] = "
+                         f"[{n}, {k // group if group > 0 else '?'}], got k {k}, scales {tuple(scales.shape)}")
+
+
+def pack_int8(q: torch.Tensor, scales: torch.Tensor, group: int = 0) -> PackedWeight:
+    """``q`` int8 ``[n, k]``, ``scales`` ``[n]``: the weight ``q * scales[:, None]`` (the scale applied
+    after the chain). With ``group``: ``scales`` ``[n, k / group]``, the weight ``float(q) * scale`` per
+    group decoded in registers (GGUF's Q8_0, group 32; Q6_K's values, group 16)."""
+    if q.dtype != torch.int8 or q.dim() != 2:
+        raise ValueError(f"pack_int8 needs int8 [n, k], got {q.dtype} {tuple(q.shape)}")
     n, k = q.shape
-    if q.dtype != torch.int8 or scales.shape != (n,):
+    if group:
+        _check_groups("pack_int8", k, group, scales, n)
+        return PackedWeight(WeightFormat.INT8, n, k, _panels(q).view(torch.uint8), _panels(scales.float()).contiguous(),
+                            group)
+    if scales.shape != (n,):
         raise ValueError(f"pack_int8 needs int8 [n, k] and scales [n], got {q.dtype} {tuple(q.shape)}, {tuple(scales.shape)}")
     return PackedWeight(WeightFormat.INT8, n, k, _panels(q).view(torch.uint8), scales.float().contiguous())
 
@@ -102,19 +135,24 @@ def pack_fp8(q: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
     return PackedWeight(WeightFormat.FP8, n, k, _panels(bits), scales.float().contiguous())
 
 
-def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int) -> PackedWeight:
+def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int, mins: torch.Tensor | None = None) -> PackedWeight:
     """``q`` int8 ``[n, k]`` in ``[-8, 7]``, ``scales`` ``[n, k / group]``: the weight
-    ``q * scales`` repeated over each group of ``group`` input channels."""
+    ``q * scales`` repeated over each group of ``group`` input channels. With ``mins`` (``[n, k / group]``,
+    asymmetric: GGUF's Q4_1): ``q`` in ``[0, 15]`` and the weight ``float(q) * scale + min`` (two roundings)."""
+    if q.dtype != torch.int8 or q.dim() != 2:
+        raise ValueError(f"pack_int4 needs int8 [n, k], got {q.dtype} {tuple(q.shape)}")
     n, k = q.shape
-    if q.dtype != torch.int8 or group <= 0 or group % 2 or k % group or scales.shape != (n, k // group):
-        raise ValueError(f"pack_int4 needs int8 [n, k] with k a multiple of the (even) group {group} and scales "
-                         f"[n, k / group], got {tuple(q.shape)}, {tuple(scales.shape)}")
-    if q.numel() and (int(q.min()) < -8 or int(q.max()) > 7):
-        raise ValueError("int4 values must lie in [-8, 7]")
-    p = _panels(q).to(torch.int16)
-    nibbles = (p[..., :PANEL // 2] & 0xF) | ((p[..., PANEL // 2:] & 0xF) << 4)
-    return PackedWeight(WeightFormat.INT4, n, k, nibbles.to(torch.uint8).contiguous(),
-                        _panels(scales.float()).contiguous(), group)
+    _check_groups("pack_int4", k, group, scales, n)
+    low, high = (-8, 7) if mins is None else (0, 15)
+    if q.numel() and any(int(v) < low or int(v) > high for v in torch.aminmax(q)):
+        raise ValueError(f"int4 values must lie in [{low}, {high}]" + ("" if mins is None else " (with minimums)"))
+    if mins is not None and mins.shape != scales.shape:
+        raise ValueError(f"int4 minimums must be shaped as the scales {tuple(scales.shape)}, got {tuple(mins.shape)}")
+    p = _panels(q).view(torch.uint8)
+    nibbles = (p[..., :PANEL // 2] & 0xF) | (p[..., PANEL // 2:] << 4)  # uint8: the shift drops the high bits
+    return PackedWeight(WeightFormat.INT4, n, k, nibbles.contiguous(),
+                        _panels(scales.float()).contiguous(), group,
+                        None if mins is None else _panels(mins.float()).contiguous())
 
 
 def pack_float(w: torch.Tensor) -> PackedWeight:
@@ -127,16 +165,20 @@ def pack_float(w: torch.Tensor) -> PackedWeight:
 
 
 def unpack(weight: PackedWeight) -> torch.Tensor:
-    """The float32 ``[n, k]`` weight the kernel computes with (int4: ``float(q) * scale``, one
-    rounding; int8, fp8: ``q``, the channel scale applied after the chain, see :func:`dequantize`)."""
+    """The float32 ``[n, k]`` weight the kernel computes with (int4, grouped int8: ``float(q) * scale``,
+    one rounding; int4 with minimums: ``float(q) * scale + min``, two; int8 per channel, fp8: ``q``, the
+    channel scale applied after the chain, see :func:`dequantize`)."""
     panels = weight.data.shape[0]
     if weight.format is WeightFormat.INT4:
         b = weight.data.to(torch.int16)
         low, high = (b & 0xF), (b >> 4) & 0xF
         q = torch.cat([low, high], dim=-1)  # [panels, k, 32]
-        q = torch.where(q >= 8, q - 16, q).float()
-        scales = weight.scales.repeat_interleave(weight.group, dim=1)  # [panels, k, 32]
-        full = q * scales
+        q = (q if weight.mins is not None else torch.where(q >= 8, q - 16, q)).float()
+        full = q * weight.scales.repeat_interleave(weight.group, dim=1)  # [panels, k, 32]
+        if weight.mins is not None:
+            full = full + weight.mins.repeat_interleave(weight.group, dim=1)
+    elif weight.format is WeightFormat.INT8 and weight.group:
+        full = weight.data.view(torch.int8).float() * weight.scales.repeat_interleave(weight.group, dim=1)
     elif weight.format is WeightFormat.INT8:
         full = weight.data.view(torch.int8).float()
     elif weight.format is WeightFormat.FP8:
@@ -151,7 +193,7 @@ def dequantize(weight: PackedWeight) -> torch.Tensor:
     """The float32 ``[n, k]`` weight the packed one stands for (for torch's kernels where this
     kernel cannot run; int8's and fp8's channel scale folded in, so not bit-identical to the kernel)."""
     w = unpack(weight)
-    return w * weight.scales[:, None] if weight.format in _SCALED else w
+    return w * weight.scales[:, None] if weight.channel_scaled else w
 
 
 def kernel_digest(isa: str) -> str:
@@ -169,8 +211,9 @@ class BoundWeightGemm:
         self.bias = None if bias is None else bias.float().contiguous()
         self.n, self.k = weight.n, weight.k
         self._fn = fn
-        self._args = (int(weight.format), weight.data.data_ptr(),
-                      None if weight.scales is None else weight.scales.data_ptr(), weight.group,
+        self._args = (weight.code, weight.data.data_ptr(),
+                      None if weight.scales is None else weight.scales.data_ptr(),
+                      None if weight.mins is None else weight.mins.data_ptr(), weight.group,
                       None if self.bias is None else self.bias.data_ptr())
 
     def nbytes(self) -> int:
@@ -181,8 +224,8 @@ class BoundWeightGemm:
         m = x.shape[0]
         y = torch.empty(m, self.n, dtype=torch.float32)
         if m:
-            fmt, w, s, g, b = self._args
-            if self._fn(fmt, x.data_ptr(), m, self.k, w, s, g, b, self.n, y.data_ptr()) != 0:
+            fmt, w, s, mn, g, b = self._args
+            if self._fn(fmt, x.data_ptr(), m, self.k, w, s, mn, g, b, self.n, y.data_ptr()) != 0:
                 raise ValueError(f"weight_gemm refused format {self.weight.format.name} with k {self.k}, group {g}")
         return y
 
@@ -195,7 +238,7 @@ class WeightGemm:
         self.name = f"weight_gemm-{isa}-{kernel_digest(isa)}"
         fn = lib.specbuild_weight_gemm
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ctypes.c_int, p, i64, i64, p, p, i64, p, i64, p]
+        fn.argtypes = [ctypes.c_int, p, i64, i64, p, p, p, i64, p, i64, p]
         fn.restype = ctypes.c_int
         self._fn = fn
 
