@@ -91,8 +91,10 @@ def test_bucket_policy_rounds_up_and_refuses_what_does_not_fit():
         decoder.prepare([BatchRow(slot, 60, [1] * 8)])
     with pytest.raises(ValueError, match="scratch"):
         decoder.prepare([BatchRow(decoder.scratch, 0, [1])])
-    with pytest.raises(ValueError, match="larger than"):
+    with pytest.raises(ValueError, match="do not fit"):
         decoder.prepare([BatchRow(slot, 0, [1, 2, 3])], Bucket(1, 2, 16))
+    with pytest.raises(ValueError, match="do not fit"):
+        decoder.prepare([BatchRow(slot, 0, [1])], Bucket(1, 1, 128))  # beyond the slot's 64 positions
 
 
 def test_a_pass_traces_as_one_graph_without_host_sync():

@@ -3,10 +3,13 @@ rebuilds from pack_weights.py's parts is the bfloat16 rounding of every tensor, 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -43,3 +46,34 @@ def test_a_missing_part_is_refused(tmp_path):
     run = subprocess.run([sys.executable, str(SCRIPTS / "unpack_weights.py"), str(stage), str(tmp_path / "out")],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "incomplete" in run.stderr
+
+
+def test_the_static_path_script_runs_its_whole_measure_on_cpu_with_tiny_settings(tmp_path, monkeypatch):
+    """scripts/gpu/static_path.py --smoke: every section of the GPU run on CPU at tiny shapes (graph
+    and compile modes recorded as unavailable there), speculative rows identical to plain, the
+    issue's gpu_* figures written under --out only (a CPU file name), and refused on import."""
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, str(SCRIPTS / "static_path.py"), "--smoke", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((out / "static-path.json").read_text())
+    assert results.get("errors", {}) == {} and results.get("skipped", []) == []
+    eager = {(b["rows"], b["tokens"]): b["step_ms"] for b in results["buckets"] if b["mode"] == "eager"}
+    assert set(eager) == {(1, 1), (1, 16), (16, 1), (16, 16)} and all(v > 0 for v in eager.values())
+    assert "needs a CUDA device" in results["unavailable"]["graph"]
+    assert results["hf"]["step_ms"] > 0 and results["big"]["floor_ms"] > 0
+    for drafter in ("ngram", "oracle"):
+        spec = results["speculative"]["synthetic:smollm2-135m"][drafter]
+        assert spec["identical_rows"] == 2 and spec["first_difference"] is None
+    assert results["speculative"]["synthetic:smollm2-135m"]["oracle"]["tokens_per_pass"] > 2
+    figures = json.loads((out / "headline-cpu-smoke.json").read_text())
+    assert set(figures) == {"gpu_plain_step_ms", "gpu_engine_plain_decode_x_hf", "gpu_verify_16_tokens_x_step",
+                            "gpu_decode_throughput_16_over_1", "gpu_8b_step_x_bandwidth_floor"}
+    assert all(isinstance(v, float) and v > 0 for v in figures.values())
+    assert not (out / "headline-gpu.json").exists() and (out / "static-path.md").is_file()
+    spec = importlib.util.spec_from_file_location("static_path", SCRIPTS / "static_path.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "static_path", script)  # its dataclasses resolve their module
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit, match="not a CUDA run"):
+        script.import_results(out, "smoke")

@@ -37,6 +37,7 @@ class SyntheticSpec:
     layers: int | None = None  # keep only this many decoder layers
     vocab: int | None = None  # a smaller vocabulary (CPU checks)
     max_positions: int | None = None
+    tiny: bool = False  # 64 wide, 4 heads (2 KV heads) of 16: the architecture's code path at CPU-test size
 
 
 def is_synthetic(target: str) -> bool:
@@ -65,6 +66,9 @@ def synthetic_config(spec: SyntheticSpec) -> Any:
         config.num_hidden_layers = int(spec.layers)
     if spec.vocab is not None:
         config.vocab_size = int(spec.vocab)
+    if spec.tiny:
+        config.hidden_size, config.intermediate_size, config.head_dim = 64, 128, 16
+        config.num_attention_heads, config.num_key_value_heads = 4, 2
     if spec.max_positions is not None:
         config.max_position_embeddings = int(spec.max_positions)
     return config

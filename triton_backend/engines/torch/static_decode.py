@@ -154,13 +154,19 @@ class StaticDecoder:
             if row.start < 0 or row.start + len(row.tokens) > self.max_context:
                 raise ValueError(f"a row of {len(row.tokens)} tokens at {row.start} exceeds the slot's "
                                  f"{self.max_context} positions")
-        need = self.policy.bucket(len(rows), max(len(r.tokens) for r in rows),
-                                  max(r.start + len(r.tokens) for r in rows), self.max_context)
+        tokens, end = max(len(r.tokens) for r in rows), max(r.start + len(r.tokens) for r in rows)
         if bucket is None:
-            bucket = need
-        elif need.rows > bucket.rows or need.tokens > bucket.tokens or need.context > bucket.context:
-            raise ValueError(f"{len(rows)} rows need bucket {need}, larger than {bucket}")
+            bucket = self.policy.bucket(len(rows), tokens, end, self.max_context)
+        elif len(rows) > bucket.rows or tokens > bucket.tokens or end > bucket.context or bucket.context > self.max_context:
+            raise ValueError(f"{len(rows)} rows of up to {tokens} tokens ending by {end} do not fit bucket {bucket} "
+                             f"(larger than it, or it is larger than the slot)")
         return bucket, self._pack(rows, bucket)
+
+    def exact_bucket(self, rows: Sequence[BatchRow]) -> Bucket:
+        """A bucket of exactly these rows and tokens (a prefill, run eagerly: no graph per shape)."""
+        end = max(r.start + len(r.tokens) for r in rows)
+        q = self.policy.context_quantum
+        return Bucket(len(rows), max(len(r.tokens) for r in rows), min(self.max_context, -(-end // q) * q))
 
     def _pack(self, rows: Sequence[BatchRow], bucket: Bucket) -> StaticInputs:
         R, T = bucket.rows, bucket.tokens
@@ -212,8 +218,8 @@ class StaticDecoder:
         return fwd.head(hidden).float().view(R, T, -1)
 
     def run(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
-        """Eager convenience: each row's logits ``[len(tokens), vocab]`` (device tensors)."""
-        bucket, inputs = self.prepare(rows)
+        """Eager, any number of tokens (a prefill): each row's logits ``[len(tokens), vocab]`` (device tensors)."""
+        bucket, inputs = self.prepare(rows, self.exact_bucket(rows))
         logits = self.step(inputs, bucket.context)
         return [logits[i, :len(r.tokens)] for i, r in enumerate(rows)]
 
