@@ -48,14 +48,15 @@ def tiny_engine(seed: int, **kwargs: object) -> TorchEngine:
 
 @pytest.fixture
 def default_pass_costs():
-    """The default pass-cost table for the test, whatever another test's deployment measured and
-    installed process-wide before it ran (tests that script the gain rule's decisions)."""
-    from triton_backend.speculation.policy import PassCostModel, current_cost_model, install_cost_model
+    """The default pass-cost table for every engine of the test, whatever another test's
+    deployment measured and recorded for its engines before it ran (tests that script the gain
+    rule's decisions)."""
+    from triton_backend.speculation.cost_model import MEASURED
 
-    before = current_cost_model()
-    install_cost_model(PassCostModel.default())
+    before = MEASURED.snapshot()
+    MEASURED.clear()
     yield
-    install_cost_model(before)
+    MEASURED.restore(before)
 
 
 @pytest.fixture(scope="session")

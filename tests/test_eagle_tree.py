@@ -19,7 +19,8 @@ from triton_backend.core.tree import path_to
 from triton_backend.speculation.drafters.eagle import EagleDrafter
 from triton_backend.speculation.drafters.eagle_tree import TreeShape, draw_without_replacement
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
-from triton_backend.speculation.policy import PassCostModel, plan_round
+from triton_backend.speculation.cost_model import PassCostModel
+from triton_backend.speculation.round_plan import plan_round
 from triton_backend.speculation.tree_plan import BEST_FIRST, TreeModel, TreeRecord, best_nodes
 from triton_backend.speculation.tree_verify import verify_tree_multidraft
 

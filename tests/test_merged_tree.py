@@ -22,7 +22,7 @@ from triton_backend.speculation.auto_source import AutoSource, DraftSource
 from triton_backend.speculation.drafters.protocol import DraftProposal
 from triton_backend.speculation.drafters.eagle_tree import draw_without_replacement
 from triton_backend.speculation.merged_tree import lookup_accepted, merge_lookup, merged_option
-from triton_backend.speculation.policy import RowOption
+from triton_backend.speculation.round_plan import RowOption
 from triton_backend.speculation.tree_plan import TreeRecord
 from triton_backend.speculation.tree_verify import TreeVerifyResult, verify_tree_multidraft
 

@@ -10,7 +10,8 @@ import pytest
 from test_scheduler import _alone, _requests, submit_all, tiny_decoder_with_every_drafter
 from triton_backend.batching.plan import BatchPolicy, DraftPlanner, Regime, RegimeChooser
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
-from triton_backend.speculation.policy import PassCostModel, RowOption, plan_round
+from triton_backend.speculation.cost_model import PassCostModel
+from triton_backend.speculation.round_plan import RowOption, plan_round
 
 
 def _run(chooser: RegimeChooser, rows: int, rounds: int, rate: dict[Regime, float]) -> list[Regime]:

@@ -12,7 +12,8 @@ from test_eagle import _random_drafter
 from triton_backend.core.config import DraftLengthConfig, SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.controller import controller_for
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
-from triton_backend.speculation.policy import PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, PassCostModel
+from triton_backend.speculation.cost_model import PassCostModel
+from triton_backend.speculation.policy import PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings
 from triton_backend.speculation.shared_prior import SharedAcceptance
 
 pytestmark = pytest.mark.usefixtures("default_pass_costs")

@@ -13,9 +13,9 @@ from triton_backend.core.config import DraftLengthConfig, FallbackConfig, Specul
 from triton_backend.speculation.controller import SpeculationController
 from triton_backend.speculation.pass_cost import measure_pass_cost_model
 from triton_backend.speculation.match_policy import MatchLengthPolicy
-from triton_backend.speculation.policy import (AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings, PassCostModel,
-                                               RowOption, current_cost_model, install_cost_model, plan_round,
-                                               prefix_probabilities)
+from triton_backend.speculation.cost_model import PassCostModel, current_cost_model
+from triton_backend.speculation.policy import AcceptanceEstimate, DrafterKind, GainPolicy, GainSettings
+from triton_backend.speculation.round_plan import RowOption, plan_round, prefix_probabilities
 
 # a cost table where extra tokens get dearer as the batch grows (a GPU-like roofline: one row
 # is memory-bound, many rows are compute-bound)
@@ -215,9 +215,8 @@ def test_pooled_later_positions_learn_past_the_drafted_length():
 
 
 def test_controller_under_the_gain_rule_pauses_and_records_no_permanent_fallback():
-    install_cost_model(None)
-    assert current_cost_model() == PassCostModel.default()
     c = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=4)), draft_cost=0.2)
+    assert c.cost_model == PassCostModel.default()  # given none: the default table
     assert c.next_draft_length() > 0
     triggered = [c.record(c.next_draft_length() or 1, 0) for _ in range(3)]
     assert not any(triggered) and c.next_draft_length() == 0 and c.fallen_back
@@ -226,15 +225,11 @@ def test_controller_under_the_gain_rule_pauses_and_records_no_permanent_fallback
     assert fixed.next_draft_length() == 4  # fallback off: always draft
 
 
-def test_installed_cost_model_changes_the_decision():
-    c_default = SpeculationController(SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8),
-                                                        fallback=FallbackConfig(prior_acceptance=0.6)), draft_cost=0.05)
-    install_cost_model(PassCostModel({1: {1: 1.0, 2: 2.0, 8: 8.0}}, "linear"))  # verifying is as dear as decoding
-    try:
-        assert c_default.next_draft_length() == 0
-    finally:
-        install_cost_model(None)
-    assert c_default.next_draft_length() > 0
+def test_the_given_cost_model_decides():
+    spec = SpeculationConfig(draft_length=DraftLengthConfig(num_draft_tokens=8), fallback=FallbackConfig(prior_acceptance=0.6))
+    linear = PassCostModel({1: {1: 1.0, 2: 2.0, 8: 8.0}}, "linear")  # verifying is as dear as decoding
+    assert SpeculationController(spec, draft_cost=0.05, cost_model=linear).next_draft_length() == 0
+    assert SpeculationController(spec, draft_cost=0.05).next_draft_length() > 0
 
 
 class ScriptedEngine:
@@ -335,11 +330,10 @@ def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):
         engine.release(fresh)
     finally:
         engine.release(slot)
-    try:
-        installed = install_measured_cost_model(engine, "tiny0", budget_s=0.5, cache_dir=tmp_path)
-        assert installed is not None and current_cost_model() is installed
-    finally:
-        install_cost_model(None)
+    installed = install_measured_cost_model(engine, "tiny0", budget_s=0.5, cache_dir=tmp_path)
+    # recorded as this engine's: its requests decide from it, other engines keep the default table
+    assert installed is not None and current_cost_model(engine) is installed
+    assert current_cost_model(tiny_engine(1)) == current_cost_model() == PassCostModel.default()
 
 
 def test_a_seeded_sampling_request_does_not_depend_on_the_measured_costs():
@@ -351,7 +345,7 @@ def test_a_seeded_sampling_request_does_not_depend_on_the_measured_costs():
     from triton_backend.core.config import SamplingParams, SpeculationMode
     from triton_backend.speculation.drafters.ngram import NgramDrafter
     from triton_backend.speculation.torch_decoder import SpeculativeDecoder
-    from triton_backend.speculation.policy import install_cost_model
+    from triton_backend.speculation.cost_model import MEASURED
 
     target = tiny_engine(0, vocab=32)
     spec = SpeculationConfig(method=SpeculationMode.NGRAM, draft_length=DraftLengthConfig(num_draft_tokens=4))
@@ -360,14 +354,11 @@ def test_a_seeded_sampling_request_does_not_depend_on_the_measured_costs():
     dear = PassCostModel({1: {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}}, "dear")  # a draft never pays
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     outputs, drafted = [], []
-    try:
-        for model in (cheap, dear):
-            install_cost_model(model)
-            sampled = decoder.generate(prompt, SamplingParams(max_tokens=40, temperature=0.9, seed=3, ignore_eos=True))
-            outputs.append(sampled.token_ids)
-            greedy = decoder.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
-            drafted.append(greedy.stats.drafted_tokens)
-    finally:
-        install_cost_model(None)
+    for model in (cheap, dear):
+        MEASURED.record(target, model)  # as a deployment records what it measured for its target at load
+        sampled = decoder.generate(prompt, SamplingParams(max_tokens=40, temperature=0.9, seed=3, ignore_eos=True))
+        outputs.append(sampled.token_ids)
+        greedy = decoder.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+        drafted.append(greedy.stats.drafted_tokens)
     assert outputs[0] == outputs[1]
-    assert drafted[0] > drafted[1] == 0  # the installed costs do decide for the others
+    assert drafted[0] > drafted[1] == 0  # the recorded costs do decide for the others

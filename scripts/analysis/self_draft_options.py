@@ -34,7 +34,7 @@ from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.pass_cost import runtime_settings
-from triton_backend.speculation.policy import current_cost_model
+from triton_backend.speculation.cost_model import current_cost_model
 
 HELDOUT = Path(__file__).resolve().parents[2] / "builder" / "data" / "heldout_prompts.txt"
 
@@ -55,9 +55,10 @@ class Meter:
     """Pass-cost units of what runs: target passes after a request's first (its prompt's), and
     draft passes priced at the drafter's cost per drafted token."""
 
-    def __init__(self) -> None:
+    def __init__(self, target) -> None:
         self.units = 0.0
         self._first = True
+        self.target = target  # its measured pass costs price every pass
 
     def start(self) -> None:
         self._first = True
@@ -68,11 +69,11 @@ class Meter:
         def counted(rows):
             sizes = [len(r.tokens) for r in rows]
             if scale is not None:
-                self.units += scale * current_cost_model().pass_cost(sizes)
+                self.units += scale * current_cost_model(self.target).pass_cost(sizes)
             elif self._first:
                 self._first = False
             else:
-                self.units += current_cost_model().pass_cost(sizes)
+                self.units += current_cost_model(self.target).pass_cost(sizes)
             return forward(rows)
 
         engine.forward = counted
@@ -111,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     decoder = build_decoder(DeploymentConfig(runtime=RuntimeConfig(num_threads=1), ngram=False))
-    meter = Meter()
+    meter = Meter(decoder.target)
     rows = build_rows(decoder, [s for s in args.rows.split(";") if s], meter)
     texts = [t for t in HELDOUT.read_text().splitlines() if t.strip()][args.skip:args.skip + args.prompts]
     prompts = []

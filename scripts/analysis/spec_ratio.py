@@ -42,7 +42,7 @@ from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.suffix_index import CrossRequestIndex, cross_request_index
-from triton_backend.speculation.policy import current_cost_model
+from triton_backend.speculation.cost_model import current_cost_model
 from triton_backend.speculation.tree_plan import ROW_SLOPE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,6 +174,7 @@ class PassMeter:
         self.sizes: list[int] = []
         self.draft = 0.0
         engine, drafter = decoder.target, decoder.drafters.get(SpeculationMode.EAGLE)
+        self.engine = engine
         forward = engine.forward
 
         def counted(rows):
@@ -198,7 +199,7 @@ class PassMeter:
         self.sizes, self.draft = [], 0.0
 
     def units(self) -> float:
-        model = current_cost_model()
+        model = current_cost_model(self.engine)
         return max(sum(model.pass_cost([n]) for n in self.sizes[1:]) + self.draft, 1.0)
 
 
@@ -234,10 +235,10 @@ def main() -> None:
     if args.draft_cost is not None and SpeculationMode.EAGLE in decoder.drafters:  # a busy machine's measurement varies
         decoder.drafters[SpeculationMode.EAGLE].relative_cost = args.draft_cost
     if args.costs is not None:  # a busy machine's measurement may fall back to the default table
-        from triton_backend.speculation.policy import PassCostModel, install_cost_model
+        from triton_backend.speculation.cost_model import MEASURED, PassCostModel
 
         table = {int(t): float(c) for t, c in (p.split(":") for p in args.costs.split(","))}
-        install_cost_model(PassCostModel({1: table}, "given"))
+        MEASURED.record(decoder.target, PassCostModel({1: table}, "given"))
     peer = None
     if "hf-lookup" in args.rows:
         from triton_backend.engines.torch.model_loading import load_model
@@ -287,7 +288,8 @@ def main() -> None:
     # exactness: every row's greedy tokens against plain's
     mismatches = [f"{name} {w}#{i}" for (name, w, i), out in outputs.items()
                   if ("plain", w, i) in outputs and out != outputs[("plain", w, i)] and not name.startswith("hf")]
-    print(f"cost table: {current_cost_model().source} {dict(current_cost_model().table[1])}")
+    cost = current_cost_model(decoder.target)
+    print(f"cost table: {cost.source} {dict(cost.table[1])}")
     print(f"{len(prompts)} prompts x {args.repeats} repeats, {time.perf_counter() - started:.0f} s")
     print("| workload | row | x plain | x cost | accept | tok/pass |")
     print("|---|---|---|---|---|---|")

@@ -37,7 +37,8 @@ from triton_backend.speculation.eagle_round import accept_eagle, eagle_parents
 from triton_backend.engines.base import CausalLMEngine
 from triton_backend.engines.batch import BatchedEngine, BatchRow, RowOutput
 from triton_backend.engines.torch.llama_engine import LlamaEngine
-from triton_backend.speculation.policy import RowOption
+from triton_backend.speculation.cost_model import PassCostModel
+from triton_backend.speculation.round_plan import RowOption
 from triton_backend.speculation.run_state import Accepted, RunState
 from triton_backend.speculation.tree_round import accept_tree
 
@@ -59,9 +60,10 @@ class BatchSequence(RunState):
     def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *, started: float,
                  drafter_session: bool = True, ngram: Drafter | None = None,
-                 compiled_guide: CompiledGuide | None = None) -> None:
+                 compiled_guide: CompiledGuide | None = None, cost_model: PassCostModel | None = None) -> None:
         super().__init__(target, tokenizer, prompt_ids, params, spec, mode, drafter, started=started,
-                         drafter_session=drafter_session, ngram=ngram, compiled_guide=compiled_guide)
+                         drafter_session=drafter_session, ngram=ngram, compiled_guide=compiled_guide,
+                         cost_model=cost_model)
         self.mode = mode if drafter is not None else SpeculationMode.OFF
         self.drafter = drafter
         session = self.drafter_session

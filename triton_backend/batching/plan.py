@@ -4,7 +4,7 @@
 decides, exactly as the single-request loop does (a request gives the same draft lengths,
 so the same output even when sampling, batched or alone). ``load_aware``: per round, the
 draft length of every row of the ragged pass from
-:func:`triton_backend.speculation.policy.plan_round`: expected committed tokens per unit
+:func:`triton_backend.speculation.round_plan.plan_batch`: expected committed tokens per unit
 of pass time under the measured pass-cost table, each row's running acceptance (its
 controller's :meth:`~triton_backend.speculation.controller.SpeculationController.row_option`; for n-gram
 lookup, the match its next proposal would use and how matches of that kind fared in the request,
@@ -39,11 +39,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from triton_backend.batching.batch_round import BatchSequence
-from triton_backend.speculation.policy import PassCostModel, RowOption, current_cost_model, plan_round
+from triton_backend.speculation.cost_model import PassCostModel
+from triton_backend.speculation.round_plan import NO_DRAFT, RowOption, plan_batch
 
 logger = logging.getLogger(__name__)
-
-NO_DRAFT = RowOption(prefix_probs=())
 
 
 class BatchPolicy(str, enum.Enum):
@@ -244,8 +243,8 @@ class DraftPlanner:
         for i, seq in enumerate(seqs):
             # the rows the plan does not decide still share the pass: their tokens count
             options[i] = seq.row_option() if i in planned else RowOption(prefix_probs=(0.0,) * ks[i])
-        margin = seqs[planned[0]].controller.config.fallback.gain_margin
-        chosen = plan_round_fixed(options, ks, planned, self.cost_model or current_cost_model(), margin)
+        first = seqs[planned[0]].controller  # planned rows decide from their target's pass costs, as alone
+        chosen = plan_batch(options, ks, planned, self.cost_model or first.cost_model, first.config.fallback.gain_margin)
         for i in planned:
             ks[i] = seqs[i].cap_draft_length(chosen[i])
             seqs[i].plan_draft(ks[i])
@@ -257,15 +256,6 @@ class DraftPlanner:
         only for rounds without prefill rows)."""
         if self.regime is not None and self.chooser is not None:
             self.chooser.record(rows, self.regime, tokens, seconds)
-
-
-def plan_round_fixed(options: Sequence[RowOption], ks: Sequence[int], free: Sequence[int], cost_model: PassCostModel,
-                     margin: float) -> list[int]:
-    """:func:`plan_round` over every row, then the rows not in ``free`` put back to ``ks``
-    (they carry their tokens into the pass, counted through their options)."""
-    chosen = plan_round(options, cost_model, margin)
-    free_set = set(free)
-    return [chosen[i] if i in free_set else ks[i] for i in range(len(options))]
 
 
 __all__ = ["BatchPolicy", "DraftPlanner", "Regime", "RegimeChooser"]

@@ -5,7 +5,7 @@ target's own int8 self draft, or Medusa heads; ``SpeculationConfig.auto_drafter`
 deployed in :data:`~triton_backend.speculation.decoding.AUTO_PREFERENCE`) and, beside it, an n-gram
 lookup session. Every round the two sources are compared as the gain rule compares draft lengths
 for one drafter: each source's best draft length and the expected committed tokens per unit of
-pass cost it gives (:func:`~triton_backend.speculation.policy.plan_round` on its row option), from
+pass cost it gives (:func:`~triton_backend.speculation.round_plan.choose_source`), from
 the acceptance measured for that source in this request (the n-gram match's bucket of
 :class:`~triton_backend.speculation.match_policy.MatchLengthPolicy`; the model's
 :class:`~triton_backend.speculation.policy.GainPolicy`). Lookup is free to propose, so a round with
@@ -29,21 +29,14 @@ features/hidden state of every kept position (its state catches up lazily at its
 
 from __future__ import annotations
 
-import enum
 from typing import Sequence
 
 from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal
 from triton_backend.speculation.drafters.ngram import NgramSession
 from triton_backend.speculation.match_policy import MatchLengthPolicy
 from triton_backend.speculation.merged_tree import MergedOption, OverlapEstimate, merged_option
-from triton_backend.speculation.policy import RowOption, plan_round, rate_of
+from triton_backend.speculation.round_plan import DraftSource, RowOption, choose_source
 from triton_backend.speculation.tree_plan import TreeRecord
-
-
-class DraftSource(str, enum.Enum):
-    NGRAM = "ngram"
-    MODEL = "model"
-    MERGED = "merged"  # both: the match as one branch of the EAGLE drafter's tree (merged_tree.py)
 
 
 class AutoSource:
@@ -64,9 +57,6 @@ class AutoSource:
         self._merged: MergedOption | None = None  # this round's merged option (MERGED)
         self._split = (0, 0)  # a merged round's match tokens and drafter nodes
         self._expected_gain = 0.0  # what its drafter nodes were expected to add
-
-    def _rate(self, option: RowOption, k: int) -> float:
-        return rate_of(option, k, self.controller.cost_model)
 
     def _ngram(self, tokens: Sequence[int]) -> tuple[int, RowOption | None]:
         """The n-gram match's draft length under its bucket's gain policy (which pauses and
@@ -93,30 +83,15 @@ class AutoSource:
 
     def choose(self, tokens: Sequence[int]) -> tuple[DraftSource, int, RowOption | None]:
         """This round's source, and for n-gram or a merged tree its draft length (a merged tree:
-        its nodes, :meth:`planned` splits them) and row option."""
+        its nodes, :meth:`planned` splits them) and row option
+        (:func:`~triton_backend.speculation.round_plan.choose_source`)."""
         k_ngram, ngram = self._ngram(tokens)
-        self._merged = None
-        if ngram is None:
-            return DraftSource.MODEL, 0, None
-        model = self._model_option()
-        if model is None:
-            return (DraftSource.NGRAM, k_ngram, ngram) if k_ngram > 0 else (DraftSource.MODEL, 0, None)
-        margin = self.controller.config.fallback.gain_margin
-        cost = self.controller.cost_model
-        best: tuple[DraftSource, int, RowOption | None] = (DraftSource.MODEL, 0, None)
-        best_rate = 0.0
-        k_model = plan_round([model], cost, margin)[0]
-        if k_model > 0:
-            best_rate = self._rate(model, k_model)
-        if k_ngram > 0 and self._rate(ngram, k_ngram) >= best_rate:
-            best, best_rate = (DraftSource.NGRAM, k_ngram, ngram), self._rate(ngram, k_ngram)
-        if self.merge:
-            merged = self._merged_option(ngram, model)
-            k = plan_round([merged.option], cost, margin)[0]
-            if all(merged.split(k)) and self._rate(merged.option, k) > best_rate:
-                self._merged = merged
-                best = (DraftSource.MERGED, k, merged.option)
-        return best
+        model = self._model_option() if ngram is not None else None
+        merged = (lambda: self._merged_option(ngram, model)) if self.merge and ngram is not None and model is not None else None
+        choice = choose_source(ngram, k_ngram, model, self.controller.cost_model, self.controller.config.fallback.gain_margin,
+                               merged)
+        self._merged = choice.merged  # a MergedOption (built by _merged_option) when MERGED
+        return choice.source, choice.k, choice.option
 
     def draft_length(self, tokens: Sequence[int]) -> int:
         """This round's source and draft length (0: plain; :meth:`planned` then sets the final one)."""

@@ -3,7 +3,7 @@
 Rules (``FallbackConfig.rule``, the ``fallback`` section of :class:`~triton_backend.core.config.SpeculationConfig`):
 
 - ``gain`` (the default): a per-round decision from expected gain
-  (:mod:`triton_backend.speculation.policy`). Every round the controller drafts the length
+  (:mod:`triton_backend.speculation.round_plan`). Every round the controller drafts the length
   whose expected committed tokens per unit of pass cost (the measured pass-cost table plus
   the drafter's own cost) beat a plain step, from an acceptance estimate that starts at the
   drafter type's prior and is updated after every round; 0 (a plain step) when no length
@@ -16,8 +16,8 @@ Rules (``FallbackConfig.rule``, the ``fallback`` section of :class:`~triton_back
   window's acceptance is below ``threshold`` (0.5 when unset).
 - ``enabled=False``: always draft (fixed ``k``, or the adaptive length, never 0).
 
-A batch scheduler calls :func:`~triton_backend.speculation.policy.plan_round` with every
-active request's :meth:`SpeculationController.row_option` once per round.
+Every length is decided in :mod:`~triton_backend.speculation.round_plan`; a batch scheduler
+plans every active request's :meth:`SpeculationController.row_option` there once per round.
 """
 
 from __future__ import annotations
@@ -32,21 +32,16 @@ from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.shared_prior import SharedAcceptance, shared_acceptance
 from triton_backend.speculation.tree_plan import TreeModel, TreeRecord
 from triton_backend.speculation.match_policy import MatchLengthPolicy
-from triton_backend.speculation.policy import (PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, PassCostModel, Prior,
-                                               RowOption, current_cost_model, prefix_probabilities)
+from triton_backend.speculation.cost_model import PassCostModel, current_cost_model
+from triton_backend.speculation.policy import PRIOR_ACCEPTANCE, DrafterKind, GainPolicy, GainSettings, Prior
+from triton_backend.speculation.round_plan import (RowOption, adaptive_length, expected_tokens_per_round,
+                                                   prefix_probabilities)
 
 if TYPE_CHECKING:
     from triton_backend.speculation.auto_source import AutoSource
     from triton_backend.speculation.drafters.ngram import NgramSession
 
 logger = logging.getLogger(__name__)
-
-
-def expected_tokens_per_round(acceptance: float, k: int) -> float:
-    """E = (1 - a^(k+1)) / (1 - a): expected tokens committed per target pass."""
-    if acceptance >= 1.0:
-        return float(k + 1)
-    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
 def gain_settings(config: FallbackConfig) -> GainSettings:
@@ -94,11 +89,13 @@ class SpeculationController:
 
     @property
     def cost_model(self) -> PassCostModel:
+        """The pass costs this request decides from (given: its target's, taken when it started;
+        else the default table)."""
         return self._cost_model or current_cost_model()
 
     @property
     def cost_model_or_none(self) -> PassCostModel | None:
-        """The cost model this controller was given (None: the installed one, looked up when used)."""
+        """The cost model this controller was given (None: the default table)."""
         return self._cost_model
 
     def gain_settings(self) -> GainSettings:
@@ -116,7 +113,7 @@ class SpeculationController:
 
     # -- the gain rule ----------------------------------------------------------------------
     def row_option(self) -> RowOption:
-        """This request's row for a batch plan (:func:`~triton_backend.speculation.policy.plan_round`)."""
+        """This request's row for a batch plan (:func:`~triton_backend.speculation.round_plan.plan_round`)."""
         return self.model_row_option()
 
     def model_row_option(self) -> RowOption:
@@ -173,12 +170,7 @@ class SpeculationController:
         return 1.0 + k * (self.draft_cost + self.config.draft_length.verify_cost_per_token)
 
     def _adaptive_length(self) -> int:
-        best_k, best_rate = self.config.draft_length.min_draft_tokens, -1.0
-        for k in range(best_k, self.max_k + 1):
-            rate = expected_tokens_per_round(self.acceptance_ema, k) / self.round_cost(k)
-            if rate > best_rate + 1e-9:
-                best_k, best_rate = k, rate
-        return best_k
+        return adaptive_length(self.acceptance_ema, self.config.draft_length.min_draft_tokens, self.max_k, self.round_cost)
 
     def next_draft_length(self) -> int:
         """0 means: decode this step plainly."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from triton_backend.speculation.policy import DrafterKind, GainPolicy, GainSettings, PassCostModel, Prior, RowOption
+from triton_backend.speculation.cost_model import PassCostModel
+from triton_backend.speculation.policy import DrafterKind, GainPolicy, GainSettings, Prior
+from triton_backend.speculation.round_plan import RowOption
 
 
 # n-gram matches by length: a bucket is the largest entry <= the match length; its prior is the

@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 
 from triton_backend.speculation.drafters.protocol import DraftProposal
-from triton_backend.speculation.policy import RowOption
+from triton_backend.speculation.round_plan import RowOption
 
 
 def merge_lookup(tree: DraftProposal, chain: Sequence[int]) -> DraftProposal:

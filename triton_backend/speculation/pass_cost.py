@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from triton_backend.core.reference_model import cache_dir as default_cache_dir
 from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
-from triton_backend.speculation.policy import PassCostModel, install_cost_model
+from triton_backend.speculation.cost_model import MEASURED, PassCostModel
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -212,12 +212,13 @@ def _check(seconds: dict[tuple[int, int], float]) -> None:
 
 def install_measured_cost_model(engine: Any, settings: str, budget_s: float = 8.0,
                                 cache_dir: Path | None = None) -> PassCostModel | None:
-    """At load: measure (or read the cached) pass costs of a batched engine and make them the
-    process's cost model; engines outside the batched contract keep the default table."""
+    """At load: measure (or read the cached) pass costs of a batched engine and record them as
+    that engine's (:func:`~triton_backend.speculation.cost_model.current_cost_model`: what its
+    requests decide from); engines outside the batched contract keep the default table."""
     if not isinstance(engine, BatchedEngine):
         return None
     model = measure_pass_cost_model(engine, settings=settings, cache_dir=cache_dir, budget_s=budget_s)
-    install_cost_model(model)
+    MEASURED.record(engine, model)
     return model
 
 

@@ -1,15 +1,9 @@
-"""When speculation pays: the pass-cost model, acceptance estimates and the per-round plan.
+"""What a request knows of its drafter's acceptance, and when it pauses and probes.
 
-Units: the cost of one target pass is measured in target decoding steps of one row and one
-token (``PassCostModel``). A round that drafts ``k`` tokens for a row commits, in
-expectation, ``E(k) = 1 + sum_{j=1..k} P_j`` tokens, where ``P_j`` is the probability that
-the first ``j`` drafts are all accepted (the ``1`` is the recovered/bonus token). A plan
-gives each row of a batch a draft length (0: decode plainly) that maximises the expected
-committed tokens per unit of time of the whole ragged pass; a row speculates only when that
-beats plain decoding by ``margin``. With one row this is the single-request decision.
-
-Acceptance per request starts from a prior per drafter type (a cold request does not pay to
-learn) and is updated every round (a Beta posterior per draft position whose evidence decays,
+The draft of each round is decided in :mod:`~triton_backend.speculation.round_plan` (the gain
+rule over the target's pass costs, :mod:`~triton_backend.speculation.cost_model`); this module
+gives it its inputs and its schedule. Acceptance per request starts from a prior per drafter
+type (a cold request does not pay to learn) and is updated every round (a Beta posterior per draft position whose evidence decays,
 so the estimate follows the text). A request whose speculation stops paying decodes plainly;
 it probes again after ``probe_interval`` plain steps (the interval doubles after each probe
 that does not pay) when the prior says a probe may pay.
@@ -20,206 +14,12 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
+
+from triton_backend.speculation.cost_model import PassCostModel, current_cost_model
+from triton_backend.speculation.round_plan import RowOption, plan_round, prefix_probabilities
 
 logger = logging.getLogger(__name__)
-
-# Passes on one row: the CPU runtime's prepacked 8-row GEMMs (benchmarks/results/pass-cost-cpu.md);
-# several rows: the batch figures of DESIGN.md. Replaced by a measurement where one exists.
-DEFAULT_COST_TABLE: dict[int, dict[int, float]] = {
-    1: {1: 1.0, 2: 1.21, 3: 1.24, 4: 1.33, 8: 1.35, 9: 2.05, 16: 2.1},
-    4: {1: 1.59, 4: 2.84},
-    8: {1: 2.03, 4: 4.59},
-    16: {1: 3.41, 4: 8.15},
-}
-
-
-def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Piecewise-linear through sorted ``points``; past the last point, proportional to ``x``."""
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    last_x, last_y = points[-1]
-    return last_y * x / last_x
-
-
-def _non_decreasing(curve: Mapping[int, float]) -> dict[int, float]:
-    """A measured curve made non-decreasing in tokens: a cell below a cell of fewer tokens is
-    timing noise (a pass never costs less for carrying more tokens) and takes its value; the
-    one-token point, the unit, stays."""
-    out: dict[int, float] = {}
-    top = 0.0
-    for tokens, value in sorted(curve.items()):
-        top = out[tokens] = max(top, value)
-    return out
-
-
-@dataclass(frozen=True)
-class PassCostModel:
-    """Cost of one target pass, in units of one 1-row-1-token decode step.
-
-    ``table[rows][tokens_per_row]``: measured points. A ragged pass is looked up by its row
-    count and mean tokens per row, interpolated linearly between measured points (beyond the
-    table: proportional to the tokens, or to the rows).
-    """
-
-    table: Mapping[int, Mapping[int, float]]
-    source: str = "default"
-
-    def __post_init__(self) -> None:
-        if 1 not in self.table or 1 not in self.table[1]:
-            raise ValueError("a pass-cost table needs the 1-row 1-token step")
-        for rows, curve in self.table.items():
-            if rows < 1 or not curve or min(curve) < 1 or any(not (c > 0) for c in curve.values()):
-                raise ValueError(f"bad pass-cost table entry for {rows} rows: {dict(curve)}")
-        # sorted once (a decision looks the table up a few dozen times)
-        object.__setattr__(self, "_curves", {rows: tuple(sorted(curve.items())) for rows, curve in self.table.items()})
-        object.__setattr__(self, "_rows", tuple(sorted(self.table)))
-
-    @classmethod
-    def default(cls) -> "PassCostModel":
-        return cls(DEFAULT_COST_TABLE, "default")
-
-    @classmethod
-    def from_measurements(cls, seconds: Mapping[tuple[int, int], float], source: str = "measured") -> "PassCostModel":
-        """From median seconds per pass keyed by ``(rows, tokens_per_row)``; normalised by (1, 1)."""
-        if (1, 1) not in seconds or not seconds[(1, 1)] > 0:
-            raise ValueError("measurements need the 1-row 1-token step")
-        step = seconds[(1, 1)]
-        table: dict[int, dict[int, float]] = {}
-        for (rows, tokens), value in sorted(seconds.items()):
-            table.setdefault(rows, {})[tokens] = max(value / step, 1e-3)
-        return cls({rows: _non_decreasing(curve) for rows, curve in table.items()}, source)
-
-    def _curve_cost(self, rows: int, tokens: float) -> float:
-        return _interpolate(self._curves[rows], tokens)
-
-    def pass_cost(self, tokens_per_row: Sequence[int]) -> float:
-        """One ragged pass whose rows carry ``tokens_per_row`` new tokens each."""
-        rows = len(tokens_per_row)
-        if rows == 0:
-            return 0.0
-        mean = sum(tokens_per_row) / rows
-        known = self._rows
-        lower = max((r for r in known if r <= rows), default=known[0])
-        upper = min((r for r in known if r >= rows), default=None)
-        if upper is None:  # more rows than measured: proportional to the rows
-            return self._curve_cost(lower, mean) * rows / lower
-        if upper == lower:
-            return self._curve_cost(lower, mean)
-        c0, c1 = self._curve_cost(lower, mean), self._curve_cost(upper, mean)
-        return c0 + (c1 - c0) * (rows - lower) / (upper - lower)
-
-    def to_json(self) -> dict:
-        return {"source": self.source, "table": {str(r): {str(t): c for t, c in curve.items()} for r, curve in self.table.items()}}
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> "PassCostModel":
-        table = {int(r): {int(t): float(c) for t, c in curve.items()} for r, curve in data["table"].items()}
-        return cls(table, str(data.get("source", "cached")))
-
-
-_current_cost_model: PassCostModel | None = None
-
-
-def install_cost_model(model: PassCostModel | None) -> None:
-    """Make ``model`` the process's cost model (the loop's controllers read it); None: the default table."""
-    global _current_cost_model
-    _current_cost_model = model
-
-
-_DEFAULT_MODEL: PassCostModel | None = None
-
-
-def current_cost_model() -> PassCostModel:
-    global _DEFAULT_MODEL
-    if _current_cost_model is not None:
-        return _current_cost_model
-    if _DEFAULT_MODEL is None:
-        _DEFAULT_MODEL = PassCostModel.default()
-    return _DEFAULT_MODEL
-
-
-# -- expected gain ------------------------------------------------------------------------------
-
-
-def prefix_probabilities(conditional: Sequence[float]) -> list[float]:
-    """``P_j`` (all of the first ``j`` drafts accepted) from per-position conditional acceptance."""
-    out, running = [], 1.0
-    for p in conditional:
-        running *= min(1.0, max(0.0, p))
-        out.append(running)
-    return out
-
-
-@dataclass(frozen=True)
-class RowOption:
-    """What one row could draft this round.
-
-    ``prefix_probs[j - 1]``: probability that the first ``j`` drafts are all accepted
-    (``j = 1 .. max_k``). ``draft_cost``: drafting one more position, in target steps.
-    ``verify_tokens[k]``: tokens the row carries into the target pass when it drafts ``k``
-    (None: ``k + 1``; a Medusa tree carries its nodes). ``draft_costs[k]``: drafting ``k``
-    (None: ``k * draft_cost``; an EAGLE tree of ``k`` nodes, :mod:`~triton_backend.speculation.tree_plan`,
-    whose ``prefix_probs`` are then its nodes' probabilities, best first).
-    """
-
-    prefix_probs: tuple[float, ...]
-    draft_cost: float = 0.0
-    verify_tokens: tuple[int, ...] | None = None
-    draft_costs: tuple[float, ...] | None = None
-
-    def drafting(self, k: int) -> float:
-        return self.draft_costs[k] if self.draft_costs is not None else self.draft_cost * k
-
-    @property
-    def max_k(self) -> int:
-        return len(self.prefix_probs)
-
-    def expected_tokens(self, k: int) -> float:
-        return 1.0 + sum(self.prefix_probs[:k])
-
-    def tokens(self, k: int) -> int:
-        return self.verify_tokens[k] if self.verify_tokens is not None else k + 1
-
-
-def _rate(rows: Sequence[RowOption], ks: Sequence[int], cost_model: PassCostModel) -> float:
-    tokens = sum(r.expected_tokens(k) for r, k in zip(rows, ks))
-    cost = cost_model.pass_cost([r.tokens(k) for r, k in zip(rows, ks)]) + sum(r.drafting(k) for r, k in zip(rows, ks))
-    return tokens / cost
-
-
-def rate_of(option: RowOption, k: int, cost_model: PassCostModel) -> float:
-    """Expected committed tokens per unit of cost of one row alone drafting ``k``."""
-    return _rate([option], [k], cost_model)
-
-
-def plan_round(rows: Sequence[RowOption], cost_model: PassCostModel, margin: float = 0.03) -> list[int]:
-    """Each row's draft length (0: plain) for one ragged pass, maximising expected committed
-    tokens per unit of time of the whole pass. A row drafts only when that beats its plain
-    step by ``margin`` given the others (coordinate ascent; exhaustive for one row)."""
-    ks = [0] * len(rows)
-    for _ in range(4):
-        changed = False
-        for i, row in enumerate(rows):
-            def rate_at(k: int) -> float:
-                trial = list(ks)
-                trial[i] = k
-                return _rate(rows, trial, cost_model)
-
-            plain = rate_at(0)
-            best_k, best = 0, plain * (1.0 + margin)
-            for k in range(1, row.max_k + 1):
-                value = rate_at(k)
-                if value > best + 1e-12:
-                    best_k, best = k, value
-            if best_k != ks[i]:
-                ks[i], changed = best_k, True
-        if not changed or len(rows) == 1:  # one row: the first sweep was exhaustive
-            break
-    return ks
 
 
 # -- acceptance estimates -----------------------------------------------------------------------
@@ -439,6 +239,4 @@ class GainPolicy:
         self._probing = False
 
 
-__all__ = ["AcceptanceEstimate", "DEFAULT_COST_TABLE", "DrafterKind", "GainPolicy", "GainSettings", "PRIOR_ACCEPTANCE", "Prior",
-           "PassCostModel", "RowOption", "current_cost_model", "install_cost_model", "plan_round",
-           "prefix_probabilities", "rate_of"]
+__all__ = ["AcceptanceEstimate", "DrafterKind", "GainPolicy", "GainSettings", "PRIOR_ACCEPTANCE", "Prior"]

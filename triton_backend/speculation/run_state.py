@@ -14,6 +14,7 @@ import torch
 from triton_backend.speculation.commit import Commit
 from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
 from triton_backend.speculation.controller import controller_for
+from triton_backend.speculation.cost_model import PassCostModel, current_cost_model
 from triton_backend.speculation.drafters.protocol import EMPTY_PROPOSAL, DraftProposal, Drafter
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, DraftModelSession
 from triton_backend.speculation.drafters.ngram import NgramSession
@@ -24,6 +25,7 @@ from triton_backend.core.grammar import GuideMatcher
 from triton_backend.core.guide_cache import GUIDES, CompiledGuide
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.merged_tree import merge_lookup
+from triton_backend.speculation.round_plan import DraftSource
 from triton_backend.speculation.rounds import RoundOutcome, cap_draft_length, record_round
 from triton_backend.speculation.tree_plan import TreeRecord
 from triton_backend.core.sampling import LogitsProcessor, RowHistory, make_generator
@@ -59,8 +61,11 @@ class RunState:
     def __init__(self, target: CausalLMEngine, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  spec: SpeculationConfig, mode: SpeculationMode, drafter: Drafter | None, *,
                  started: float | None = None, drafter_session: bool = True, ngram: Drafter | None = None,
-                 compiled_guide: CompiledGuide | None = None) -> None:
+                 compiled_guide: CompiledGuide | None = None, cost_model: PassCostModel | None = None) -> None:
         self.params = params
+        # the pass costs every round of this request is decided from (round_plan.py): given, else
+        # what was measured for its target at load, else the default table; taken once, here
+        self.cost_model = cost_model or current_cost_model(target)
         self.guide: GuideMatcher | None = None  # structured output: the grammar state of the committed tokens
         if params.guide is not None:  # compiled before (the batch scheduler), else here within the time budget
             compiled = compiled_guide or GUIDES.compile(params.guide, tokenizer, vocab=target.vocab_size,
@@ -77,8 +82,8 @@ class RunState:
         # greedy and unseeded requests start from the drafter's acceptance measured over the
         # deployment's requests; a seeded sampling request's draft lengths depend on it alone
         learned = self.processor.greedy or params.seed is None
-        self.controller = controller_for(spec, mode, drafter, self.drafter_session, learned_prior=learned,
-                                         reproducible=not learned)
+        self.controller = controller_for(spec, mode, drafter, self.drafter_session, self.cost_model,
+                                         learned_prior=learned, reproducible=not learned)
         self.use_drafter = drafter is not None
         # auto: the n-gram match beside the model drafter, chosen per round (auto_source.py)
         self.auto = None
@@ -128,7 +133,9 @@ class RunState:
             self.drafter_session.take_context(target, self.tokens, self.commit.prompt_len)
 
     def draft_length(self) -> int:
-        """This round's draft length from the controller (0 without a drafter)."""
+        """This round's draft length (0 without a drafter): the client's drafts, else ``auto``'s
+        source or the controller, each decided in :mod:`~triton_backend.speculation.round_plan`;
+        cut to what may still be generated."""
         if not self.use_drafter:
             return 0
         if self.client_drafting:
@@ -176,8 +183,6 @@ class RunState:
     def model_drafts(self) -> bool:
         """Whether this round's proposal comes from the model drafter (not ``auto``'s n-gram lookup
         alone; a merged round's tree is the drafter's, the match merged in after)."""
-        from triton_backend.speculation.auto_source import DraftSource
-
         return self.auto is None or self.auto.source in (DraftSource.MODEL, DraftSource.MERGED)
 
     def cap_draft_length(self, k: int) -> int:

@@ -25,7 +25,7 @@ tokens (the measured pass-cost table: on the row kernel up to 12 tokens share on
 weights, so 11 nodes cost little more than 8) plus one drafter step per level, a level of ``k``
 nodes costing ``1 + ROW_SLOPE * (k - 1)`` single-node steps.
 
-The option handed to :func:`~triton_backend.speculation.policy.plan_round` lists the node
+The option handed to :func:`~triton_backend.speculation.round_plan.plan_round` lists the node
 probabilities (best first) as its per-draft values and the tree's cost at each size, so the
 one planner that sizes chains sizes trees: a lone request drafts the size whose tokens per
 unit of cost are best, a loaded batch (where every extra verify token costs more) fewer
@@ -39,7 +39,7 @@ from typing import Sequence
 
 from triton_backend.speculation.drafters.eagle_tree import TreeShape
 from triton_backend.speculation.merged_tree import lookup_accepted
-from triton_backend.speculation.policy import RowOption
+from triton_backend.speculation.round_plan import RowOption
 
 # the EAGLE-3 reference drafter (artifacts/smollm2-135m-eagle3) on the tune prompts, teacher-forced at
 # every position of the target's greedy output, trees of depth <= 4 and top 4
