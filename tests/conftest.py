@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.hf_engine import TorchEngine
 

@@ -16,8 +16,9 @@ from conftest import tiny_engine, tiny_llama
 from test_eagle import _exact_joint, _random_drafter
 from test_medusa_tree import random_heads
 from test_scheduler import assert_mixed_batch_matches_alone
-from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig, SamplingParams,
-                                        SpeculationConfig, SpeculationMode, WeightPrecision)
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SamplingParams,
+                                        SpeculationConfig, SpeculationMode)
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter

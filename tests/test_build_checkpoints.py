@@ -36,7 +36,7 @@ def tiny_dir(tmp_path_factory, reference_dir) -> Path:
 
 def quantize_and_export(source: str, precision: Precision, kv: KVCacheDtype, out: Path, tp: int = 1):
     """(original float32 state dict, checkpoint folder, checkpoint config)."""
-    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
 
     torch.set_num_threads(1)

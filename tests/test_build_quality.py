@@ -15,7 +15,7 @@ from builder.errors import BuildSpecError
 from builder.plan.architecture import load_architecture
 from builder.plan.spec import BuildSpec, ModelSpec, QualitySpec
 from builder.stages.quality import QualityTarget, measure_quality, quality_target, quality_warnings, run_quality
-from triton_backend.core.config import WeightPrecision
+from triton_backend.core.runtime_config import WeightPrecision
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 from triton_backend.engines.torch import row_gemm
 

@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny_engine
 from test_eagle3_serving import _net, assert_exact_chains_and_trees
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.engines.torch.weight_gemm import load_weight_gemm
 from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter

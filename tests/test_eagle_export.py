@@ -18,7 +18,7 @@ from builder.stages.eagle_export import eagle_engine_build, write_eagle_checkpoi
 from builder.errors import BuildSpecError
 from builder.stages.checkpoint_export import export_checkpoint
 from builder.plan.spec import KVCacheDtype, Precision
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.speculation.drafters.eagle_model import EagleInfo, EagleNet, save_eagle
 from triton_backend.engines.torch.model_loading import load_model
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import tiny_engine
-from triton_backend.core.config import (
-    DraftLengthConfig, FallbackConfig, FinishReason, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode,
-)
+from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, FinishReason, SamplingParams,
+                                        SpeculationConfig, SpeculationMode)
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter

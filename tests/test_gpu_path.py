@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.core.synthetic_target import (SyntheticSpec, parse_target, synthetic_config, synthetic_tensors,
                                                   tensor_shapes, weight_bytes)
 from triton_backend.engines.batch import BatchRow

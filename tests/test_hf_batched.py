@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
 from triton_backend.engines.torch.hf_engine import TorchEngine

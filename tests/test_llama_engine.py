@@ -14,7 +14,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from tests.conftest import tiny_llama
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.batch import BatchedEngine, BatchRow, SlotsExhaustedError
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.llama_forward import load_safetensors_weights

@@ -19,7 +19,7 @@ from builder.stages.checkpoint_export import export_checkpoint
 from builder.stages.medusa_heads import attach_medusa_heads, record_medusa_tree
 from builder.stages.quantize import quantize_model
 from builder.plan.spec import CalibrationSpec, KVCacheDtype, MedusaSpec, Precision
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.speculation.drafters.medusa_model import MedusaHeads, MedusaHeadsInfo, save_medusa
 from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
 

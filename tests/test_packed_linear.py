@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import tiny_llama
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.torch.packed_linear import PackedLinear, pack_linear_layers, packing_available
 from triton_backend.engines.torch.hf_engine import TorchEngine
 from triton_backend.core.errors import ConfigError

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.batch import BatchRow
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.compact_weights import HEAD, int4_group

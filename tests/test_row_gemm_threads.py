@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import ROW_KERNEL_ISAS as ISAS, tiny_llama
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.core.errors import ConfigError
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.llama_engine import LlamaEngine, kernel_threads

@@ -14,8 +14,9 @@ from conftest import tiny_llama
 from test_scheduler import Collector, submit_all
 from triton_backend.batching.batch_round import PlannedRow, isolated
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
-from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams,
-                                        SpeculationConfig, SpeculationMode)
+from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig,
+                                        SpeculationMode)
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.core.grammar import GuideLimitError
 from triton_backend.core.guide import Guide, GuideType

@@ -13,7 +13,9 @@ import torch
 
 from tests.conftest import tiny_llama
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
-from triton_backend.core.config import DraftContext, DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig,
+                                        SpeculationMode)
+from triton_backend.core.runtime_config import DraftContext, RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import estimated_cost, self_draft_engine, self_drafter

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.batch import BatchRow
 from triton_backend.engines.torch import row_gemm as row_gemm_module

@@ -16,8 +16,9 @@ import torch
 
 from conftest import tiny_llama
 from triton_fixtures import local_decoder, triton  # noqa: F401 (fixtures)
-from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, RuntimeConfig, SamplingParams,
-                                        SpeculationConfig, SpeculationMode)
+from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationConfig,
+                                        SpeculationMode)
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.core.grammar import compile_guide, grammar_text, ll_tokenizer
 from triton_backend.core.guide import Guide, GuideType

@@ -177,7 +177,7 @@ def run_json_bench(config: JsonBenchConfig) -> JsonBenchRun:
     import torch
     from tqdm import tqdm
 
-    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.deployment.config import DeploymentConfig
     from triton_backend.deployment.torch_deployment import build_decoder
 

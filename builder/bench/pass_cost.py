@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from builder.bench.rows import torch_threads
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.batch import BatchRow
 from triton_backend.core.errors import ConfigError
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.eval.agreement import HELDOUT_PROMPTS
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 from triton_backend.engines.batch import BatchRow

@@ -17,8 +17,9 @@ from typing import Iterator
 
 from builder.bench.config import BenchConfig, BenchPrompt, BenchRun
 from builder.bench.rows import OursRow, PeerRow, Row, TritonRow, run_sample
-from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig, SpeculationConfig,
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SpeculationConfig,
                                         SpeculationMode)
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder

@@ -16,7 +16,8 @@ from typing import Any
 
 from builder.bench.config import BenchConfig
 from builder.bench.rows import OursRow, Row
-from triton_backend.core.config import DraftLengthConfig, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.core.config import DraftLengthConfig, SpeculationConfig, SpeculationMode
+from triton_backend.core.runtime_config import WeightPrecision
 from triton_backend.deployment.config import SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.speculation.drafters.protocol import Drafter

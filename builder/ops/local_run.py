@@ -6,9 +6,9 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from triton_backend.core.config import (
-    DraftLengthConfig, FallbackConfig, MedusaConfig, RuntimeConfig, SamplingParams, SpeculationConfig, WeightPrecision,
-)
+from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, MedusaConfig, SamplingParams,
+                                        SpeculationConfig)
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.core.drafter_format import detect_eagle_format

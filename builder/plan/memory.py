@@ -30,7 +30,7 @@ from builder.plan.architecture import ModelArchitecture
 from builder.plan.spec import EagleSpec, KVCacheDtype, Limits, MedusaSpec, Precision
 
 if TYPE_CHECKING:
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
 
 INT4_GROUP_SIZE = 128  # TensorRT-LLM's AWQ default; 64 where a width does not split into it
 INT4_GROUP_SIZES = (128, 64)  # what the planner tries, in order
@@ -162,7 +162,7 @@ def torch_linear_bytes(arch: ModelArchitecture, weights: "WeightPrecision", *, h
     output columns (padded), float32 scales per output channel (int8, fp8) or per group of ``group``
     inputs and padded column (int4). ``head``: the LM head's precision (a checkpoint's is 16-bit);
     ``input_scales``: every decoder linear holds a float32 factor per input (AWQ / SmoothQuant checkpoints)."""
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
 
     def one(n: int, k: int, precision: WeightPrecision) -> int:
         padded = -(-n // 32) * 32
@@ -185,7 +185,7 @@ def torch_weight_precision(precision: Precision) -> "WeightPrecision":
     """What the torch runtime's CPU slot engine holds a plan's linears in: 16-bit for fp16/bf16,
     int8 (weight-only) for int8_sq, int4 for int4_awq, fp8 e4m3 (weight-only) for fp8 (float32 for an
     unresolved ``auto``)."""
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
 
     return {Precision.FP16: WeightPrecision.FLOAT16, Precision.BF16: WeightPrecision.BFLOAT16,
             Precision.INT8_SQ: WeightPrecision.INT8, Precision.INT4_AWQ: WeightPrecision.INT4,
@@ -196,7 +196,7 @@ def torch_checkpoint_linear_bytes(arch: ModelArchitecture, precision: Precision,
     """:func:`torch_linear_bytes` of the torch runtime serving this precision's exported checkpoint
     (linears as exported, the LM head 16-bit, AWQ / SmoothQuant input factors).
     A ``--torch-only`` build quantizes at load instead (the head 16-bit too): this less the input factors."""
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
 
     weights = torch_weight_precision(precision)
     if weights is WeightPrecision.FLOAT32:

@@ -199,7 +199,7 @@ def _group(arch: ModelArchitecture, precision: Precision, tp: int, medusa_heads:
 def _model_plan(role: str, model: ModelSpec, arch: ModelArchitecture, footprint: Footprint, params: int,
                 precision: Precision, gpu: GpuSpec, group: int | None = None, *, float_head: bool = False) -> ModelPlan:
     """``float_head``: a drafter reads the model's float LM head (Medusa, EAGLE), so the torch runtime keeps it."""
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
 
     served = role in ("target", "draft")
     torch_bytes = torch_checkpoint_linear_bytes(arch, precision, group) if served else 0

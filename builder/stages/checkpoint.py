@@ -22,7 +22,7 @@ def build_checkpoint(spec: BuildSpec, plan: Plan, role: str, model_spec: ModelSp
                      out: Path, device: str = "cpu") -> dict[str, Any]:
     """Quantize and export ``role``'s model into ``out/checkpoints/<role>``; returns what the
     manifest records about it."""
-    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
 
     precision = plan.precision_of(role)

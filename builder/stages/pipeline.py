@@ -36,7 +36,7 @@ from builder.plan.spec import BuildSpec, ModelSpec
 from builder.stages.torch_weights import TorchServing, relative_to_file, save_torch_weights, torch_serving
 
 if TYPE_CHECKING:
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
     from triton_backend.engines.trtllm.config import TrtllmConfig
 
 logger = logging.getLogger(__name__)
@@ -181,7 +181,8 @@ def _stage_quality(ctx: BuildContext) -> None:
 
 def _stage_repository(ctx: BuildContext) -> None:
     from builder.stages.model_repository import VERSION, render_model_repository
-    from triton_backend.core.config import DraftLengthConfig, RuntimeConfig, SpeculationConfig
+    from triton_backend.core.config import DraftLengthConfig, SpeculationConfig
+    from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.deployment.config import DeploymentConfig
     from triton_backend.engines.trtllm.config import EngineRuntime
     from triton_backend.serving.interface import ServingConfig
@@ -221,7 +222,7 @@ def _torch_weights_sources(ctx: BuildContext, file_dir: Path) -> tuple[dict[str,
     """Where the torch runtime's compact linears come from: per role, the exported checkpoint (its
     own tensors; any TP, its ranks merged at load; PP = 1) and, for roles without one, the precision the float weights
     are quantized to at load (one ``runtime.weights`` for both models: float32 where they differ)."""
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
 
     assert ctx.serving is not None and ctx.plan is not None
     checkpoints: dict[str, str] = {}
@@ -245,7 +246,7 @@ def _self_draft(ctx: BuildContext) -> Any:
     """The torch runtime's :class:`SelfDraftConfig` for a self-draft spec (None otherwise): the
     draft's planned precision as the CPU kernels serve it (int8 where that is the target's own
     over all layers), its layers evenly spaced from layer 0."""
-    from triton_backend.core.config import WeightPrecision
+    from triton_backend.core.runtime_config import WeightPrecision
     from triton_backend.deployment.config import SelfDraftConfig
     from builder.plan.planner import self_draft_layers
 

@@ -33,7 +33,7 @@ from builder.plan.architecture import ModelArchitecture
 from builder.plan.memory import torch_weight_precision
 from builder.plan.spec import QualitySpec
 from builder.plan.types import ModelPlan
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)

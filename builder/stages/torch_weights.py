@@ -20,7 +20,7 @@ from typing import Any
 from builder.plan.memory import torch_weight_precision
 from builder.plan.types import Plan
 from builder.plan.spec import BuildSpec, Precision, TorchDtype
-from triton_backend.core.config import WeightPrecision
+from triton_backend.core.runtime_config import WeightPrecision
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def torch_serving(spec: BuildSpec, plan: Plan) -> TorchServing:
 
 def save_torch_weights(source: str, out_dir: Path, dtype: str) -> Path:
     """The model and its tokenizer as a HF directory in ``dtype``, for the torch runtime."""
-    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.engines.torch.model_loading import load_model, load_tokenizer
 
     model = load_model(source, RuntimeConfig(dtype=dtype))

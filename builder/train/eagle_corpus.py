@@ -379,7 +379,7 @@ def todo_shards(config: CorpusConfig, num_prompts: int) -> list[int]:
 
 def run_worker(config: CorpusConfig, worker: int = 0) -> CorpusStats:
     """Generate this worker's missing shards (``i % workers == worker``) on one thread."""
-    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.engines.torch.llama_engine import LlamaEngine
     from triton_backend.engines.torch.model_loading import load_engine
 

@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spec_ratio import _prompts  # noqa: E402  (the same held-out prompt split)
 
-from triton_backend.core.config import RuntimeConfig, SamplingParams, SpeculationConfig, SpeculationMode  # noqa: E402
+from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode  # noqa: E402
+from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
 from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
 from triton_backend.core.sampling import LogitsProcessor  # noqa: E402
 from triton_backend.deployment.config import DeploymentConfig  # noqa: E402

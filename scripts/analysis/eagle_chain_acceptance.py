@@ -63,7 +63,7 @@ def chain_acceptance(eagle: str, target: str, corpus: str, k: int, by_kind: bool
     if detect_eagle_format(eagle) is EagleFormat.EAGLE3:
         return eagle3_chain_acceptance(eagle, target, corpus, k, by_kind)
     from builder.train.eagle_corpus import iter_corpus
-    from triton_backend.core.config import RuntimeConfig
+    from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.core.sampling import LogitsProcessor
     from triton_backend.engines.torch.model_loading import load_engine
     from triton_backend.speculation.drafters.eagle import EagleDrafter

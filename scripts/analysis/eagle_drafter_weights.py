@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import spec_ratio  # noqa: E402
 from builder.bench.config import BenchPrompt  # noqa: E402
 from builder.bench.rows import OursRow  # noqa: E402
-from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig,  # noqa: E402
-                                        SpeculationConfig, SpeculationMode)
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SpeculationConfig,  # noqa: E402
+                                        SpeculationMode)
+from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
 from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
 from triton_backend.deployment.config import DeploymentConfig  # noqa: E402
 from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402

@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spec_ratio import EAGLE, _prompts  # noqa: E402  (the same held-out prompt split)
 
-from triton_backend.core.config import RuntimeConfig, SamplingParams, SpeculationConfig  # noqa: E402
+from triton_backend.core.config import SamplingParams, SpeculationConfig  # noqa: E402
+from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
 from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
 from triton_backend.deployment.config import DeploymentConfig  # noqa: E402
 from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402

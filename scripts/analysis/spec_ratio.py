@@ -35,8 +35,9 @@ from pathlib import Path
 
 from builder.bench.config import BenchPrompt
 from builder.bench.rows import OursRow, PeerRow, Row, RowResult
-from triton_backend.core.config import (CrossRequestConfig, CrossRequestContinuation, DraftLengthConfig, EagleConfig, FallbackConfig, RuntimeConfig, SpeculationConfig,
-                                        SpeculationMode)
+from triton_backend.core.config import (CrossRequestConfig, CrossRequestContinuation, DraftLengthConfig, EagleConfig,
+                                        FallbackConfig, SpeculationConfig, SpeculationMode)
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.config import DeploymentConfig
 from triton_backend.core.reference_model import DEFAULT_REFERENCE

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triton_backend.core.config import DraftContext, RuntimeConfig, SpeculationConfig, SpeculationMode, WeightPrecision
+from triton_backend.core.config import SpeculationConfig, SpeculationMode
+from triton_backend.core.runtime_config import DraftContext, RuntimeConfig, WeightPrecision
 from triton_backend.core.config_io import read_config, to_plain
 from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
 from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig

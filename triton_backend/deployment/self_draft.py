@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from transformers import PreTrainedModel
 
-from triton_backend.core.config import DraftContext, RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import DraftContext, RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.config import SelfDraftConfig
 from triton_backend.engines.torch.llama_engine import LlamaEngine

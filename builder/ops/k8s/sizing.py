@@ -39,7 +39,7 @@ from builder.plan.planner import ResolvedModels
 from builder.plan.spec import BuildSpec
 from builder.plan.types import Plan
 from builder.stages.torch_weights import torch_serving
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 
 BASE_GIB = 1.0  # Triton, its Python-backend stubs (front, tokenizer and serving models), the deploy process
 CUDA_HOST_GIB = 2.0  # per rank: CUDA libraries and context on the host (an allowance, not measured here)

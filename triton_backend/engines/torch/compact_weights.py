@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.quantize_weights import quantize_fp8, quantize_int4, quantize_int8
 from triton_backend.engines.torch.weight_gemm import PackedWeight, pack_float, pack_fp8, pack_int4, pack_int8
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from triton_backend.core.config import WeightPrecision
+from triton_backend.core.runtime_config import WeightPrecision
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear
 from triton_backend.engines.torch.weight_gemm import pack_int4, pack_int8

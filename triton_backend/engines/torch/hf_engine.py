@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from triton_backend.core.config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.torch.packed_linear import pack_linear_layers
 from triton_backend.core.eos import eos_token_ids as model_eos
 from triton_backend.core.errors import ContextLengthError

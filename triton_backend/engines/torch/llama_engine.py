@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.cpu_cores import usable_cores
 from triton_backend.engines.torch.compact_weights import (HEAD, LAYER_LINEARS, CompactLinear, compact_linear, compact_linears,
                                                           head_precision, linear_names)

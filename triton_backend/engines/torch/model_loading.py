@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 import triton_backend.engines.torch.draft_arch  # noqa: F401  (registers the reduced-vocabulary draft architecture)
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.compact_weights import CompactLinear
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.llama_forward import unsupported_reason

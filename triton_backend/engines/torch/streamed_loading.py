@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.compact_weights import (HEAD, CompactLinear, compact_linear, head_precision, int4_group,
                                                           linear_names)

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from triton_backend.core.config import WeightPrecision
+from triton_backend.core.runtime_config import WeightPrecision
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear
 from triton_backend.engines.torch.trtllm_shards import merge_ranks

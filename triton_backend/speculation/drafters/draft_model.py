@@ -10,7 +10,7 @@ import torch
 from triton_backend.speculation.drafters.protocol import DraftProposal
 from triton_backend.engines.base import CausalLMEngine, EngineSession
 from triton_backend.core.errors import VocabMismatchError
-from triton_backend.core.config import DraftContext
+from triton_backend.core.runtime_config import DraftContext
 from triton_backend.core.sampling import LogitsProcessor
 from triton_backend.engines.torch.llama_engine import SlotSession
 
