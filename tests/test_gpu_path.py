@@ -120,6 +120,9 @@ def test_graph_modes_need_cuda_and_eager_runs_everywhere():
     bucket, inputs = decoder.prepare([BatchRow(slot, 0, [4, 5])])
     torch.testing.assert_close(PassRunner(decoder)(bucket, inputs), decoder.step(inputs, bucket.context))
     assert device_dtype("cpu") == torch.float32 and device_dtype("cuda") == torch.bfloat16
+    assert device_dtype("cuda", "float16") == torch.float16
+    with pytest.raises(ValueError, match="dtype must be"):
+        device_dtype("cuda", "int8")
 
 
 # -- on-device verification ------------------------------------------------------------------------

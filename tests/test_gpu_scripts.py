@@ -4,6 +4,7 @@ rebuilds from pack_weights.py's parts is the bfloat16 rounding of every tensor, 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -62,8 +63,10 @@ def test_the_static_path_script_runs_its_whole_measure_on_cpu_with_tiny_settings
     assert set(eager) == {(1, 1), (1, 16), (16, 1), (16, 16)} and all(v > 0 for v in eager.values())
     assert "needs a CUDA device" in results["unavailable"]["graph"]
     assert results["hf"]["step_ms"] > 0 and results["big"]["floor_ms"] > 0
-    for drafter in ("ngram", "oracle"):
-        spec = results["speculative"]["synthetic:smollm2-135m"][drafter]
+    assert results["env"]["dtype"] == "torch.bfloat16"  # the GPU's precision, with float32 rows beside it
+    for label, drafter in itertools.product(("synthetic:smollm2-135m", "synthetic:smollm2-135m:float32"),
+                                            ("ngram", "oracle")):
+        spec = results["speculative"][label][drafter]
         assert spec["identical_rows"] == 2 and spec["first_difference"] is None
     assert results["speculative"]["synthetic:smollm2-135m"]["oracle"]["tokens_per_pass"] > 2
     figures = json.loads((out / "headline-cpu-smoke.json").read_text())

@@ -71,6 +71,7 @@ class Settings:
     draft_len: int = 4
     budget_s: float = 480.0
     tiny: bool = False
+    dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
     started: float = field(default_factory=time.time)
 
     def left(self) -> float:
@@ -383,6 +384,12 @@ def small_target(settings: Settings, device: torch.device, dtype: torch.dtype, r
         decoder.release(s)
     section("speculative", lambda: speculative_check(decoder, PassRunner(decoder, _spec_mode(device)), settings,
                                                      settings.target, results), 30)
+    if dtype != torch.float32:  # the same rows in float32 too: exactness apart from bf16's shape-dependent rounding
+        def float32_rows() -> None:
+            cfg, weights = synthetic_tensors(_spec(settings.target, settings, 0), device, torch.float32)
+            dec = _decoder(cfg, weights, settings, settings.spec_rows)
+            speculative_check(dec, PassRunner(dec, _spec_mode(device)), settings, settings.target + ":float32", results)
+        section("speculative_float32", float32_rows, 30)
 
 
 def real_target(settings: Settings, device: torch.device, dtype: torch.dtype, results: dict) -> None:
@@ -402,7 +409,7 @@ def _spec_mode(device: torch.device) -> str:
 def run(settings: Settings) -> dict:
     settings.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(settings.device)
-    dtype = device_dtype(device)
+    dtype = device_dtype(device, settings.dtype)
     env = {"device": str(device), "dtype": str(dtype), "torch": torch.__version__, "smoke": settings.tiny}
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
@@ -441,14 +448,21 @@ def run(settings: Settings) -> dict:
 
 def import_results(results_dir: Path, label: str) -> None:
     """On the development machine: the run's files into benchmarks/results, its gpu_* figures
-    into headline.json (only a CUDA run's)."""
+    into headline.json (only a CUDA run's, and only keys the README's headline table has a row for)."""
     data = json.loads((results_dir / "static-path.json").read_text())
     if data["env"]["device"].split(":")[0] != "cuda" or data["env"].get("smoke"):
         raise SystemExit("not a CUDA run: nothing to import")
     for suffix in ("json", "md"):
         shutil.copy(results_dir / f"static-path.{suffix}", RESULTS / f"static-path-{label}.{suffix}")
+    from builder.bench.docs_render import HEADLINE_ROWS
+
+    known = {row.key for row in HEADLINE_ROWS}  # the README's table renders only keys it has a row for
     figures = {k: v for k, v in json.loads((results_dir / "headline-gpu.json").read_text()).items() if k.startswith("gpu_")}
-    update_headline(figures, RESULTS / "headline.json")
+    update_headline({k: v for k, v in figures.items() if k in known}, RESULTS / "headline.json")
+    unknown = sorted(set(figures) - known)
+    if unknown:
+        logger.warning("kept in static-path-%s.json only (no row in builder/bench/docs_render.py yet): %s", label,
+                       ", ".join(unknown))
     print(json.dumps(figures))
 
 
@@ -468,6 +482,8 @@ def main() -> None:
     p.add_argument("--tokens", default="1,4,8,16")
     p.add_argument("--modes", default="eager,graph,compile")
     p.add_argument("--budget-s", type=float, default=480.0)
+    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                   help="weights and KV cache (default: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--import-from", type=Path, default=None)
     p.add_argument("--label", default="gpu-h200")
     args = p.parse_args()
@@ -480,9 +496,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     logging.getLogger().addHandler(logging.FileHandler(args.out / "log.txt"))
     settings = Settings(args.out, args.device, args.target, args.big_target, args.real_target, _ints(args.rows),
-                        _ints(args.tokens), tuple(m for m in args.modes.split(",") if m), budget_s=args.budget_s)
+                        _ints(args.tokens), tuple(m for m in args.modes.split(",") if m), budget_s=args.budget_s,
+                        dtype=args.dtype)
     if args.smoke:
         settings.device, settings.tiny, settings.modes = "cpu", True, ("eager", "graph")
+        settings.dtype = settings.dtype or "bfloat16"  # the GPU precision's code path, and the float32 rows beside it
         settings.rows, settings.tokens = (1, 16), (1, 16)
         settings.context, settings.max_context, settings.repeats = 24, 128, 2
         settings.spec_rows, settings.spec_new = 2, 16

@@ -45,9 +45,17 @@ TOKEN_BUCKETS = (1, 2, 4, 8, 16)
 CONTEXT_QUANTUM = 256
 
 
-def device_dtype(device: torch.device | str) -> torch.dtype:
-    """The precision a static pass runs in on ``device``: bfloat16 on CUDA (weights and KV cache,
-    as the plan sizes them), float32 elsewhere."""
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def device_dtype(device: torch.device | str, requested: str | None = None) -> torch.dtype:
+    """The precision a static pass runs in on ``device`` (weights and KV cache): ``requested``
+    (float32, float16, bfloat16: the plan's precision) or by default bfloat16 on CUDA, float32
+    elsewhere."""
+    if requested is not None:
+        if requested not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {requested!r}")
+        return _DTYPES[requested]
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
