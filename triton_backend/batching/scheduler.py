@@ -10,7 +10,10 @@ cannot stall everyone), then verify, commit and stream each row on its own. A ne
 whose prompt starts with tokens an active sequence has committed (a chat template's system
 prompt) takes their keys and values from that sequence's slot instead of prefilling them,
 where the engine can share a prefix exactly (:class:`~triton_backend.engines.batch.PrefixSharing`).
-Everything runs on the scheduler's thread; clients are told through their :class:`RequestHandle`.
+A request that leaves keeps its slot's keys and values resident (prefix caching,
+:mod:`triton_backend.batching.prefix_cache`): a later request whose prompt starts with the same
+tokens starts from them, and the least recently used of those slots is evicted when a new
+request needs one. Everything runs on the scheduler's thread; clients are told through their :class:`RequestHandle`.
 
 One request's failure stays its own. A request with a structured-output guide waits outside the
 queue until its guide is compiled and probed on a thread of its own, within the time budget
@@ -28,10 +31,12 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from triton_backend.batching.plan import BatchPolicy, DraftPlanner
+from triton_backend.batching.prefix_cache import (CachedPrefix, DrafterContext, PrefixCache, PrefixCacheStats,
+                                                  copy_drafter_rows, drafter_context, resume_drafter, shared_length)
 from triton_backend.batching.batch_round import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_eagle_rows,
                                         propose_per_row, propose_with_draft_model, verify_row)
 from triton_backend.core.guide_cache import GUIDES, CompiledGuide, GuideCache, over_budget
@@ -42,7 +47,7 @@ from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.eagle import FeatureDrafter
 from triton_backend.engines.batch import BatchedEngine, BatchRow, PrefixSharing, SlotsExhaustedError
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
-from triton_backend.engines.torch.hf_engine import TorchEngine, common_prefix_length
+from triton_backend.engines.torch.hf_engine import TorchEngine
 from triton_backend.core.errors import InvalidRequestError, OverloadedError, SpecbuildError
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.policy import PassCostModel
@@ -62,12 +67,15 @@ class SchedulerClosedError(SpecbuildError):
 class SchedulerConfig:
     """``max_batch_size``: requests in the batch at once (KV slots); ``max_queue_size``:
     requests waiting for a slot; ``prefill_chunk_tokens``: prompt tokens one round may
-    prefill (a longer prompt is split over rounds); ``policy``: who picks draft lengths."""
+    prefill (a longer prompt is split over rounds); ``policy``: who picks draft lengths;
+    ``prefix_cache``: keep finished requests' keys and values for later requests sharing their
+    prefix (:mod:`~triton_backend.batching.prefix_cache`; engines that can share a prefix)."""
 
     max_batch_size: int = 8
     max_queue_size: int = 64
     prefill_chunk_tokens: int = 512
     policy: BatchPolicy = BatchPolicy.LOAD_AWARE
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_queue_size", "prefill_chunk_tokens"):
@@ -75,6 +83,8 @@ class SchedulerConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
         object.__setattr__(self, "policy", BatchPolicy.parse(self.policy))
+        if not isinstance(self.prefix_cache, bool):
+            raise InvalidRequestError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
 
 
 class RequestHandle(Protocol):
@@ -94,6 +104,14 @@ class RoundObserver(Protocol):
 
     def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None: ...
     def flush(self) -> None: ...
+
+
+@runtime_checkable
+class PrefixCacheObserver(Protocol):
+    """Told, on the scheduler thread, where every admitted request's prompt came from: it must
+    only count (published with the rounds' counts)."""
+
+    def prefix_lookup(self, prompt_tokens: int, reused_tokens: int, evictions: int) -> None: ...
 
 
 def batchable(engine: object) -> bool:
@@ -151,6 +169,22 @@ class _Job:
     guide: "Future[CompiledGuide] | None" = None  # its structured-output guide, compiling
     compiled: CompiledGuide | None = None  # its guide, compiled and probed
     deadline: float = 0.0  # when a guide still compiling is refused (perf_counter)
+    namespace: str = ""  # its prefix-cache namespace: it shares keys and values only with requests of the same
+
+
+@dataclass(frozen=True)
+class _PrefixSource:
+    """Where a new request's leading keys and values come from: ``slot`` (a cached entry's,
+    ``entry`` set, or a running request's) holds ``length`` of its positions; an EAGLE
+    request's ``drafter`` context there, of which it reuses ``drafter_fed`` pairs (and features
+    up to ``length``); ``adopt``: the request takes the entry's slot."""
+
+    slot: int
+    length: int
+    drafter: DrafterContext | None = None
+    drafter_fed: int = 0
+    entry: CachedPrefix | None = None
+    adopt: bool = False
 
 
 class BatchScheduler:
@@ -172,12 +206,15 @@ class BatchScheduler:
         self.eagle_kv = eagle.new_cache(self.target.num_slots) if isinstance(eagle, FeatureDrafter) else None
         self.planner = DraftPlanner(self.config.policy, cost_model)
         self.rounds = 0
-        self.shared_prefix_tokens = 0  # prompt tokens copied from another slot instead of prefilled
+        self.shared_prefix_tokens = 0  # prompt tokens copied from a running request's slot instead of prefilled
+        sharing = self.config.prefix_cache and isinstance(self.target, PrefixSharing)
+        self.prefix_cache = PrefixCache(min_tokens=SHARED_PREFIX_MIN) if sharing else None
         self.timing = RoundTiming()
         self._queue: deque[_Job] = deque()
         self._compiling: list[_Job] = []  # waiting for their guide (outside the queue's order, inside its bound)
         self._active: list[BatchSequence] = []
         self._handles: dict[int, RequestHandle] = {}
+        self._namespaces: dict[int, str] = {}  # a running request's prefix-cache namespace
         self._cond = threading.Condition()
         self._closed = False
         self._draining = True
@@ -188,15 +225,19 @@ class BatchScheduler:
 
     # -- client side (any thread) -----------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpeculationConfig,
-               handle: RequestHandle, client_draft: ClientDraft | None = None) -> None:
+               handle: RequestHandle, client_draft: ClientDraft | None = None, namespace: str = "") -> None:
         """Queue a request (validated: ``prompt_ids`` from :meth:`SpeculativeDecoder.encode`).
         ``client_draft``: the client's drafts, verified in its first round instead of a drafter's.
+        ``namespace``: its prefix-cache namespace (a tenant's key): keys and values are shared
+        only between requests of one namespace.
         Raises at once: InvalidRequestError (mode not deployed, a bad draft), QueueFullError."""
+        if not isinstance(namespace, str):
+            raise InvalidRequestError(f"a prefix-cache namespace is a string, got {type(namespace).__name__}")
         mode, _ = self.decoder.resolve(SpeculationMode.OFF if client_draft is not None else spec.method,
                                        spec.auto_drafter)
         if client_draft is not None:
             client_draft.check_vocab(self.decoder.target.vocab_size)
-        job = _Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter(), client_draft)
+        job = _Job(list(prompt_ids), params, spec, mode, handle, time.perf_counter(), client_draft, namespace=namespace)
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the model is shutting down")
@@ -323,6 +364,7 @@ class BatchScheduler:
                 continue
             self._active.append(seq)
             self._handles[id(seq)] = job.handle
+            self._namespaces[id(seq)] = job.namespace
 
     def _start(self, job: _Job) -> BatchSequence:
         mode, drafter = self.decoder.resolve(job.mode, job.spec.auto_drafter)
@@ -332,33 +374,110 @@ class BatchScheduler:
                             ngram=self.decoder.auto_ngram(job.spec.method, mode), compiled_guide=job.compiled)
         if job.client_draft is not None:
             seq.attach_client_draft(job.client_draft)
-        seq.slot = self.target.allocate()
-        if seq.eagle is not None and self.eagle_kv is not None and seq.drafter is self.decoder.drafters.get(SpeculationMode.EAGLE):
+        bound = (seq.eagle is not None and self.eagle_kv is not None
+                 and seq.drafter is self.decoder.drafters.get(SpeculationMode.EAGLE))
+        source = self._prefix_source(seq, job.namespace, bound) if isinstance(self.target, PrefixSharing) else None
+        evicted = self.prefix_cache.stats.evictions if self.prefix_cache is not None else 0
+        seq.slot, source = self._take_slot(source)
+        if bound:
             seq.eagle.bind(self.eagle_kv, seq.slot)
-        if not seq.eagle and isinstance(self.target, PrefixSharing):  # EAGLE needs the prompt's features
-            self._share_prefix(seq, self.target)
+        self._reuse(seq, source, bound)
         if batched_draft:
             try:
                 seq.draft_slot = self.draft_engine.allocate()
             except SlotsExhaustedError:
                 self.target.release(seq.slot)
                 raise
+        if self.prefix_cache is not None and isinstance(self.observer, PrefixCacheObserver):
+            self.observer.prefix_lookup(len(seq.tokens), seq.valid, self.prefix_cache.stats.evictions - evicted)
         return seq
 
-    def _share_prefix(self, seq: BatchSequence, engine: PrefixSharing) -> None:
-        """Start ``seq`` with the longest prefix of its prompt that an active sequence's slot
-        holds committed: those keys and values are copied, so its prefill skips them."""
-        donor, length = None, 0
+    def _prefix_source(self, seq: BatchSequence, namespace: str, bound: bool) -> _PrefixSource | None:
+        """The slot holding the most of ``seq``'s prompt that it can start from: a cached entry of
+        its namespace or a running request's committed positions (an EAGLE request: only as far
+        as the drafter's context in that slot goes too). None: none worth a copy."""
+        if seq.eagle is not None and not bound:  # its drafter's context lives outside the scheduler's cache
+            return None
+        best: _PrefixSource | None = None
+        prompt = seq.tokens
+        candidates: list[tuple[int, list[int], int, CachedPrefix | None, BatchSequence | None]] = []
+        if self.prefix_cache is not None:
+            candidates += [(e.slot, e.tokens, len(e.tokens), e, None) for e in self.prefix_cache.entries(namespace)]
         for other in self._active:
-            if other.slot is not None:
-                n = min(common_prefix_length(other.tokens, seq.tokens), other.valid)  # no copy of its tokens
-                if n > length:
-                    donor, length = other, n
-        length = min(length, len(seq.tokens) - 1)  # the last prompt token is fed: its logits start decoding
-        if donor is not None and length >= SHARED_PREFIX_MIN:
-            engine.copy_prefix(donor.slot, seq.slot, length)
-            seq.valid = length
-            self.shared_prefix_tokens += length
+            if other.slot is not None and self._namespaces.get(id(other), "") == namespace:
+                candidates.append((other.slot, other.tokens, other.valid, None, other))
+        for slot, tokens, valid, entry, other in candidates:
+            shared = min(shared_length(tokens, prompt), valid)  # positions holding this prompt's keys and values
+            usable = min(shared, len(prompt) - 1)  # the last prompt token is fed: its logits start decoding
+            if usable < SHARED_PREFIX_MIN or (best is not None and usable <= best.length):
+                continue
+            context, fed, reused = None, 0, usable
+            if seq.eagle is not None:  # as far as the drafter's context goes too
+                context = entry.drafter if entry is not None else self._drafter_context(other)
+                fed, reused = context.reusable(shared, usable) if context is not None else (0, 0)
+            if reused >= SHARED_PREFIX_MIN and (best is None or reused > best.length):
+                best = _PrefixSource(slot, reused, context, fed, entry,
+                                     adopt=entry is not None and shared >= len(entry.tokens))
+        return best
+
+    def _drafter_context(self, seq: BatchSequence | None) -> DrafterContext | None:
+        """The EAGLE drafter's context that ``seq``'s slot row of the scheduler's drafter cache
+        holds (None: none there)."""
+        if seq is None or seq.eagle is None or self.eagle_kv is None or seq.slot is None:
+            return None
+        kv, row, _ = seq.eagle.cache(0)
+        return drafter_context(seq.eagle, seq.tokens) if kv is self.eagle_kv and row == seq.slot else None
+
+    def _take_slot(self, source: _PrefixSource | None) -> tuple[int, _PrefixSource | None]:
+        """A target slot for a new request, and its prefix source as it stands then: a cached
+        entry's slot the request extends whole (adopted), else a free one, else the least
+        recently used entry's (evicted; never the source's while another can go, and never a
+        running request's, which the cache does not hold)."""
+        cache, entry = self.prefix_cache, source.entry if source is not None else None
+        if cache is not None and entry is not None and source.adopt:
+            return cache.take(entry.slot).slot, source
+        # the cache holds only slots the batch would hold otherwise: the engine's other slots stay
+        # free for whoever else runs on it (sessions of the single-request loop, measurements)
+        if cache is None or len(self._active) + len(cache) < self.config.max_batch_size:
+            try:
+                return self.target.allocate(), source
+            except SlotsExhaustedError:
+                if cache is None:
+                    raise
+        evicted = cache.evict(keep=entry.slot if entry is not None else None)
+        if evicted is not None:
+            self.target.release(evicted)
+            return self.target.allocate(), source
+        if entry is not None:  # the source's own slot is the only one left: the request takes it
+            return cache.take(entry.slot).slot, replace(source, adopt=True)
+        raise SlotsExhaustedError(f"all {self.target.num_slots} KV-cache slots are in use")
+
+    def _reuse(self, seq: BatchSequence, source: _PrefixSource | None, bound: bool) -> None:
+        """Start ``seq`` from ``source``'s keys and values (copied, or in place when adopted) and,
+        for an EAGLE request, from its drafter's context there too: its prefill skips them."""
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.stats.lookups += 1
+            cache.stats.prompt_tokens += len(seq.tokens)
+        if source is None:
+            return
+        assert isinstance(self.target, PrefixSharing) and seq.slot is not None
+        if not source.adopt:
+            self.target.copy_prefix(source.slot, seq.slot, source.length)
+            if bound and source.drafter_fed:
+                copy_drafter_rows(self.eagle_kv, source.slot, seq.slot, source.drafter_fed)
+        if bound and source.drafter is not None:
+            resume_drafter(seq.eagle, self.decoder.drafters[SpeculationMode.EAGLE], source.drafter, source.drafter_fed,
+                           source.length)
+        seq.valid = source.length
+        if source.entry is None:
+            self.shared_prefix_tokens += source.length
+        elif not source.adopt and cache is not None:
+            cache.touch(source.entry.slot)
+        if cache is not None:
+            cache.stats.hits += 1
+            cache.stats.reused_tokens += source.length
+            cache.stats.adopted += int(source.adopt)
 
     def _drop_cancelled(self) -> None:
         for seq in list(self._active):
@@ -474,6 +593,9 @@ class BatchScheduler:
         """Take a sequence out of the batch and give its slots back; tell the client why."""
         if seq in self._active:
             self._active.remove(seq)
+        namespace = self._namespaces.pop(id(seq), "")
+        if error is None:
+            self._retain(seq, namespace)
         seq.release(self.target, self.draft_engine)
         handle = self._handles.pop(id(seq), None)
         if handle is None:
@@ -482,6 +604,27 @@ class BatchScheduler:
             self._tell(handle.on_error, error)
         elif cancelled:
             self._tell(handle.on_cancelled)
+
+    def _retain(self, seq: BatchSequence, namespace: str) -> None:
+        """Keep a leaving request's slot as a prefix-cache entry of the positions it holds
+        committed (its prompt and answer), with its EAGLE drafter's context there; the slot is
+        the cache's then, not the request's."""
+        if self.prefix_cache is None or seq.slot is None:
+            return
+        held = min(seq.valid, len(seq.tokens))
+        tokens = list(seq.tokens[:held])
+        context = self._drafter_context(seq)
+        if context is not None:  # what holds for the entry's own tokens (pairs need the token after them)
+            fed, end = context.reusable(held, held)
+            features = context.features[:end - fed] if context.features is not None and end > fed else None
+            context = DrafterContext(fed, features)
+        entry = CachedPrefix(seq.slot, tokens, namespace, context)
+        if self.prefix_cache.retain(entry):
+            seq.slot = None  # BatchSequence.release gives back what the request still owns
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """The prefix cache's counts (zeros when it is off)."""
+        return self.prefix_cache.stats if self.prefix_cache is not None else PrefixCacheStats()
 
     @staticmethod
     def _tell(callback: Callable[..., object], *args: object) -> bool:
@@ -497,6 +640,9 @@ class BatchScheduler:
         closed = SchedulerClosedError("the model is shutting down")
         for seq in list(self._active):
             self._finish(seq, error=closed)
+        if self.prefix_cache is not None:
+            for slot in self.prefix_cache.clear():
+                self.target.release(slot)
         with self._cond:
             jobs, self._queue = list(self._queue) + self._compiling, deque()
             self._compiling = []
@@ -504,5 +650,5 @@ class BatchScheduler:
             self._tell(job.handle.on_error, closed)
 
 
-__all__ = ["BatchScheduler", "QueueFullError", "RequestHandle", "RoundObserver", "SchedulerConfig", "as_batched",
-           "batchable"]
+__all__ = ["BatchScheduler", "PrefixCacheObserver", "QueueFullError", "RequestHandle", "RoundObserver", "SchedulerConfig",
+           "as_batched", "batchable"]

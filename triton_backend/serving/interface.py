@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.tensors import TensorSpec, TritonType
@@ -94,7 +94,9 @@ class ServingConfig:
     :mod:`triton_backend.batching.scheduler`); ``max_queue_size``: requests waiting for a slot (a full
     queue is refused at once); ``batch_policy``: ``load_aware`` (draft lengths per round from
     the measured pass cost and the batch) or ``per_request`` (each request's controller);
-    ``prefill_chunk_tokens``: prompt tokens one round may prefill. ``max_concurrency``:
+    ``prefill_chunk_tokens``: prompt tokens one round may prefill; ``prefix_cache``: finished
+    requests' keys and values serve later requests sharing their prefix (on by default;
+    :mod:`triton_backend.batching.prefix_cache`). ``max_concurrency``:
     requests run at once by runtimes that batch on their own (TensorRT-LLM's Executor), one
     thread each. ``unary_model_name``: a non-decoupled entry point that
     forwards to the decoupled model, for clients of Triton's ``infer`` API (HTTP ``infer``
@@ -131,9 +133,10 @@ class ServingConfig:
     decoupled_mode: bool = False
     exclude_input_in_output: bool = True
     ensemble_mode: str = "forward"
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("decoupled_mode", "exclude_input_in_output"):
+        for name in ("decoupled_mode", "exclude_input_in_output", "prefix_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "instance_count", "max_concurrency", "unary_instance_count", "default_max_tokens",
@@ -175,7 +178,8 @@ class ServingConfig:
 
     def _batch_parameters(self) -> dict[str, str]:
         return {"max_batch_size": str(self.max_batch_size), "max_queue_size": str(self.max_queue_size),
-                "batch_policy": self.batch_policy, "prefill_chunk_tokens": str(self.prefill_chunk_tokens)}
+                "batch_policy": self.batch_policy, "prefill_chunk_tokens": str(self.prefill_chunk_tokens),
+                **({} if self.prefix_cache else {"prefix_cache": "false"})}  # on: rendered as before
 
     @classmethod
     def from_parameters(cls, model_name: str, params: Mapping[str, str]) -> "ServingConfig":
@@ -183,8 +187,12 @@ class ServingConfig:
         if missing:
             raise ConfigError(f"config.pbtxt of {model_name!r} lacks parameters {missing}")
         try:
-            batch = {name: (params[name] if name == "batch_policy" else int(params[name]))
-                     for name in cls()._batch_parameters() if name in params}  # older repositories lack them
+            batch: dict[str, Any] = {name: (params[name] if name == "batch_policy" else int(params[name]))
+                                     for name in cls()._batch_parameters() if name in params}
+            if "prefix_cache" in params:  # older repositories lack it (on)
+                if params["prefix_cache"] not in ("true", "false"):
+                    raise ValueError(f"prefix_cache must be true or false, got {params['prefix_cache']!r}")
+                batch["prefix_cache"] = params["prefix_cache"] == "true"
             return cls(model_name=model_name, deployment_file=params["deployment_file"],
                        max_concurrency=int(params["max_concurrency"]),
                        default_max_tokens=int(params["default_max_tokens"]), **batch)

@@ -214,7 +214,8 @@ class SpecdecService:
             self._pump = ResponsePump(flush=rounds.flush if rounds is not None else None)
             self.scheduler = BatchScheduler(decoder, SchedulerConfig(
                 max_batch_size=config.max_batch_size, max_queue_size=config.max_queue_size,
-                prefill_chunk_tokens=config.prefill_chunk_tokens, policy=config.batch_policy), rounds)
+                prefill_chunk_tokens=config.prefill_chunk_tokens, policy=config.batch_policy,
+                prefix_cache=config.prefix_cache), rounds)
         else:
             self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="specdec")
 

@@ -20,6 +20,8 @@ LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # requests waiting for a batch slot at the latest batched round.
 IN_FLIGHT_GAUGE = "specdec_requests_in_flight"
 QUEUED_GAUGE = "specdec_queued_requests"
+PREFIX_FAMILIES = {"lookups": "prefix_lookups", "hits": "prefix_hits", "reused_tokens": "prefix_reused",
+                   "prompt_tokens": "prefix_prompt", "evictions": "prefix_evictions"}  # PrefixTally field -> family
 OUTCOMES = ("success", "invalid_request", "context_length", "vocab_mismatch", "model_load", "internal", "cancelled",
             "overloaded")
 
@@ -41,6 +43,24 @@ class RoundTally:
         self.speculating_rows += speculating_rows
         self.draft_tokens += draft_tokens
         self.batch_size, self.queued = batch_size, queued
+
+
+@dataclass
+class PrefixTally:
+    """Prefix-cache lookups not published yet (one per request admitted to the batch)."""
+
+    lookups: int = 0
+    hits: int = 0
+    reused_tokens: int = 0
+    prompt_tokens: int = 0
+    evictions: int = 0
+
+    def add(self, prompt_tokens: int, reused_tokens: int, evictions: int) -> None:
+        self.lookups += 1
+        self.hits += int(reused_tokens > 0)
+        self.reused_tokens += reused_tokens
+        self.prompt_tokens += prompt_tokens
+        self.evictions += evictions
 
 
 class TritonMetrics:
@@ -76,13 +96,25 @@ class TritonMetrics:
                                         "Rows that carried drafted tokens, over all batched passes", family.COUNTER),
             "round_drafted": family("specdec_batch_draft_tokens_total", "Drafted tokens verified in batched passes",
                                     family.COUNTER),
+            # prefix caching (triton_backend/batching/prefix_cache.py): hit rate = hits / lookups
+            "prefix_lookups": family("specdec_prefix_cache_lookups_total",
+                                     "Requests admitted to the batch with the prefix cache on", family.COUNTER),
+            "prefix_hits": family("specdec_prefix_cache_hits_total",
+                                  "Requests that started from cached keys and values", family.COUNTER),
+            "prefix_reused": family("specdec_prefix_cache_reused_tokens_total",
+                                    "Prompt tokens taken from the prefix cache instead of prefilled", family.COUNTER),
+            "prefix_prompt": family("specdec_prefix_cache_prompt_tokens_total",
+                                    "Prompt tokens of the requests admitted with the prefix cache on", family.COUNTER),
+            "prefix_evictions": family("specdec_prefix_cache_evictions_total",
+                                       "Prefix-cache entries evicted for a new request's slot", family.COUNTER),
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._rounds = RoundTally()
+        self._prefix = PrefixTally()
         for outcome in OUTCOMES:
             self._metric("requests", outcome=outcome)
         for name in ("in_flight", "tokens", "passes", "fallbacks", "batch_size", "queued", "rounds", "round_rows",
-                     "round_speculating", "round_drafted"):
+                     "round_speculating", "round_drafted", *PREFIX_FAMILIES.values()):
             self._metric(name)
 
     def _metric(self, family: str, **labels: str) -> Any:
@@ -123,11 +155,23 @@ class TritonMetrics:
         with self._lock:
             self._rounds.add(batch_size, speculating_rows, draft_tokens, queued)
 
+    def prefix_lookup(self, prompt_tokens: int, reused_tokens: int, evictions: int) -> None:
+        """Where an admitted request's prompt came from
+        (:class:`triton_backend.batching.scheduler.PrefixCacheObserver`): counted here, published by :meth:`flush`."""
+        with self._lock:
+            self._prefix.add(prompt_tokens, reused_tokens, evictions)
+
     def flush(self) -> None:
-        """Publish the rounds counted since the last flush."""
+        """Publish the rounds and prefix-cache lookups counted since the last flush."""
         with self._lock:
             done, self._rounds = self._rounds, RoundTally()
-            if not done.rounds or not self._families:
+            prefix, self._prefix = self._prefix, PrefixTally()
+            if not self._families:
+                return
+            for field_name, family in PREFIX_FAMILIES.items():
+                if getattr(prefix, field_name):
+                    self._metric(family).increment(getattr(prefix, field_name))
+            if not done.rounds:
                 return
             self._metric("batch_size").set(done.batch_size)
             self._metric("queued").set(done.queued)
