@@ -126,9 +126,10 @@ def bandwidth(device: torch.device, tiny: bool) -> dict:
     return {"bytes": n, "copy_ms": ms, "gb_per_s": 2 * n / (ms * 1e-3) / 1e9}
 
 
-def bucket_times(decoder: StaticDecoder, slots: list[int], settings: Settings, results: dict) -> None:
+def bucket_times(decoder: StaticDecoder, slots: list[int], settings: Settings, results: dict,
+                 modes: tuple[str, ...]) -> None:
     table = results.setdefault("buckets", [])
-    for mode in settings.modes:
+    for mode in modes:
         if settings.left() < 60:
             results.setdefault("skipped", []).append(f"bucket times {mode}: out of budget")
             continue
@@ -141,8 +142,8 @@ def bucket_times(decoder: StaticDecoder, slots: list[int], settings: Settings, r
             for tokens in settings.tokens:
                 if mode == "compile" and (rows, tokens) not in settings.compile_buckets:
                     continue
-                if rows > len(slots) or settings.left() < 30:
-                    continue
+                if rows > len(slots) or settings.left() < (120 if mode == "compile" else 30):
+                    continue  # a compilation takes a minute or two
                 bucket, inputs = decoder.prepare(_step_rows(slots, rows, tokens, settings.context))
                 entry = {"mode": mode, "rows": rows, "tokens": tokens, "context": bucket.context}
                 try:
@@ -160,13 +161,13 @@ def bucket_times(decoder: StaticDecoder, slots: list[int], settings: Settings, r
                 logger.info("bucket %s", entry)
 
 
-def profile(decoder: StaticDecoder, slots: list[int], settings: Settings, results: dict) -> None:
+def profile(decoder: StaticDecoder, slots: list[int], settings: Settings, results: dict, modes: tuple[str, ...]) -> None:
     """Kernels per 1x1 step, host time to issue it, device time the kernels take, per mode."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     out = results.setdefault("profile", {})
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if decoder.device.type == "cuda" else [])
-    for mode in settings.modes:
+    for mode in modes:
         if settings.left() < 30:
             break
         try:
@@ -377,8 +378,9 @@ def small_target(settings: Settings, device: torch.device, dtype: torch.dtype, r
     decoder = _decoder(config, tensors, settings, max(max(settings.rows), settings.spec_rows))
     slots = [decoder.allocate() for _ in range(max(settings.rows))]
     _prefill(decoder, slots, settings.context, 0)
-    section("buckets", lambda: bucket_times(decoder, slots, settings, results), 60)
-    section("profile", lambda: profile(decoder, slots, settings, results), 30)
+    modes = tuple(m for m in settings.modes if m != "compile")  # compile last: its compilations take minutes
+    section("buckets", lambda: bucket_times(decoder, slots, settings, results, modes), 60)
+    section("profile", lambda: profile(decoder, slots, settings, results, modes), 30)
     section("hf", lambda: hf_step(config, tensors, settings, device, dtype, results), 30)
     for s in slots:
         decoder.release(s)
@@ -390,6 +392,17 @@ def small_target(settings: Settings, device: torch.device, dtype: torch.dtype, r
             dec = _decoder(cfg, weights, settings, settings.spec_rows)
             speculative_check(dec, PassRunner(dec, _spec_mode(device)), settings, settings.target + ":float32", results)
         section("speculative_float32", float32_rows, 30)
+
+
+def compiled_target(settings: Settings, device: torch.device, dtype: torch.dtype, results: dict) -> None:
+    """``torch.compile`` on the 135M-shaped target (rebuilt: same seed, same weights), last in the
+    run: a few buckets, each shape one compilation, then its profile."""
+    config, tensors = synthetic_tensors(_spec(settings.target, settings, 0), device, dtype)
+    decoder = _decoder(config, tensors, settings, max(max(settings.rows), settings.spec_rows))
+    slots = [decoder.allocate() for _ in range(max(settings.rows))]
+    _prefill(decoder, slots, settings.context, 0)
+    bucket_times(decoder, slots, settings, results, ("compile",))
+    profile(decoder, slots, settings, results, ("compile",))
 
 
 def real_target(settings: Settings, device: torch.device, dtype: torch.dtype, results: dict) -> None:
@@ -436,6 +449,10 @@ def run(settings: Settings) -> dict:
     if settings.real_target:
         section("real", lambda: real_target(settings, device, dtype, results), 60)
     section("big", lambda: big_step(settings, device, dtype, results, bw["gb_per_s"]), 60)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if "compile" in settings.modes:
+        section("compile", lambda: compiled_target(settings, device, dtype, results), 120)
     figures = headline(results)
     results["headline"] = figures
     (settings.out / "static-path.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -499,7 +516,7 @@ def main() -> None:
                         _ints(args.tokens), tuple(m for m in args.modes.split(",") if m), budget_s=args.budget_s,
                         dtype=args.dtype)
     if args.smoke:
-        settings.device, settings.tiny, settings.modes = "cpu", True, ("eager", "graph")
+        settings.device, settings.tiny, settings.modes = "cpu", True, ("eager", "graph", "compile")
         settings.dtype = settings.dtype or "bfloat16"  # the GPU precision's code path, and the float32 rows beside it
         settings.rows, settings.tokens = (1, 16), (1, 16)
         settings.context, settings.max_context, settings.repeats = 24, 128, 2
