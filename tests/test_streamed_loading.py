@@ -164,7 +164,7 @@ def test_load_engine_streams_the_reference_model_with_the_full_loads_logits():
 _PEAK = """
 import sys, torch
 from pathlib import Path
-from triton_backend.core.config import RuntimeConfig, WeightPrecision
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.engines.torch.streamed_loading import stream_compact_model
 
 def status(key):

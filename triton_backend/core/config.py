@@ -437,9 +437,6 @@ def migrate_flat_speculation(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# the runtime's settings live in runtime_config (re-exported: every import site keeps this module)
-from triton_backend.core.runtime_config import INT4_GROUP_SIZES, DraftContext, RuntimeConfig, WeightPrecision  # noqa: E402
-
-__all__ = ["CrossRequestConfig", "CrossRequestContinuation", "DraftContext", "DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason", "MedusaConfig", "NgramConfig", "RuntimeConfig",
-           "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance", "WeightPrecision", "INT4_GROUP_SIZES",
+__all__ = ["CrossRequestConfig", "CrossRequestContinuation", "DraftLengthConfig", "FallbackConfig", "FallbackRule", "FinishReason",
+           "MedusaConfig", "NgramConfig", "SamplingParams", "SpeculationConfig", "SpeculationMode", "TreeAcceptance",
            "migrate_flat_speculation", "MAX_TEMPERATURE", "MAX_TOP_LOG_PROBS", "TopLogProbs", "check_sampling_values"]
