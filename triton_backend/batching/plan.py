@@ -244,7 +244,8 @@ class DraftPlanner:
             # the rows the plan does not decide still share the pass: their tokens count
             options[i] = seq.row_option() if i in planned else RowOption(prefix_probs=(0.0,) * ks[i])
         first = seqs[planned[0]].controller  # planned rows decide from their target's pass costs, as alone
-        chosen = plan_batch(options, ks, planned, self.cost_model or first.cost_model, first.config.fallback.gain_margin)
+        cost_model, margin = self.cost_model or first.cost_model, first.config.fallback.gain_margin
+        chosen = plan_batch(options, ks, planned, cost_model, margin)
         for i in planned:
             ks[i] = seqs[i].cap_draft_length(chosen[i])
             seqs[i].plan_draft(ks[i])

@@ -87,9 +87,11 @@ class AutoSource:
         (:func:`~triton_backend.speculation.round_plan.choose_source`)."""
         k_ngram, ngram = self._ngram(tokens)
         model = self._model_option() if ngram is not None else None
-        merged = (lambda: self._merged_option(ngram, model)) if self.merge and ngram is not None and model is not None else None
-        choice = choose_source(ngram, k_ngram, model, self.controller.cost_model, self.controller.config.fallback.gain_margin,
-                               merged)
+        merged = None
+        if self.merge and ngram is not None and model is not None:
+            merged = lambda: self._merged_option(ngram, model)  # noqa: E731  (built only when both offer a draft)
+        margin = self.controller.config.fallback.gain_margin
+        choice = choose_source(ngram, k_ngram, model, self.controller.cost_model, margin, merged)
         self._merged = choice.merged  # a MergedOption (built by _merged_option) when MERGED
         return choice.source, choice.k, choice.option
 

@@ -170,7 +170,8 @@ class SpeculationController:
         return 1.0 + k * (self.draft_cost + self.config.draft_length.verify_cost_per_token)
 
     def _adaptive_length(self) -> int:
-        return adaptive_length(self.acceptance_ema, self.config.draft_length.min_draft_tokens, self.max_k, self.round_cost)
+        min_k = self.config.draft_length.min_draft_tokens
+        return adaptive_length(self.acceptance_ema, min_k, self.max_k, self.round_cost)
 
     def next_draft_length(self) -> int:
         """0 means: decode this step plainly."""

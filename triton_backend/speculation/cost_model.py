@@ -104,7 +104,8 @@ class PassCostModel:
         return c0 + (c1 - c0) * (rows - lower) / (upper - lower)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "table": {str(r): {str(t): c for t, c in curve.items()} for r, curve in self.table.items()}}
+        table = {str(r): {str(t): c for t, c in curve.items()} for r, curve in self.table.items()}
+        return {"source": self.source, "table": table}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "PassCostModel":

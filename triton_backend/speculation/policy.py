@@ -3,8 +3,8 @@
 The draft of each round is decided in :mod:`~triton_backend.speculation.round_plan` (the gain
 rule over the target's pass costs, :mod:`~triton_backend.speculation.cost_model`); this module
 gives it its inputs and its schedule. Acceptance per request starts from a prior per drafter
-type (a cold request does not pay to learn) and is updated every round (a Beta posterior per draft position whose evidence decays,
-so the estimate follows the text). A request whose speculation stops paying decodes plainly;
+type (a cold request does not pay to learn) and is updated every round (a Beta posterior per
+draft position whose evidence decays, so the estimate follows the text). A request whose speculation stops paying decodes plainly;
 it probes again after ``probe_interval`` plain steps (the interval doubles after each probe
 that does not pay) when the prior says a probe may pay.
 """

@@ -163,8 +163,8 @@ def choose_source(ngram: RowOption | None, k_ngram: int, model: RowOption | None
     ``k_ngram``; None: no match), the model drafter (``model``; None: paused, its own schedule
     decides) or both in one tree (``merged`` builds its option), by expected committed tokens per
     unit of cost at each one's best length. Lookup is free: a round with no match, or whose match
-    does not pay, costs nothing; the model drafter wins ties against nothing, the match ties
-    against the model, a merged tree must beat both."""
+    does not pay, costs nothing; on a tie the match wins over the model drafter; a merged tree
+    must beat both."""
     if ngram is None:
         return SourceChoice(DraftSource.MODEL)
     if model is None:
