@@ -1,7 +1,7 @@
 """The slot engine on compact weights (int8, int4, fp8, float16, bfloat16; engines/torch/compact_weights.py):
 the same exactness as float32 on the row kernel -- every row bit-identical batched or alone, a verify
 chain bit-identical to decoding step by step -- against plain decoding of the same precision; logits
-equal a float reference on the decoded weights; torch's kernels where the compact kernel cannot run;
+equal a float reference on the decoded weights (int8, int4: within their 16-bit activations' 2e-4); torch's kernels where the compact kernel cannot run;
 what the engine holds for its linears. Real SmolLM2 (slow) and a TensorRT-LLM checkpoint exported by
 Model Optimizer (slow) too."""
 
@@ -29,6 +29,12 @@ COMPACT = [WeightPrecision.INT8, WeightPrecision.INT4, WeightPrecision.FP8, Weig
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
+
+
+def _tolerance(weights: WeightPrecision) -> float:
+    """How close the engine's logits come to float32 on its decoded weights: int8 and int4 run on 16-bit
+    activations (quantized per block, integer dot products), the others on float32 activations."""
+    return 2e-4 if weights in (WeightPrecision.INT8, WeightPrecision.INT4) else 1e-5
 
 
 def _decoded_reference(model: torch.nn.Module, engine: LlamaEngine) -> torch.nn.Module:
@@ -109,7 +115,7 @@ def test_tiny_model_is_exact_and_equals_its_decoded_weights(weights):
     got = engine.forward([BatchRow(slot, 0, prompts[1], num_logits=len(prompts[1]))])[0].logits
     with torch.inference_mode():
         want = ref(torch.tensor([prompts[1]])).logits[0]
-    assert _rel(got, want) < 1e-5
+    assert _rel(got, want) < _tolerance(weights)
 
 
 def test_compact_weights_without_the_kernel_run_decoded_on_torch():
@@ -120,7 +126,8 @@ def test_compact_weights_without_the_kernel_run_decoded_on_torch():
     assert not slow.forward_impl.row_invariant and slow.kernel_name == "torch" and slow.weights is WeightPrecision.INT4
     ids = list(range(3, 20))
     a, b = fast.allocate(), slow.allocate()
-    assert _rel(slow.forward([BatchRow(b, 0, ids)])[0].logits, fast.forward([BatchRow(a, 0, ids)])[0].logits) < 1e-5
+    assert _rel(slow.forward([BatchRow(b, 0, ids)])[0].logits, fast.forward([BatchRow(a, 0, ids)])[0].logits) < \
+        _tolerance(WeightPrecision.INT4)
 
 
 def test_what_the_engine_holds_for_its_linears():

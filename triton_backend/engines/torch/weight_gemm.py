@@ -100,6 +100,58 @@ def _panels(w: torch.Tensor) -> torch.Tensor:
     return w.view(padded // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
 
+CHUNK = 8  # output columns per chunk of a panel (the integer formats' layout)
+
+
+def _chunk_groups(t: torch.Tensor) -> torch.Tensor:
+    """Group scales / minimums ``[n, k / g]`` -> ``[panels, 4, k / g, 8]`` float32 (rows past ``n`` zero)."""
+    p = _panels(t.float())  # [panels, k / g, 32]
+    return p.view(p.shape[0], p.shape[1], PANEL // CHUNK, CHUNK).transpose(1, 2).contiguous()
+
+
+def _int8_layout(q: torch.Tensor) -> torch.Tensor:
+    """int8 ``[n, k]`` -> uint8 ``[panels, 4, k' / 2, 16]`` (k' = k rounded up to even, zero past k):
+    byte ``2c + t`` of pair ``p`` is column ``c``'s weight at ``k = 2p + t``."""
+    if q.shape[1] % 2:
+        q = torch.cat([q, q.new_zeros(q.shape[0], 1)], dim=1)
+    p = _panels(q).view(torch.uint8)  # [panels, k', 32]
+    panels, k = p.shape[:2]
+    return p.view(panels, k // 2, 2, PANEL // CHUNK, CHUNK).permute(0, 3, 1, 4, 2).reshape(panels, PANEL // CHUNK, k // 2,
+                                                                                           2 * CHUNK).contiguous()
+
+
+def _int4_layout(nibbles: torch.Tensor) -> torch.Tensor:
+    """values 0 .. 15 ``[n, k]`` (k a multiple of 8) -> uint8 ``[panels, 4, k / 8, 32]``: the 16-bit lane
+    ``2c + t`` of octet ``o`` holds, in its nibble ``i``, column ``c``'s weight at ``k = 8o + 2i + t``."""
+    p = _panels(nibbles.to(torch.int32))  # [panels, k, 32]
+    panels, k = p.shape[:2]
+    v = p.view(panels, k // 8, 4, 2, PANEL // CHUNK, CHUNK)  # [panel, o, i, t, chunk, c]
+    lanes = (v[:, :, 0] | (v[:, :, 1] << 4) | (v[:, :, 2] << 8) | (v[:, :, 3] << 12))  # [panel, o, t, chunk, c]
+    lanes = lanes.permute(0, 3, 1, 4, 2).reshape(panels, PANEL // CHUNK, k // 8, 2 * CHUNK)
+    return lanes.to(torch.int16).contiguous().view(torch.uint8)
+
+
+def _unpack_int8_layout(data: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_int8_layout`: int8 ``[panels * 32, k']``."""
+    panels, chunks, pairs = data.shape[:3]
+    v = data.view(torch.int8).view(panels, chunks, pairs, CHUNK, 2)  # [panel, chunk, p, c, t]
+    return v.permute(0, 1, 3, 2, 4).reshape(panels * PANEL, pairs * 2)
+
+
+def _unpack_int4_layout(data: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_int4_layout`: values 0 .. 15 ``[panels * 32, k]`` (int16)."""
+    panels, chunks, octets = data.shape[:3]
+    lanes = data.view(torch.int16).to(torch.int32).view(panels, chunks, octets, CHUNK, 2)  # [panel, chunk, o, c, t]
+    nib = torch.stack([(lanes >> (4 * i)) & 0xF for i in range(4)], dim=-2)  # [panel, chunk, o, c, i, t]
+    return nib.permute(0, 1, 3, 2, 4, 5).reshape(panels * PANEL, octets * 8).to(torch.int16)
+
+
+def _unchunk_groups(t: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_chunk_groups`: ``[panels * 32, k / g]``."""
+    panels, chunks, groups = t.shape[:3]
+    return t.permute(0, 1, 3, 2).reshape(panels * PANEL, groups)
+
+
 def _check_groups(name: str, k: int, group: int, scales: torch.Tensor, n: int) -> None:
     if group <= 0 or group % 2 or k % group or scales.shape != (n, k // group):
         raise ValueError(f"{name} needs k a multiple of the (even) group {group} and scales [n, k / group] = "
@@ -115,11 +167,10 @@ def pack_int8(q: torch.Tensor, scales: torch.Tensor, group: int = 0) -> PackedWe
     n, k = q.shape
     if group:
         _check_groups("pack_int8", k, group, scales, n)
-        return PackedWeight(WeightFormat.INT8, n, k, _panels(q).view(torch.uint8), _panels(scales.float()).contiguous(),
-                            group)
+        return PackedWeight(WeightFormat.INT8, n, k, _int8_layout(q), _chunk_groups(scales), group)
     if scales.shape != (n,):
         raise ValueError(f"pack_int8 needs int8 [n, k] and scales [n], got {q.dtype} {tuple(q.shape)}, {tuple(scales.shape)}")
-    return PackedWeight(WeightFormat.INT8, n, k, _panels(q).view(torch.uint8), scales.float().contiguous())
+    return PackedWeight(WeightFormat.INT8, n, k, _int8_layout(q), scales.float().contiguous())
 
 
 def pack_fp8(q: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
@@ -143,16 +194,16 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int, mins: torch.Ten
         raise ValueError(f"pack_int4 needs int8 [n, k], got {q.dtype} {tuple(q.shape)}")
     n, k = q.shape
     _check_groups("pack_int4", k, group, scales, n)
+    if group % 8:
+        raise ValueError(f"pack_int4 needs a group that is a multiple of 8, got {group}")
     low, high = (-8, 7) if mins is None else (0, 15)
     if q.numel() and any(int(v) < low or int(v) > high for v in torch.aminmax(q)):
         raise ValueError(f"int4 values must lie in [{low}, {high}]" + ("" if mins is None else " (with minimums)"))
     if mins is not None and mins.shape != scales.shape:
         raise ValueError(f"int4 minimums must be shaped as the scales {tuple(scales.shape)}, got {tuple(mins.shape)}")
-    p = _panels(q).view(torch.uint8)
-    nibbles = (p[..., :PANEL // 2] & 0xF) | (p[..., PANEL // 2:] << 4)  # uint8: the shift drops the high bits
-    return PackedWeight(WeightFormat.INT4, n, k, nibbles.contiguous(),
-                        _panels(scales.float()).contiguous(), group,
-                        None if mins is None else _panels(mins.float()).contiguous())
+    stored = q if mins is not None else q + 8  # symmetric values are stored as q + 8 (0 .. 15)
+    return PackedWeight(WeightFormat.INT4, n, k, _int4_layout(stored), _chunk_groups(scales), group,
+                        None if mins is None else _chunk_groups(mins))
 
 
 def pack_float(w: torch.Tensor) -> PackedWeight:
@@ -170,18 +221,20 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
     channel scale applied after the chain, see :func:`dequantize`)."""
     panels = weight.data.shape[0]
     if weight.format is WeightFormat.INT4:
-        b = weight.data.to(torch.int16)
-        low, high = (b & 0xF), (b >> 4) & 0xF
-        q = torch.cat([low, high], dim=-1)  # [panels, k, 32]
-        q = (q if weight.mins is not None else torch.where(q >= 8, q - 16, q)).float()
-        full = q * weight.scales.repeat_interleave(weight.group, dim=1)  # [panels, k, 32]
+        q = _unpack_int4_layout(weight.data).float()
+        if weight.mins is None:
+            q = q - 8
+        g = weight.group
+        full = q * _unchunk_groups(weight.scales).repeat_interleave(g, dim=1)
         if weight.mins is not None:
-            full = full + weight.mins.repeat_interleave(weight.group, dim=1)
-    elif weight.format is WeightFormat.INT8 and weight.group:
-        full = weight.data.view(torch.int8).float() * weight.scales.repeat_interleave(weight.group, dim=1)
-    elif weight.format is WeightFormat.INT8:
-        full = weight.data.view(torch.int8).float()
-    elif weight.format is WeightFormat.FP8:
+            full = full + _unchunk_groups(weight.mins).repeat_interleave(g, dim=1)
+        return full[:weight.n].contiguous()
+    if weight.format is WeightFormat.INT8:
+        q = _unpack_int8_layout(weight.data)[:, :weight.k].float()
+        if weight.group:
+            q = q * _unchunk_groups(weight.scales).repeat_interleave(weight.group, dim=1)
+        return q[:weight.n].contiguous()
+    if weight.format is WeightFormat.FP8:
         full = weight.data.view(torch.float8_e4m3fn).float()
     else:
         dtype = torch.float16 if weight.format is WeightFormat.FLOAT16 else torch.bfloat16
@@ -194,6 +247,59 @@ def dequantize(weight: PackedWeight) -> torch.Tensor:
     kernel cannot run; int8's and fp8's channel scale folded in, so not bit-identical to the kernel)."""
     w = unpack(weight)
     return w * weight.scales[:, None] if weight.channel_scaled else w
+
+
+ACT_BLOCK = 32  # the integer formats' activation block where the weight has no groups (int8 per channel)
+ACT_MAX = 32767.0  # activations are quantized to 16 bits: q in [-32767, 32767]
+
+
+def is_integer(weight: PackedWeight) -> bool:
+    """Whether the kernel runs ``weight`` on 16-bit activations and integer dot products (int8, int4)."""
+    return weight.format in (WeightFormat.INT8, WeightFormat.INT4)
+
+
+def quantize_activations(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The integer formats' activations, as the C source computes them (float32, round to nearest even):
+    ``(q int64 [M, blocks, block] (zero past k), dx float32 [M, blocks], sx int64 [M, blocks])``."""
+    m, k = x.shape
+    blocks = -(-k // block)
+    xp = torch.nn.functional.pad(x.float(), (0, blocks * block - k)).view(m, blocks, block)
+    amax = xp.abs().amax(-1)
+    # a true division (a Python number over a tensor would be a reciprocal times the number: two roundings)
+    inv = torch.where(amax > 0, torch.full_like(amax, ACT_MAX) / amax, torch.zeros_like(amax))
+    q = torch.round(xp * inv[..., None]).clamp(-ACT_MAX, ACT_MAX).to(torch.int64)
+    return q, amax / ACT_MAX, q.sum(-1)
+
+
+def emulate(weight: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the kernel computes for an integer-format ``weight`` (int8, int4), in torch, bit for bit: the
+    C source's arithmetic step by step (its comment). Slow: for tests and for reading."""
+    if not is_integer(weight):
+        raise ValueError(f"emulate covers the integer formats (int8, int4), not {weight.format.name}")
+    g = weight.group
+    q, dx, sx = quantize_activations(x, g or ACT_BLOCK)
+    blocks, block = q.shape[1:]
+    if weight.format is WeightFormat.INT4:
+        w = _unpack_int4_layout(weight.data)[:weight.n].to(torch.int64)
+    else:
+        w = _unpack_int8_layout(weight.data)[:weight.n].to(torch.int64)
+    w = torch.nn.functional.pad(w, (0, blocks * block - w.shape[1])).view(weight.n, blocks, block)
+    isum = torch.einsum("mbk,nbk->mnb", q, w)  # exact
+    scales = None if weight.channel_scaled else _unchunk_groups(weight.scales)[:weight.n]
+    mins = None if weight.mins is None else _unchunk_groups(weight.mins)[:weight.n]
+    acc = torch.zeros(x.shape[0], weight.n)
+    for b in range(blocks):
+        d = dx[:, b:b + 1]
+        if scales is None:
+            acc = acc + isum[:, :, b].float() * d
+            continue
+        i = isum[:, :, b] - 8 * sx[:, b:b + 1] if weight.format is WeightFormat.INT4 and mins is None else isum[:, :, b]
+        acc = acc + (i.float() * d) * scales[None, :, b]
+        if mins is not None:
+            acc = acc + mins[None, :, b] * (d * sx[:, b:b + 1].float())
+    if scales is None:
+        acc = acc * weight.scales[None, :]
+    return acc if bias is None else acc + bias.float()
 
 
 def kernel_digest(isa: str) -> str:
@@ -275,5 +381,6 @@ def _share_pool(lib: ctypes.CDLL, isa: str) -> None:
         lib.specbuild_weight_set_pool(address)
 
 
-__all__ = ["BoundWeightGemm", "PackedWeight", "WeightFormat", "WeightGemm", "dequantize", "kernel_digest",
-           "load_weight_gemm", "pack_float", "pack_fp8", "pack_int4", "pack_int8", "unpack"]
+__all__ = ["ACT_BLOCK", "BoundWeightGemm", "PackedWeight", "WeightFormat", "WeightGemm", "dequantize", "emulate",
+           "is_integer", "kernel_digest", "load_weight_gemm", "pack_float", "pack_fp8", "pack_int4", "pack_int8",
+           "quantize_activations", "unpack"]
