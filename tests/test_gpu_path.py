@@ -55,6 +55,9 @@ def test_static_passes_match_the_slot_engine_prefill_decode_verify_and_tree():
         got_d = decoder.run([BatchRow(ds[i], s, t, tree_parents=tp) for i, (s, t, tp) in enumerate(rows)])
         for e, d in zip(got_e, got_d):
             _close(e.logits, d)
+    decoder.expand_kv = True  # keys/values repeated per query head: the same attention
+    for e, d in zip(got_e, decoder.run([BatchRow(ds[i], s, t, tree_parents=tp) for i, (s, t, tp) in enumerate(rows)])):
+        _close(e.logits, d)
 
 
 def test_padding_never_touches_a_real_row():

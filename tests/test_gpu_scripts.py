@@ -62,7 +62,10 @@ def test_the_static_path_script_runs_its_whole_measure_on_cpu_with_tiny_settings
     eager = {(b["rows"], b["tokens"]): b["step_ms"] for b in results["buckets"] if b["mode"] == "eager"}
     assert set(eager) == {(1, 1), (1, 16), (16, 1), (16, 16)} and all(v > 0 for v in eager.values())
     assert all("needs a CUDA device" in results["unavailable"][m] for m in ("graph", "compile"))
-    assert set(results["section_s"]) == {"buckets", "profile", "hf", "speculative", "speculative_float32", "big", "compile"}
+    assert set(results["section_s"]) == {"buckets", "expand_kv", "profile", "hf", "speculative", "speculative_float32",
+                                      "big", "compile"}
+    expanded = {(b["rows"], b["tokens"]) for b in results["buckets"] if b["mode"] == "eager+expand_kv" and b["step_ms"] > 0}
+    assert expanded == {(1, 1), (1, 16), (16, 1), (16, 16)} and results["headline_mode"] in ("eager", "eager+expand_kv")
     assert results["hf"]["step_ms"] > 0 and results["big"]["floor_ms"] > 0
     assert results["env"]["dtype"] == "torch.bfloat16"  # the GPU's precision, with float32 rows beside it
     for label, drafter in itertools.product(("synthetic:smollm2-135m", "synthetic:smollm2-135m:float32"),

@@ -135,6 +135,9 @@ class StaticDecoder:
         cos, sin = rope_tables(fwd.config, shape.head_dim, self.max_context, self.device)
         self.cos, self.sin = cos.to(self.dtype), signed_sin(sin).to(self.dtype)
         self.num_heads, self.kv_heads, self.head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+        # grouped-query attention: SDPA's own (enable_gqa) or keys/values repeated per query head first
+        # (a copy, but SDPA's fused kernels then apply where their GQA support is missing); same values
+        self.expand_kv = False
 
     def allocate(self) -> int:
         return self.cache.allocate()
@@ -217,8 +220,10 @@ class StaticDecoder:
             v = layer.v(h).view(n, kvh, d)
             self.cache.write_rows(li, inputs.write_slots, inputs.write_positions, k.view(R, T, kvh, d), v.view(R, T, kvh, d))
             keys, values = self.cache.gather_rows(li, inputs.read_slots, context)  # [R, kvh, L, d]
+            if self.expand_kv and H != kvh:
+                keys, values = keys.repeat_interleave(H // kvh, dim=1), values.repeat_interleave(H // kvh, dim=1)
             attn = F.scaled_dot_product_attention(q.view(R, T, H, d).transpose(1, 2), keys, values, attn_mask=mask,
-                                                  scale=fwd.scale, enable_gqa=H != kvh)  # [R, H, T, d]
+                                                  scale=fwd.scale, enable_gqa=keys.shape[1] != H)  # [R, H, T, d]
             x = x + layer.o(attn.transpose(1, 2).reshape(n, H * d))
             h = rms_norm(x, layer.mlp_norm, shape.rms_eps)
             x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
