@@ -283,3 +283,16 @@ def test_graph_and_compiled_passes_equal_eager_on_cuda(mode):
         bucket, inputs = decoder.prepare(rows)
         eager = decoder.step(inputs, bucket.context).clone()
         torch.testing.assert_close(runner(bucket, inputs), eager, rtol=2e-2, atol=2e-2)
+
+
+@CUDA
+def test_device_verification_draws_the_same_on_cuda_as_on_cpu():
+    gen = torch.Generator().manual_seed(8)
+    R, K, V = 16, 4, 300
+    p = torch.softmax(torch.randn(R, K + 1, V, generator=gen), -1)
+    q = torch.softmax(torch.randn(R, K, V, generator=gen), -1)
+    args = (p, torch.randint(0, V, (R, K), generator=gen), q, torch.randint(0, K + 1, (R,), generator=gen),
+            torch.arange(R) * 31, torch.arange(R) + 5)
+    on_cpu = rejection_accept(*args)
+    assert torch.equal(rejection_accept(*(a.cuda() for a in args)).cpu(), on_cpu)
+    assert torch.equal(greedy_accept(p.cuda(), args[1].cuda(), args[3].cuda()).cpu(), greedy_accept(p, args[1], args[3]))
