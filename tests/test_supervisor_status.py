@@ -22,11 +22,13 @@ class ScriptedServer:
 
     def __init__(self, config: ServerConfig, status: int) -> None:
         self.config, self.status, self.log_path = config, status, None
+        self.endpoints: Endpoints | None = None  # set once started
         self._stopped = threading.Event()
 
     def start(self, endpoints: Endpoints | None = None) -> Endpoints:
         ScriptedServer.starts += 1
-        return endpoints or Endpoints("127.0.0.1", 1, 2, 3)
+        self.endpoints = endpoints or Endpoints("127.0.0.1", 1, 2, 3)  # nothing listens: no metrics to read
+        return self.endpoints
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._stopped.wait(timeout):

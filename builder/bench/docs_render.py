@@ -38,6 +38,11 @@ class HeadlineRow:
     at_most: bool = False  # the goal is an upper bound (counts of failures)
     digits: int = 2
     pending: bool = False  # its bench exists but has not run on the idle VM yet: rendered "not measured yet"
+    parts: tuple["HeadlineRow", ...] = ()  # more figures of one run, each with its goal, in this row (one README line)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, *(p.key for p in self.parts))
 
 
 HEADLINE_ROWS = (
@@ -84,6 +89,15 @@ HEADLINE_ROWS = (
     HeadlineRow("gpu_eagle_data_positions_per_s", "H200: drafter data, positions/s (batched generate)", None, digits=0),
     HeadlineRow("gpu_auto_all_x_plain", "H200: auto x plain, all workloads (3 prompts, 48 tokens)", None),
     HeadlineRow("gpu_eagle_tokens_per_pass", "H200: EAGLE tokens per target pass (3 prompts)", None),
+    HeadlineRow("poisoned_batch_collateral_failures", "reliability (scripts/reliability.py): plain requests failed "
+                "beside refused guides / inference ports served without the key / 500s on malformed values / 3.9 MB "
+                "prompt refused, ms / SIGTERM to exit with nothing in flight, s / a request after 16 abandoned HTTP "
+                "clients, s", 0.0, at_most=True, digits=0, parts=(
+                    HeadlineRow("unauthenticated_ports_with_key", "", 0.0, at_most=True, digits=0),
+                    HeadlineRow("malformed_value_500s", "", 0.0, at_most=True, digits=0),
+                    HeadlineRow("oversize_prompt_refusal_ms", "", 100.0, at_most=True, digits=0),
+                    HeadlineRow("shutdown_s", "", 5.0, at_most=True, digits=1),
+                    HeadlineRow("abandoned_http_fresh_request_s", "", None, digits=1))),
 )
 
 
@@ -92,19 +106,31 @@ def _num(value: float, digits: int) -> str:
 
 
 def render_headline(figures: dict[str, Any], rows: tuple[HeadlineRow, ...] = HEADLINE_ROWS) -> str:
-    missing = [r.key for r in rows if r.key not in figures and not r.pending]
+    missing = [k for r in rows for k in r.keys if k not in figures and not r.pending]
     if missing:
         raise ConfigError(f"headline figures {missing} are not in the headline file")
     lines = ["| figure (`headline.json` key) | value | goal | met |", "|---|---|---|---|"]
     for r in rows:
-        goal = "reported" if r.goal is None else ("<= " if r.at_most else ">= ") + _num(r.goal, r.digits)
-        if r.key not in figures:
-            lines.append(f"| {r.label} (`{r.key}`) | not measured yet | {goal} | - |")
+        cells = [_cells(part, figures) for part in (r, *r.parts)]
+        keys = ", ".join(f"`{k}`" for k in r.keys)
+        if any(value is None for value, _, _ in cells):
+            lines.append(f"| {r.label} ({keys}) | not measured yet | {' / '.join(c[1] for c in cells)} | - |")
             continue
-        value = float(figures[r.key])
-        met = "-" if r.goal is None else "yes" if (value <= r.goal if r.at_most else value >= r.goal) else "no"
-        lines.append(f"| {r.label} (`{r.key}`) | {_num(value, r.digits)} | {goal} | {met} |")
+        met = [c[2] for c in cells if c[2] != "-"]
+        verdict = "-" if not met else "yes" if all(m == "yes" for m in met) else "no"
+        lines.append(f"| {r.label} ({keys}) | {' / '.join(str(c[0]) for c in cells)} | "
+                     f"{' / '.join(c[1] for c in cells)} | {verdict} |")
     return "\n".join(lines)
+
+
+def _cells(r: HeadlineRow, figures: dict[str, Any]) -> tuple[str | None, str, str]:
+    """(value, goal, met) of one figure as the table writes them (value ``None``: not in the file)."""
+    goal = "reported" if r.goal is None else ("<= " if r.at_most else ">= ") + _num(r.goal, r.digits)
+    if r.key not in figures:
+        return None, goal, "-"
+    value = float(figures[r.key])
+    met = "-" if r.goal is None else "yes" if (value <= r.goal if r.at_most else value >= r.goal) else "no"
+    return _num(value, r.digits), goal, met
 
 
 def render_methods(bench: dict[str, Any]) -> str:

@@ -79,7 +79,7 @@ class Drain:
     """One stop's drain. ``busy``: requests in flight that the server's metrics do not show (the
     guard's relays). ``deadline_s``: from the stop request; then :attr:`Verdict.OVERDUE`."""
 
-    metrics_url: str
+    metrics_url: str | None  # None: none to read (left to exit on its own until the deadline)
     deadline_s: float
     busy: Callable[[], int] = lambda: 0
     started: float = field(default_factory=time.monotonic)
@@ -88,7 +88,7 @@ class Drain:
 
     def poll(self) -> Verdict:
         elapsed = time.monotonic() - self.started
-        count = read_in_flight(self.metrics_url)
+        count = read_in_flight(self.metrics_url) if self.metrics_url else None
         self.last_in_flight = count
         if count is None:
             self.idle_polls = 0

@@ -211,9 +211,9 @@ class TritonSupervisor:
             except subprocess.TimeoutExpired:
                 if not self.stopping:
                     continue
-            if self.drain is None:
-                assert server.endpoints is not None
-                self.drain = Drain(server.endpoints.metrics_url, server.config.exit_timeout_s + EXIT_GRACE_S, self.busy)
+            if self.drain is None:  # a server that never became ready has no metrics to judge by
+                url = server.endpoints.metrics_url if server.endpoints is not None else None
+                self.drain = Drain(url, server.config.exit_timeout_s + EXIT_GRACE_S, self.busy)
             verdict = self.drain.poll()
             if verdict is Verdict.DRAINED:
                 took = time.monotonic() - self.drain.started
