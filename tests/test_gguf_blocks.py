@@ -61,7 +61,7 @@ def test_blocks_decode_to_the_gguf_dequantization_bit_for_bit(gguf_file):
         assert (t.kind, t.n, t.k) == (kind, *original.shape)
         weight = compact_from_blocks(t).weight
         assert weight.format is (WeightFormat.INT8 if kind == "Q8_0" else WeightFormat.INT4) and weight.group == 32
-        assert (weight.mins is not None) == (kind == "Q4_1")
+        assert (weight.mins is not None) == (kind == "Q4_1") and weight.scales.dtype == torch.float16  # exact, half the bytes
         assert torch.equal(dequantize(weight), want), kind
 
 

@@ -21,7 +21,8 @@ from triton_backend.engines.torch.quantize_weights import FP8_MAX, dequantize_in
 
 ISAS = [isa for isa in ("avx2", "avx512") if row_gemm_module.cpu_isa() in (isa, "avx512")]
 pytestmark = pytest.mark.skipif(not ISAS, reason="the CPU kernels need x86-64 with AVX2 + FMA")
-FORMATS = ["int8", "fp8", "int4-32", "int4-64", "int4min-32", "int8g-32", "int8g-16", "float16", "bfloat16"]
+FORMATS = ["int8", "fp8", "int4-32", "int4-64", "int4min-32", "int4min-32h", "int8g-32", "int8g-16", "int8g-32h",
+           "float16", "bfloat16"]  # h: float16 group scales (and minimums), as GGUF blocks hold them
 
 
 def asymmetric_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -42,6 +43,10 @@ def grouped_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.round(blocks / scales[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k), scales
 
 
+def _group(fmt: str) -> int:
+    return int(fmt.split("-")[1].rstrip("h"))
+
+
 def packed(fmt: str, w: torch.Tensor) -> tuple[wg.PackedWeight, torch.Tensor, torch.Tensor | None]:
     """``(packed, decoded float32 weight the chain multiplies, int8 / fp8 channel scales or None)``."""
     if fmt == "int8":
@@ -51,12 +56,14 @@ def packed(fmt: str, w: torch.Tensor) -> tuple[wg.PackedWeight, torch.Tensor, to
         q, s = quantize_fp8(w)
         return wg.pack_fp8(q, s), q.float(), s
     if fmt.startswith("int4min") or fmt.startswith("int8g"):
-        group = int(fmt.split("-")[1])
+        group, half = _group(fmt), fmt.endswith("h")
+        held = (lambda t: t.half()) if half else (lambda t: t)  # noqa: E731
         if fmt.startswith("int8g"):
             q, s = grouped_int8(w, group)
-            return wg.pack_int8(q, s, group), q.float() * s.repeat_interleave(group, dim=1), None
+            return wg.pack_int8(q, held(s), group), q.float() * s.repeat_interleave(group, dim=1), None
         q, s, m = asymmetric_int4(w, group)
-        return wg.pack_int4(q, s, group, m), q.float() * s.repeat_interleave(group, 1) + m.repeat_interleave(group, 1), None
+        decoded = q.float() * s.repeat_interleave(group, 1) + m.repeat_interleave(group, 1)
+        return wg.pack_int4(q, held(s), group, held(m)), decoded, None
     if fmt.startswith("int4"):
         group = int(fmt.split("-")[1])
         q, s = quantize_int4(w, group)
@@ -82,7 +89,7 @@ def kernels(request, monkeypatch):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k,n", [(64, 48), (192, 37), (576, 200), (75, 33)])
 def test_equals_the_row_kernel_on_the_decoded_weight(kernels, fmt, k, n):
-    if "-" in fmt and k % int(fmt.split("-")[1]):
+    if "-" in fmt and k % _group(fmt):
         pytest.skip("groups must divide k")
     row, compact = kernels
     gen = torch.Generator().manual_seed(k + n)

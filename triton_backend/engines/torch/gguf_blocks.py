@@ -67,13 +67,13 @@ def _halves(blocks: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def decode_blocks(t: BlockTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(q int8 [n, k], scales float32 [n, k / 32], mins float32 or None)`` of a Q4_0 / Q4_1 / Q8_0 tensor,
+    """``(q int8 [n, k], scales float16 [n, k / 32], mins float16 or None)`` of a Q4_0 / Q4_1 / Q8_0 tensor,
     as :func:`~triton_backend.engines.torch.weight_gemm.pack_int4` / ``pack_int8`` take them (Q4_0: ``q - 8``)."""
     n, k, groups = t.n, t.k, t.k // BLOCK
     raw = t.blocks.reshape(n, groups, -1)
 
-    def f16(at: int) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(raw[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32))
+    def f16(at: int) -> torch.Tensor:  # kept in float16: the kernel holds them so (half the bytes, exact)
+        return torch.from_numpy(np.ascontiguousarray(raw[..., at:at + 2]).view(np.float16)[..., 0].copy())
 
     if t.kind == "Q4_0":
         q = _halves(np.ascontiguousarray(raw[..., 2:]), n, k).astype(np.int8) - 8

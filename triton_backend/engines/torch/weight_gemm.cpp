@@ -24,7 +24,8 @@
 #include "weight_gemm_fp8.h"
 
 static const int64_t P = 32;
-enum Format { FMT_INT8 = 1, FMT_INT4 = 2, FMT_F16 = 3, FMT_BF16 = 4, FMT_FP8 = 5, FMT_INT4_MIN = 6, FMT_INT8_GROUP = 7 };
+enum Format { FMT_INT8 = 1, FMT_INT4 = 2, FMT_F16 = 3, FMT_BF16 = 4, FMT_FP8 = 5, FMT_INT4_MIN = 6, FMT_INT8_GROUP = 7,
+              FMT_HALF = 16 /* or'ed into a grouped format: its scales (and minimums) are float16 */ };
 
 static inline bool is_int4(int fmt) { return fmt == FMT_INT4 || fmt == FMT_INT4_MIN; }
 /* weights decoded with a scale per group of input channels (then, int4 with minimums, plus its minimum) */
@@ -175,6 +176,7 @@ static void gemm(const float* x, int64_t M, int64_t K, const uint8_t* p, const f
      int8            acc += float(isum) * dx;   then y = acc * channel scale
    then the bias is added. Nothing depends on the other rows: rows are bit-identical batched or alone, and
    both ISA builds run this same 256-bit code (weight_gemm.py's emulate() is the same arithmetic in torch).
+   Group scales and minimums are float32, or float16 where the format code has FMT_HALF (GGUF's own: exact).
    Panels: 4 chunks of 8 output columns each, chunk-major. int4: [K / 8][32 bytes] per chunk, the 16-bit
    lane 2c + t of k-octet o holding, in its nibbles i = 0..3, column c's weights at k = 8o + 2i + t. int8:
    [K' / 2][16 bytes] per chunk (K' = K rounded up to even, a zero weight past K), byte 2c + t of pair p
@@ -223,11 +225,18 @@ static inline __m256i pair_of(const int16_t* q) {  /* q[0], q[1] as one 32-bit v
     return _mm256_set1_epi32(v);
 }
 
+/* 8 group scales or minimums: float32, or (H: the format code's FMT_HALF bit) float16, widened exactly */
+template <bool H>
+static inline __m256 group_values(const void* p, int64_t i) {
+    return H ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + i)))
+             : _mm256_loadu_ps((const float*)p + i);
+}
+
 /* R rows x one chunk (8 columns) of a panel: out[r][0..8). wp: the chunk's weights, sp / mp: its [K / G][8]
    scales / minimums (grouped formats). */
-template <int R, int FMT>
-static inline void int_chunk(const QuantRows& a, int64_t m0, int64_t K, const uint8_t* wp, const float* sp,
-                             const float* mp, float* out, int64_t out_stride) {
+template <int R, int FMT, bool H>
+static inline void int_chunk(const QuantRows& a, int64_t m0, int64_t K, const uint8_t* wp, const void* sp,
+                             const void* mp, float* out, int64_t out_stride) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     const int64_t Kp = is_int4(FMT) ? K : K + (K & 1);
@@ -270,28 +279,29 @@ static inline void int_chunk(const QuantRows& a, int64_t m0, int64_t K, const ui
             __m256i i = isum[r];
             if (FMT == FMT_INT4) i = _mm256_sub_epi32(i, _mm256_set1_epi32(8 * a.sx[at]));
             const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(i), dx);
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_loadu_ps(sp + b * 8)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, group_values<H>(sp, b * 8)));
             if (FMT == FMT_INT4_MIN)
-                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_loadu_ps(mp + b * 8), _mm256_set1_ps(a.dxs[at])));
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(group_values<H>(mp, b * 8), _mm256_set1_ps(a.dxs[at])));
         }
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
 }
 
-template <int FMT>
-static void int_tile(int64_t r, const QuantRows& a, int64_t m0, int64_t K, const uint8_t* wp, const float* sp,
-                     const float* mp, float* out, int64_t stride) {
+template <int FMT, bool H>
+static void int_tile(int64_t r, const QuantRows& a, int64_t m0, int64_t K, const uint8_t* wp, const void* sp,
+                     const void* mp, float* out, int64_t stride) {
     switch (r) {
-        case 4: int_chunk<4, FMT>(a, m0, K, wp, sp, mp, out, stride); break;
-        case 3: int_chunk<3, FMT>(a, m0, K, wp, sp, mp, out, stride); break;
-        case 2: int_chunk<2, FMT>(a, m0, K, wp, sp, mp, out, stride); break;
-        default: int_chunk<1, FMT>(a, m0, K, wp, sp, mp, out, stride); break;
+        case 4: int_chunk<4, FMT, H>(a, m0, K, wp, sp, mp, out, stride); break;
+        case 3: int_chunk<3, FMT, H>(a, m0, K, wp, sp, mp, out, stride); break;
+        case 2: int_chunk<2, FMT, H>(a, m0, K, wp, sp, mp, out, stride); break;
+        default: int_chunk<1, FMT, H>(a, m0, K, wp, sp, mp, out, stride); break;
     }
 }
 
-template <int FMT>
-static void int_gemm(const QuantRows& a, int64_t M, int64_t K, const uint8_t* p, const float* scales,
-                     const float* mins, int64_t G, const float* b, int64_t N, float* y, int64_t q0, int64_t q1) {
+template <int FMT, bool H>
+static void int_gemm(const QuantRows& a, int64_t M, int64_t K, const uint8_t* p, const void* scales,
+                     const void* mins, int64_t G, const float* b, int64_t N, float* y, int64_t q0, int64_t q1) {
+    const int64_t value_bytes = H ? 2 : 4;
     const int64_t chunk_bytes = is_int4(FMT) ? K / 8 * 32 : (K + (K & 1)) / 2 * 16;
     const int64_t groups = G > 0 ? K / G : 0;
     float buf[MAX_INT_ROWS * P];
@@ -301,16 +311,17 @@ static void int_gemm(const QuantRows& a, int64_t M, int64_t K, const uint8_t* p,
         for (int64_t m = 0; m < M;) {
             const int64_t r = M - m >= MAX_INT_ROWS ? MAX_INT_ROWS : M - m;
             for (int c = 0; c < 4; ++c) {
-                const float* sp = FMT == FMT_INT8 ? 0 : scales + (q * 4 + c) * groups * 8;
-                const float* mp = FMT == FMT_INT4_MIN ? mins + (q * 4 + c) * groups * 8 : 0;
-                int_tile<FMT>(r, a, m, K, pp + c * chunk_bytes, sp, mp, buf + c * 8, P);
+                const int64_t at = (q * 4 + c) * groups * 8 * value_bytes;
+                const void* sp = FMT == FMT_INT8 ? 0 : (const char*)scales + at;
+                const void* mp = FMT == FMT_INT4_MIN ? (const char*)mins + at : 0;
+                int_tile<FMT, H>(r, a, m, K, pp + c * chunk_bytes, sp, mp, buf + c * 8, P);
             }
             for (int64_t i = 0; i < r; ++i) {
                 float* yr = y + (m + i) * N + n0;
                 const float* br = buf + i * P;
                 if (FMT == FMT_INT8) {  /* the sum times its channel scale, then the bias (two roundings) */
                     for (int64_t j = 0; j < nn; ++j) {
-                        const float v = br[j] * scales[n0 + j];
+                        const float v = br[j] * ((const float*)scales)[n0 + j];
                         yr[j] = b ? v + b[n0 + j] : v;
                     }
                 } else if (b) {
@@ -339,8 +350,8 @@ struct GemmArgs {
     const float* x;
     int64_t M, K;
     const uint8_t* p;
-    const float* scales;
-    const float* mins;
+    const void* scales;  /* float32, or float16 for a grouped format with FMT_HALF */
+    const void* mins;
     int64_t G;
     const float* b;
     int64_t N;
@@ -350,14 +361,24 @@ struct GemmArgs {
 
 void gemm_range(const void* a, int64_t q0, int64_t q1, int) {
     const GemmArgs& g = *(const GemmArgs*)a;
-    switch (g.fmt) {
-        case FMT_INT8: int_gemm<FMT_INT8>(*g.act, g.M, g.K, g.p, g.scales, 0, 0, g.b, g.N, g.y, q0, q1); break;
-        case FMT_INT4: int_gemm<FMT_INT4>(*g.act, g.M, g.K, g.p, g.scales, 0, g.G, g.b, g.N, g.y, q0, q1); break;
-        case FMT_INT4_MIN: int_gemm<FMT_INT4_MIN>(*g.act, g.M, g.K, g.p, g.scales, g.mins, g.G, g.b, g.N, g.y, q0, q1); break;
-        case FMT_INT8_GROUP: int_gemm<FMT_INT8_GROUP>(*g.act, g.M, g.K, g.p, g.scales, 0, g.G, g.b, g.N, g.y, q0, q1); break;
-        case FMT_F16: gemm<FMT_F16>(g.x, g.M, g.K, g.p, g.scales, g.b, g.N, g.y, q0, q1); break;
-        case FMT_BF16: gemm<FMT_BF16>(g.x, g.M, g.K, g.p, g.scales, g.b, g.N, g.y, q0, q1); break;
-        default: gemm<FMT_FP8>(g.x, g.M, g.K, g.p, g.scales, g.b, g.N, g.y, q0, q1); break;
+    const bool half = g.fmt & FMT_HALF;  /* grouped formats: float16 group scales (and minimums) */
+    switch (g.fmt & ~FMT_HALF) {
+        case FMT_INT8: int_gemm<FMT_INT8, false>(*g.act, g.M, g.K, g.p, g.scales, 0, 0, g.b, g.N, g.y, q0, q1); break;
+        case FMT_INT4:
+            if (half) int_gemm<FMT_INT4, true>(*g.act, g.M, g.K, g.p, g.scales, 0, g.G, g.b, g.N, g.y, q0, q1);
+            else int_gemm<FMT_INT4, false>(*g.act, g.M, g.K, g.p, g.scales, 0, g.G, g.b, g.N, g.y, q0, q1);
+            break;
+        case FMT_INT4_MIN:
+            if (half) int_gemm<FMT_INT4_MIN, true>(*g.act, g.M, g.K, g.p, g.scales, g.mins, g.G, g.b, g.N, g.y, q0, q1);
+            else int_gemm<FMT_INT4_MIN, false>(*g.act, g.M, g.K, g.p, g.scales, g.mins, g.G, g.b, g.N, g.y, q0, q1);
+            break;
+        case FMT_INT8_GROUP:
+            if (half) int_gemm<FMT_INT8_GROUP, true>(*g.act, g.M, g.K, g.p, g.scales, 0, g.G, g.b, g.N, g.y, q0, q1);
+            else int_gemm<FMT_INT8_GROUP, false>(*g.act, g.M, g.K, g.p, g.scales, 0, g.G, g.b, g.N, g.y, q0, q1);
+            break;
+        case FMT_F16: gemm<FMT_F16>(g.x, g.M, g.K, g.p, (const float*)g.scales, g.b, g.N, g.y, q0, q1); break;
+        case FMT_BF16: gemm<FMT_BF16>(g.x, g.M, g.K, g.p, (const float*)g.scales, g.b, g.N, g.y, q0, q1); break;
+        default: gemm<FMT_FP8>(g.x, g.M, g.K, g.p, (const float*)g.scales, g.b, g.N, g.y, q0, q1); break;
     }
 }
 }  // namespace
@@ -365,15 +386,16 @@ void gemm_range(const void* a, int64_t q0, int64_t q1, int) {
 /* y[M][N] = x[M][K] W[N][K]^T (+ b[N]) for W in format fmt, packed as above. Returns 0, or -1 for
    arguments the kernel cannot run (unknown format; a grouped format with an odd G or K not a multiple of G). */
 extern "C" int specbuild_weight_gemm(int fmt, const float* x, int64_t M, int64_t K, const void* p,
-                                     const float* scales, const float* mins, int64_t G, const float* b, int64_t N,
+                                     const void* scales, const void* mins, int64_t G, const float* b, int64_t N,
                                      float* y) {
-    if (fmt < FMT_INT8 || fmt > FMT_INT8_GROUP) return -1;
-    if (grouped(fmt) && (G <= 0 || G % 2 || K % G || (is_int4(fmt) && G % 8))) return -1;
-    const bool integer = fmt == FMT_INT8 || fmt == FMT_INT8_GROUP || is_int4(fmt);
+    const int base = fmt & ~FMT_HALF;
+    if (base < FMT_INT8 || base > FMT_INT8_GROUP || ((fmt & FMT_HALF) && !grouped(base))) return -1;
+    if (grouped(base) && (G <= 0 || G % 2 || K % G || (is_int4(base) && G % 8))) return -1;
+    const bool integer = base == FMT_INT8 || base == FMT_INT8_GROUP || is_int4(base);
     QuantRows act{0, 0, 0, 0, 0, 0, 0};
     std::vector<char> store;
     if (integer) {
-        act.AB = grouped(fmt) ? G : ACT_BLOCK;
+        act.AB = grouped(base) ? G : ACT_BLOCK;
         act.NB = (K + act.AB - 1) / act.AB;
         act.K8 = (K + 7) / 8 * 8;
         store.resize((size_t)(M * act.K8 * 2 + M * act.NB * 12 + 64));

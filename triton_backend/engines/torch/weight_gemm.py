@@ -54,7 +54,7 @@ class WeightFormat(enum.IntEnum):
 
 
 # the C source's format codes beyond WeightFormat's: int4 with minimums, int8 with group scales
-_INT4_MIN_CODE, _INT8_GROUP_CODE = 6, 7
+_INT4_MIN_CODE, _INT8_GROUP_CODE, _HALF_BIT = 6, 7, 16
 
 
 @dataclass(frozen=True)
@@ -78,12 +78,13 @@ class PackedWeight:
 
     @property
     def code(self) -> int:
-        """The C source's format code."""
+        """The C source's format code (float16 group scales add its half bit)."""
+        half = _HALF_BIT if self.group and self.scales is not None and self.scales.dtype == torch.float16 else 0
         if self.mins is not None:
-            return _INT4_MIN_CODE
+            return _INT4_MIN_CODE | half
         if self.format is WeightFormat.INT8 and self.group:
-            return _INT8_GROUP_CODE
-        return int(self.format)
+            return _INT8_GROUP_CODE | half
+        return int(self.format) | half
 
     def nbytes(self) -> int:
         """What the kernel holds for this weight (panels, scales and minimums)."""
@@ -104,8 +105,9 @@ CHUNK = 8  # output columns per chunk of a panel (the integer formats' layout)
 
 
 def _chunk_groups(t: torch.Tensor) -> torch.Tensor:
-    """Group scales / minimums ``[n, k / g]`` -> ``[panels, 4, k / g, 8]`` float32 (rows past ``n`` zero)."""
-    p = _panels(t.float())  # [panels, k / g, 32]
+    """Group scales / minimums ``[n, k / g]`` -> ``[panels, 4, k / g, 8]`` (rows past ``n`` zero): float16
+    kept as it is (half the bytes, widened exactly in the kernel), anything else as float32."""
+    p = _panels(t if t.dtype == torch.float16 else t.float())  # [panels, k / g, 32]
     return p.view(p.shape[0], p.shape[1], PANEL // CHUNK, CHUNK).transpose(1, 2).contiguous()
 
 
@@ -149,7 +151,7 @@ def _unpack_int4_layout(data: torch.Tensor) -> torch.Tensor:
 def _unchunk_groups(t: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`_chunk_groups`: ``[panels * 32, k / g]``."""
     panels, chunks, groups = t.shape[:3]
-    return t.permute(0, 1, 3, 2).reshape(panels * PANEL, groups)
+    return t.permute(0, 1, 3, 2).reshape(panels * PANEL, groups).float()
 
 
 def _check_groups(name: str, k: int, group: int, scales: torch.Tensor, n: int) -> None:
@@ -189,7 +191,8 @@ def pack_fp8(q: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int, mins: torch.Tensor | None = None) -> PackedWeight:
     """``q`` int8 ``[n, k]`` in ``[-8, 7]``, ``scales`` ``[n, k / group]``: the weight
     ``q * scales`` repeated over each group of ``group`` input channels. With ``mins`` (``[n, k / group]``,
-    asymmetric: GGUF's Q4_1): ``q`` in ``[0, 15]`` and the weight ``float(q) * scale + min`` (two roundings)."""
+    asymmetric: GGUF's Q4_1): ``q`` in ``[0, 15]`` and the weight ``float(q) * scale + min`` (two roundings).
+    float16 ``scales`` (and ``mins``: then float16 too) are held in float16, else float32."""
     if q.dtype != torch.int8 or q.dim() != 2:
         raise ValueError(f"pack_int4 needs int8 [n, k], got {q.dtype} {tuple(q.shape)}")
     n, k = q.shape
@@ -199,8 +202,9 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, group: int, mins: torch.Ten
     low, high = (-8, 7) if mins is None else (0, 15)
     if q.numel() and any(int(v) < low or int(v) > high for v in torch.aminmax(q)):
         raise ValueError(f"int4 values must lie in [{low}, {high}]" + ("" if mins is None else " (with minimums)"))
-    if mins is not None and mins.shape != scales.shape:
-        raise ValueError(f"int4 minimums must be shaped as the scales {tuple(scales.shape)}, got {tuple(mins.shape)}")
+    if mins is not None and (mins.shape != scales.shape or (mins.dtype == torch.float16) != (scales.dtype == torch.float16)):
+        raise ValueError(f"int4 minimums must be shaped (and float16 or not) as the scales {tuple(scales.shape)} "
+                         f"{scales.dtype}, got {tuple(mins.shape)} {mins.dtype}")
     stored = q if mins is not None else q + 8  # symmetric values are stored as q + 8 (0 .. 15)
     return PackedWeight(WeightFormat.INT4, n, k, _int4_layout(stored), _chunk_groups(scales), group,
                         None if mins is None else _chunk_groups(mins))
