@@ -289,3 +289,29 @@ def test_the_served_model_config_turns_the_cache_off() -> None:
         ServingConfig.from_parameters("specdec", {**off, "prefix_cache": "maybe"})
     with pytest.raises(ConfigError, match="prefix_cache"):
         ServingConfig(prefix_cache="no")
+
+
+@pytest.mark.slow
+def test_a_follow_up_turn_on_the_reference_model_is_exact(reference) -> None:
+    """SmolLM2-135M: a chat's second turn starts from the first turn's slot (prompt and answer)
+    and answers exactly what it answers alone (greedy, plain and n-gram)."""
+    engine, tokenizer = reference
+    decoder = SpeculativeDecoder(engine, tokenizer, drafters={SpeculationMode.NGRAM: NgramDrafter(1, 3)})
+    chat = [{"role": "system", "content": "You are a terse assistant. Answer in one short sentence."},
+            {"role": "user", "content": "Name a planet with rings."}]
+    first = decoder.encode(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+    params = SamplingParams(max_tokens=16)
+    scheduler = BatchScheduler(decoder, SchedulerConfig(max_batch_size=2))
+    try:
+        answer = run_one(scheduler, first, params, "off")
+        assert answer == decoder.generate(first, params, spec("off")).token_ids
+        chat += [{"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)},
+                 {"role": "user", "content": "And one without?"}]
+        follow = decoder.encode(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+        for mode in ("off", "ngram"):
+            hits = scheduler.prefix_cache_stats().hits
+            assert run_one(scheduler, follow, params, mode) == decoder.generate(follow, params, spec(mode)).token_ids
+            assert scheduler.prefix_cache_stats().hits == hits + 1
+    finally:
+        scheduler.shutdown()
+    assert scheduler.prefix_cache_stats().reused_tokens >= 2 * len(first)

@@ -379,15 +379,15 @@ class BatchScheduler:
         source = self._prefix_source(seq, job.namespace, bound) if isinstance(self.target, PrefixSharing) else None
         evicted = self.prefix_cache.stats.evictions if self.prefix_cache is not None else 0
         seq.slot, source = self._take_slot(source)
-        if bound:
-            seq.eagle.bind(self.eagle_kv, seq.slot)
-        self._reuse(seq, source, bound)
-        if batched_draft:
-            try:
+        try:
+            if bound:
+                seq.eagle.bind(self.eagle_kv, seq.slot)
+            self._reuse(seq, source, bound)
+            if batched_draft:
                 seq.draft_slot = self.draft_engine.allocate()
-            except SlotsExhaustedError:
-                self.target.release(seq.slot)
-                raise
+        except BaseException:  # this request cannot start: its slot goes back (a source it adopted is lost)
+            self.target.release(seq.slot)
+            raise
         if self.prefix_cache is not None and isinstance(self.observer, PrefixCacheObserver):
             self.observer.prefix_lookup(len(seq.tokens), seq.valid, self.prefix_cache.stats.evictions - evicted)
         return seq
