@@ -98,6 +98,11 @@ HEADLINE_ROWS = (
                     HeadlineRow("oversize_prompt_refusal_ms", "", 100.0, at_most=True, digits=0),
                     HeadlineRow("shutdown_s", "", 5.0, at_most=True, digits=1),
                     HeadlineRow("abandoned_http_fresh_request_s", "", None, digits=1))),
+    HeadlineRow("prefix_cache_ttft_x_cold", "prefix cache and chunked prefill (scripts/prefix_cache_bench.py): "
+                "follow-up turn's TTFT over cold, 1,643 tokens shared with a finished request / 4 streams' tok/s "
+                "kept while a 2,000-token prompt prefills / at this prefill_chunk_tokens", 0.25, at_most=True, digits=3,
+                parts=(HeadlineRow("chunked_prefill_stream_rate_kept", "", 0.7),
+                       HeadlineRow("chunked_prefill_chunk_tokens", "", None, digits=0))),
 )
 
 
