@@ -523,8 +523,9 @@ class BatchScheduler:
         if self.timing.rounds >= TIMING_LOG_ROUNDS:
             chooser = self.planner.chooser
             logger.info("batch scheduler: %s; measured tokens/s by regime at %d rows: %s; prompt tokens shared "
-                        "so far: %d", self.timing.summary(), len(rows),
-                        chooser.rates(len(rows)) if chooser is not None else "-", self.shared_prefix_tokens)
+                        "so far: %d; prefix cache: %s", self.timing.summary(), len(rows),
+                        chooser.rates(len(rows)) if chooser is not None else "-", self.shared_prefix_tokens,
+                        self.prefix_cache_stats().as_dict() if self.prefix_cache is not None else "off")
             self.timing = RoundTiming()
 
     @staticmethod
