@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from triton_backend.core.stats import GenerationStats
+from triton_backend.batching.scheduler import PrefixCacheObserver
 
 TOKEN_BUCKETS = (10, 50, 100, 500, 1000, 2000, 4000, 8000)  # tensorrtllm_backend's token-length buckets
 
@@ -127,6 +128,11 @@ class Observers:
     def flush(self) -> None:
         for o in self.observers:
             o.flush()
+
+    def prefix_lookup(self, prompt_tokens: int, reused_tokens: int, evictions: int) -> None:
+        for o in self.observers:
+            if isinstance(o, PrefixCacheObserver):
+                o.prefix_lookup(prompt_tokens, reused_tokens, evictions)
 
     def close(self) -> None:
         for o in self.observers:
