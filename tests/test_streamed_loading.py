@@ -153,7 +153,9 @@ def test_load_engine_streams_the_reference_model_with_the_full_loads_logits():
     from triton_backend.core.reference_model import ensure_reference_model
     from triton_backend.engines.torch.model_loading import load_engine
 
-    runtime = _runtime(WeightPrecision.INT4)
+    # groups of 64: quantized at load (streamed); int4 in groups of 32 (or auto) serves the reference GGUF's
+    # own blocks instead (model_loading.gguf_compact, tests/test_gguf_blocks.py)
+    runtime = _runtime(WeightPrecision.INT4, int4_group_size=64)
     engine, _ = load_engine("smollm2-135m-instruct", runtime)
     assert all(w.is_meta for w in _decoder_weights(engine))
     assert torch.equal(_logits(engine), _logits(_full(ensure_reference_model(), runtime)))
