@@ -3,15 +3,20 @@
 Q8_0) and 16-bit (float16, bfloat16), accumulated in float32.
 
 The row kernel (:mod:`~triton_backend.engines.torch.row_gemm`) streams float32 weights; a one-row decode
-step is bound by that stream (~540 MB for SmolLM2-135M with its LM head). This kernel reads the same
-panels (32 output columns, k-major) in a compact type and decodes each weight in registers (int4, grouped
-int8: ``float(q) * group scale``; int4 with minimums: ``float(q) * scale + minimum``, two roundings as
-GGUF's float dequantization; int8, fp8 and 16-bit exactly). Every output is two fused multiply-add chains,
-over the even and over the odd ``k`` in ascending order, then their sum (two chains: at one row a
-single chain's FMA latency, not the compact weights' traffic, bounded a decode step), whatever the
-number of rows, so rows are bit-identical batched or alone; the result equals the float32 row kernel
-run on the even and on the odd columns of the decoded weights, summed (int8, fp8: then times the channel
-scale), bit for bit (tests/test_weight_gemm.py).
+step is bound by that stream (~540 MB for SmolLM2-135M with its LM head). This kernel reads compact weights:
+
+- int8 and int4 (every layout; group scales and minimums float32, or float16 as GGUF blocks hold them):
+  each row's activations are quantized to 16 bits per block (the weight's group, else 32), a block's dot
+  product with a weight column is exact in int32, and the float32 sum over blocks runs in a fixed order
+  (the C source's comment; :func:`emulate` spells it in torch and equals the kernel bit for bit). Within
+  ~1e-5 of float32 arithmetic on the decoded weights, and no per-weight int-to-float conversion.
+- fp8, float16, bfloat16: the row kernel's panels (32 output columns, k-major) decoded in registers
+  (exactly); every output is two fused multiply-add chains, over the even and over the odd ``k`` in
+  ascending order, then their sum (fp8: then times the channel scale): the float32 row kernel run on the
+  even and on the odd columns of the decoded weights, summed, bit for bit.
+
+Either way nothing depends on the other rows of a call: rows are bit-identical batched or alone
+(tests/test_weight_gemm.py).
 Why not torch's or another library's kernels: measured in docs/quantized-weights.md.
 
 The C++ source, ``weight_gemm.cpp`` beside this module (and ``weight_gemm_fp8.h``, which it includes:
