@@ -64,14 +64,20 @@ HEADLINE_ROWS = (
     HeadlineRow("eagle_data_positions_per_cpu_s", "drafter data: positions per CPU second, one process", 150.0, digits=1),
     HeadlineRow("eagle_data_positions_total", "drafter data: training positions in the committed corpus", 10_000_000,
                 digits=0),
-    HeadlineRow("eagle_heldout_chat_tokens_per_pass", "held-out split: EAGLE tokens per target pass, chat", 2.5,
-                pending=True),
-    HeadlineRow("eagle_heldout_all_tokens_per_pass", "held-out split: EAGLE tokens per target pass, all workloads", None,
-                pending=True),
-    HeadlineRow("heldout_chat_auto_x_plain", "held-out split: auto x plain, chat", 1.8, pending=True),
-    HeadlineRow("heldout_all_auto_x_plain", "held-out split: auto x plain, all workloads", 2.0, pending=True),
-    HeadlineRow("heldout_rows_identical_to_plain", "held-out split: every speculative row identical to plain (1 = yes)",
-                1.0, digits=0, pending=True),
+    HeadlineRow("eagle_heldout_chat_tokens_per_pass", "held-out split (bench --heldout-split): EAGLE tokens per "
+                "target pass, chat / all workloads / auto x plain, chat / all workloads / every speculative row "
+                "identical to plain (1 = yes)", 2.5, pending=True, parts=(
+                    HeadlineRow("eagle_heldout_all_tokens_per_pass", "", None),
+                    HeadlineRow("heldout_chat_auto_x_plain", "", 1.8),
+                    HeadlineRow("heldout_all_auto_x_plain", "", 2.0),
+                    HeadlineRow("heldout_rows_identical_to_plain", "", 1.0, digits=0))),
+    HeadlineRow("eagle_mtbench_chat_tokens_per_pass", "MT-Bench first turns (bench --mtbench, written outside the "
+                "project): EAGLE tokens per target pass, chat / all workloads / auto x plain, chat / all workloads / "
+                "every speculative row identical to plain (1 = yes)", None, pending=True, parts=(
+                    HeadlineRow("eagle_mtbench_all_tokens_per_pass", "", None),
+                    HeadlineRow("mtbench_chat_auto_x_plain", "", None),
+                    HeadlineRow("mtbench_all_auto_x_plain", "", None),
+                    HeadlineRow("mtbench_rows_identical_to_plain", "", 1.0, digits=0))),
     HeadlineRow("openai_latency_x_grpc", "OpenAI API p50 latency over gRPC's, worst concurrency", 1.05, at_most=True),
     HeadlineRow("abrupt_client_aborts_per_1000", "abrupt gRPC client sessions that abort Triton, per 1,000", 0.0,
                 at_most=True, digits=0),
