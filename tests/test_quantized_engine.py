@@ -272,7 +272,9 @@ def test_engine_serves_a_model_optimizer_checkpoint(tmp_path_factory, precision)
     got = engine.forward([BatchRow(slot, 0, ids, num_logits=len(ids))])[0].logits
     with torch.inference_mode():
         want = ref(torch.tensor([ids])).logits[0]
-    assert _rel(got, want) < 1e-5
+    # integer weights run on 16-bit activations with exact integer block sums (weight_gemm.cpp): within 2e-4 of
+    # float arithmetic on the decoded weights; float formats keep the float path
+    assert _rel(got, want) < (2e-4 if has_pre else 1e-5)
     engine.release(slot)
     check_exactness(engine, [list(range(10 + i, 30 + 3 * i)) for i in range(4)])
 
