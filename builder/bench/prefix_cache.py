@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from builder.report_paths import repo_path
 from builder.headline import HEADLINE_PATH, update_headline
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
 from triton_backend.core.config import SamplingParams, SpeculationConfig
@@ -225,7 +226,7 @@ def run_prefix_bench(config: PrefixBenchConfig) -> dict[str, Any]:
                                                                  max_batch_size=config.slots,
                                                                  kernel_threads=config.kernel_threads))
     decoder = SpeculativeDecoder(engine, tokenizer)
-    result: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+    result: dict[str, Any] = {"config": {k: (repo_path(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
                               "engine": repr(engine), "measured_through": "BatchScheduler in process (no server)"}
     result["ttft"] = measure_ttft(decoder, config)
     result["chunked_prefill"] = measure_chunking(decoder, config)
