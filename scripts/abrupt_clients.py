@@ -26,7 +26,7 @@ from builder.headline import HEADLINE_PATH, update_headline  # noqa: E402
 from builder.report_paths import portable  # noqa: E402
 from builder.stages.model_repository import render_model_repository  # noqa: E402
 from builder.ops.triton_server import ServerConfig  # noqa: E402
-from triton_backend.deployment.config import DeploymentConfig  # noqa: E402
+from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
 from triton_backend.serving.interface import ServingConfig  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from triton_fixtures import RunningTriton
 
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_server import ServerConfig, TritonServer
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 
 DEPLOYMENT = DeploymentConfig()

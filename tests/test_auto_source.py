@@ -20,7 +20,7 @@ from triton_backend.core.config import (DraftLengthConfig, EagleConfig, Fallback
                                         SpeculationConfig, SpeculationMode)
 from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
-from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.engines.torch import row_gemm as row_gemm_module
 from triton_backend.engines.torch.llama_engine import LlamaEngine

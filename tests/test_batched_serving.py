@@ -14,7 +14,7 @@ import pytest
 from triton_fixtures import RunningTriton, running_triton
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 from triton_backend.serving.service import parse_request
 

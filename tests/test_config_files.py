@@ -17,7 +17,7 @@ from triton_backend.core.config import (
     TreeAcceptance,
 )
 from triton_backend.core.config_io import descriptions, read_config
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.core.errors import ConfigError, InvalidRequestError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_read_config_names_missing_fields() -> None:
 
 
 def test_the_deployment_config_loads_without_torch_and_without_cycles() -> None:
-    code = ("import sys; import triton_backend.deployment.config, triton_backend.engines.trtllm.config; "
+    code = ("import sys; import triton_backend.deployment.deployment_config, triton_backend.engines.trtllm.trtllm_config; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
     # trtllm_deployment first: it imports deployment_config, which imports neither of the builders

@@ -17,7 +17,7 @@ from builder.cli.deploy import add_deploy_arguments, config_from_settings, resol
 from builder.stages.manifest import refresh_manifest, verify_manifest, write_manifest
 from builder.stages.model_repository import render_model_repository, render_front_models
 from triton_backend.core.errors import ConfigError, InvalidRequestError
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 from triton_backend.serving.trtllm_inputs import trtllm_request_defaults
 

@@ -20,7 +20,7 @@ from builder.ops.triton_server import Endpoints
 from triton_backend.core.config import SpeculationMode
 from triton_backend.core.drafter_format import EagleFormat
 from triton_backend.core.errors import ConfigError
-from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig, SelfDraftConfig
 from triton_backend.serving.service import load_deployment
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

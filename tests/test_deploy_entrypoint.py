@@ -28,7 +28,7 @@ from builder.plan.spec import BuildSpec
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, free_port
 from builder.ops.default_deployment import default_deployment
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.service import parse_request
 
 REPO = Path(__file__).resolve().parent.parent

@@ -178,7 +178,7 @@ def test_training_smoke_on_tiny_target(tmp_path):
     from builder.train.eagle import EagleTrainConfig, train_eagle
     from builder.train.target_data import TargetDataConfig, generate_target_data
     from triton_backend.deployment.torch_deployment import build_decoder
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.core.reference_model import ensure_reference_model
 
     tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), hidden=64, layers=2, intermediate=128)

@@ -58,7 +58,7 @@ def test_stored_keeps_the_files_precision_and_the_runtime_setting_parses(tmp_pat
 
 
 def test_a_deployments_drafter_weights_reach_the_drafter(tmp_path):
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.deployment.torch_deployment import _eagle_drafter
 
     target = tiny_engine(0, layers=4)

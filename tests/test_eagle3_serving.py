@@ -235,7 +235,7 @@ def test_served_first_drafts_equal_the_training_forward(monkeypatch):
 
 
 def test_deployment_tells_eagle3_folders_from_eagle1_files(tmp_path):
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.speculation.drafters.eagle_model import EagleInfo, EagleNet, save_eagle
 
     target = tiny_engine(0, layers=6)
@@ -430,7 +430,7 @@ def test_eagle3_through_a_real_triton_server(tmp_path):
     from test_batched_serving import _concurrently
     from builder.ops.triton_client import GenerateRequest
     from triton_backend.core.reference_model import ensure_reference_model
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.deployment.torch_deployment import build_decoder
     from triton_backend.serving.interface import ServingConfig
     from triton_backend.serving.service import parse_request

@@ -22,7 +22,7 @@ from conftest import tiny_engine
 from triton_backend.core.config import (DraftLengthConfig, FallbackConfig, FinishReason, SamplingParams,
                                         SpeculationConfig, SpeculationMode)
 from triton_backend.core.runtime_config import RuntimeConfig
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.core.errors import InvalidRequestError, SpecbuildError

@@ -53,3 +53,13 @@ def test_every_module_imports(monkeypatch) -> None:
         if name.startswith("triton_backend.serving.triton."):
             del sys.modules[name]
     assert failed == {}
+
+
+def test_no_two_runtime_modules_share_a_name() -> None:
+    """Every module under triton_backend/ has a name of its own (``__init__.py`` aside): a name
+    says which module it is without its folder (docs and logs name modules by file)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "triton_backend").rglob("*.py")):
+        if path.name != "__init__.py" and "__pycache__" not in path.parts:
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

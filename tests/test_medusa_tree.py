@@ -15,7 +15,7 @@ from conftest import tiny_engine
 from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, MedusaConfig, SamplingParams, SpeculationConfig, SpeculationMode, TreeAcceptance,
 )
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.speculation.drafters.medusa import MedusaDrafter
 from triton_backend.core.errors import ConfigError, ModelLoadError
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder

@@ -63,7 +63,7 @@ def test_build_exports_the_target_again_and_renders_the_self_draft(tmp_path, mon
     from builder.cli.main import main as cli_main
     from test_build_pipeline import CAL, path_without_trtllm_build
     from triton_backend.core.reference_model import ensure_reference_model
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
 
     tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), seed=3)
     monkeypatch.setenv("PATH", path_without_trtllm_build())

@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 from builder.stages.model_repository import front_models, render_front_config, RenderError, render_config_pbtxt, render_model_repository, render_template
 from builder.ops.triton_client import GenerateRequest
 from triton_backend.core.config import SpeculationConfig, SpeculationMode
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.core.errors import ConfigError, InvalidRequestError
 from triton_backend.serving.interface import INPUTS, OUTPUTS, ServingConfig
 from triton_backend.serving.service import load_deployment, parse_request

@@ -29,9 +29,9 @@ from triton_backend.core.config import (
     DraftLengthConfig, FallbackConfig, FinishReason, SamplingParams, SpeculationConfig, SpeculationMode,
 )
 from triton_backend.deployment.torch_deployment import build_decoder
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
+from triton_backend.engines.trtllm.trtllm_config import EngineRuntime, TrtllmConfig
 from triton_backend.engines.trtllm.engine import TRTLLM_MISSING, read_engine_info
 from triton_backend.engines.trtllm.requests import (
     NO_END_ID, SeedRole, count_accepted, draft_request, end_ids, executor_spec, plain_request, request_seed,

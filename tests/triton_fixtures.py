@@ -17,7 +17,7 @@ import pytest
 
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonServer
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 
 # the deployment the server serves and the in-process reference decoder is built from

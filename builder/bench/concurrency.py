@@ -117,7 +117,7 @@ def _serving(config: ConcurrencyConfig, mode: str) -> tuple[Any, Any, str]:
     """(deployment, serving config, request speculation mode) of one serving mode."""
     from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SpeculationConfig
     from triton_backend.core.runtime_config import RuntimeConfig
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.serving.interface import ServingConfig
 
     def absolute(path: str | None) -> str | None:

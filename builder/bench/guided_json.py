@@ -178,7 +178,7 @@ def run_json_bench(config: JsonBenchConfig) -> JsonBenchRun:
     from tqdm import tqdm
 
     from triton_backend.core.runtime_config import RuntimeConfig
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.deployment.torch_deployment import build_decoder
 
     prompts = load_json_prompts(config.prompts_file)

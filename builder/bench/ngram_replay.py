@@ -116,7 +116,7 @@ def record(path: Path, max_tokens: int, target: str, threads: int = 1) -> int:
     """Plain greedy outputs of every prompt set into ``path``; returns the number recorded."""
     from triton_backend.core.config import SamplingParams
     from triton_backend.core.runtime_config import RuntimeConfig
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.deployment.torch_deployment import build_decoder
 
     decoder = build_decoder(DeploymentConfig(target=target, runtime=RuntimeConfig(num_threads=threads)))

@@ -48,7 +48,7 @@ def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> list[PerfRow]:
     from builder.stages.model_repository import render_model_repository
     from builder.ops.triton_server import ServerConfig, TritonServer
     from triton_backend.core.runtime_config import RuntimeConfig
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.serving.interface import ServingConfig
 
     prompts = _prompts(config)

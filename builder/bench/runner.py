@@ -21,7 +21,7 @@ from triton_backend.core.config import (DraftLengthConfig, EagleConfig, Fallback
                                         SpeculationMode)
 from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.deployment.torch_deployment import build_decoder
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.engines.torch.model_loading import load_model
 

@@ -18,7 +18,7 @@ from builder.bench.config import BenchConfig
 from builder.bench.rows import OursRow, Row
 from triton_backend.core.config import DraftLengthConfig, SpeculationConfig, SpeculationMode
 from triton_backend.core.runtime_config import WeightPrecision
-from triton_backend.deployment.config import SelfDraftConfig
+from triton_backend.deployment.deployment_config import SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.speculation.drafters.protocol import Drafter
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder

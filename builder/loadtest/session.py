@@ -25,7 +25,7 @@ from builder.loadtest.streams import Answer, LoadConfig, LoadReport, Template, m
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_server import ServerConfig, TritonServer
 from triton_backend.deployment.torch_deployment import build_decoder
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Sequence
 from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import cache_dir
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 
 logger = logging.getLogger(__name__)
 

@@ -53,9 +53,9 @@ from builder.ops.openai.app import OpenAIConfig
 from builder.ops.serve import REPOSITORY_DIR, ServeConfig, prepare_repository, serve_forever
 from builder.plan.spec import BuildSpec
 from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, TritonServer
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
-from triton_backend.engines.trtllm.config import EngineRuntime
+from triton_backend.engines.trtllm.trtllm_config import EngineRuntime
 from triton_backend.core.errors import ConfigError, SpecbuildError
 from triton_backend.core.reference_model import cache_dir
 

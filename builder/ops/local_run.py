@@ -12,7 +12,7 @@ from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.core.drafter_format import detect_eagle_format
-from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig, SelfDraftConfig
 from triton_backend.speculation.decoding import GenerationResult
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 

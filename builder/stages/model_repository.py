@@ -38,7 +38,7 @@ from triton_backend.serving.trtllm_interface import (
 )
 
 if TYPE_CHECKING:  # rendering needs no torch: only the config's JSON
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from builder.stages.torch_weights import TorchServing, relative_to_file, save_to
 
 if TYPE_CHECKING:
     from triton_backend.core.runtime_config import WeightPrecision
-    from triton_backend.engines.trtllm.config import TrtllmConfig
+    from triton_backend.engines.trtllm.trtllm_config import TrtllmConfig
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +183,8 @@ def _stage_repository(ctx: BuildContext) -> None:
     from builder.stages.model_repository import VERSION, render_model_repository
     from triton_backend.core.config import DraftLengthConfig, SpeculationConfig
     from triton_backend.core.runtime_config import RuntimeConfig
-    from triton_backend.deployment.config import DeploymentConfig
-    from triton_backend.engines.trtllm.config import EngineRuntime
+    from triton_backend.deployment.deployment_config import DeploymentConfig
+    from triton_backend.engines.trtllm.trtllm_config import EngineRuntime
     from triton_backend.serving.interface import ServingConfig
 
     assert ctx.serving is not None
@@ -247,7 +247,7 @@ def _self_draft(ctx: BuildContext) -> Any:
     draft's planned precision as the CPU kernels serve it (int8 where that is the target's own
     over all layers), its layers evenly spaced from layer 0."""
     from triton_backend.core.runtime_config import WeightPrecision
-    from triton_backend.deployment.config import SelfDraftConfig
+    from triton_backend.deployment.deployment_config import SelfDraftConfig
     from builder.plan.planner import self_draft_layers
 
     draft = ctx.spec.draft
@@ -289,7 +289,7 @@ def _int4_group(ctx: BuildContext) -> int:
 def _compiled_engines(ctx: BuildContext, file_dir: Path) -> TrtllmConfig | None:
     """The deployment's engines when every engine of the build compiled (the repository then
     serves them with the trtllm runtime), else None (it serves the torch weights)."""
-    from triton_backend.engines.trtllm.config import TrtllmConfig, TrtllmTargetKind
+    from triton_backend.engines.trtllm.trtllm_config import TrtllmConfig, TrtllmTargetKind
 
     if not ctx.engines or any(e.status is not EngineStatus.COMPILED for e in ctx.engines):
         return None

@@ -8,7 +8,7 @@ from typing import Any
 
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SamplingParams, SpeculationMode
 from triton_backend.deployment.torch_deployment import build_decoder
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 
 logger = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ def evaluate_eagle(target: str, eagle: str, evaluation: EvalConfig, *, headline:
     """Held-out greedy acceptance of the drafter (EAGLE-1 or EAGLE-3) in the real loop (fixed draft
     length, no fallback)."""
     from triton_backend.core.config import SpeculationMode
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
 
     identity = drafter_identity(eagle)
     logger.info("measuring drafter %s (%s) on %d held-out prompts", identity["drafter"], identity["format"],

@@ -77,7 +77,7 @@ def _acceptance(deployment: Any, evaluation: EvalConfig | None, mode: Any) -> Ac
 def run_distill(job: DistillJob) -> dict[str, Any]:
     """Generate/resume the data, train the draft, measure held-out acceptance; returns the report."""
     from triton_backend.core.config import SpeculationMode
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
 
     previous = _with_threads(job.threads)
     try:
@@ -96,7 +96,7 @@ def run_distill(job: DistillJob) -> dict[str, Any]:
 def run_train_medusa(job: MedusaJob) -> dict[str, Any]:
     """Generate/resume training and held-out data, train the heads, measure acceptance."""
     from triton_backend.core.config import SpeculationMode
-    from triton_backend.deployment.config import DeploymentConfig
+    from triton_backend.deployment.deployment_config import DeploymentConfig
 
     previous = _with_threads(job.threads)
     try:

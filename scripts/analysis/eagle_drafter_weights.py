@@ -23,7 +23,7 @@ from triton_backend.core.config import (DraftLengthConfig, EagleConfig, Fallback
                                         SpeculationMode)
 from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
 from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
-from triton_backend.deployment.config import DeploymentConfig  # noqa: E402
+from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
 from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402
 from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter  # noqa: E402
 

@@ -27,7 +27,7 @@ from spec_ratio import EAGLE, _prompts  # noqa: E402  (the same held-out prompt 
 from triton_backend.core.config import SamplingParams, SpeculationConfig  # noqa: E402
 from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
 from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
-from triton_backend.deployment.config import DeploymentConfig  # noqa: E402
+from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
 from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402
 from triton_backend.speculation.drafters.eagle_model import TreeStep  # noqa: E402
 from triton_backend.core.config import SpeculationMode  # noqa: E402

@@ -30,7 +30,7 @@ from builder.bench.rows import OursRow, Row
 from builder.plan.planner import self_draft_layers
 from triton_backend.core.config import DraftLengthConfig, FallbackConfig, SpeculationConfig, SpeculationMode
 from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
-from triton_backend.deployment.config import DeploymentConfig, SelfDraftConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig, SelfDraftConfig
 from triton_backend.deployment.self_draft import self_draft_engine, self_drafter
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder

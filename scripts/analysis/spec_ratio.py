@@ -39,7 +39,7 @@ from triton_backend.core.config import (CrossRequestConfig, CrossRequestContinua
                                         FallbackConfig, SpeculationConfig, SpeculationMode)
 from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.deployment.torch_deployment import build_decoder
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.suffix_index import CrossRequestIndex, cross_request_index

@@ -356,7 +356,7 @@ class SpeculationConfig:
     ``method`` selects the drafter (a request may choose another the deployment has); the
     settings of each method with settings of its own sit in that method's config
     (:class:`NgramConfig`, :class:`MedusaConfig`, :class:`EagleConfig`; a draft model has none
-    beyond its file, which is :class:`~triton_backend.deployment.config.DeploymentConfig` fields), the
+    beyond its file, which is :class:`~triton_backend.deployment.deployment_config.DeploymentConfig` fields), the
     knobs every method shares in :class:`DraftLengthConfig` and :class:`FallbackConfig`.
     """
 

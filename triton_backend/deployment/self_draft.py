@@ -1,4 +1,4 @@
-"""The target as its own draft (:class:`~triton_backend.deployment.config.SelfDraftConfig`): a
+"""The target as its own draft (:class:`~triton_backend.deployment.deployment_config.SelfDraftConfig`): a
 second slot engine over the target's already-loaded model, its linear weights (and LM head)
 quantized at load to the draft precision, optionally over fewer of its layers.
 
@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from triton_backend.core.runtime_config import DraftContext, RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
-from triton_backend.deployment.config import SelfDraftConfig
+from triton_backend.deployment.deployment_config import SelfDraftConfig
 from triton_backend.engines.torch.llama_engine import LlamaEngine
 from triton_backend.engines.torch.model_loading import layer_skip_draft, make_torch_engine
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, TargetContext

@@ -1,6 +1,6 @@
 """Building a deployment's :class:`SpeculativeDecoder` (the torch runtime here; the ``trtllm``
 runtime in :mod:`triton_backend.deployment.trtllm_deployment`) from its
-:class:`~triton_backend.deployment.config.DeploymentConfig`.
+:class:`~triton_backend.deployment.deployment_config.DeploymentConfig`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 from triton_backend.core.config import SpeculationMode
 from triton_backend.core.drafter_format import EagleFormat
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.suffix_index import cross_request_index
 from triton_backend.speculation.drafters.protocol import Drafter
-from triton_backend.engines.trtllm.config import EngineRuntime
+from triton_backend.engines.trtllm.trtllm_config import EngineRuntime
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.engines.torch.llama_engine import LlamaEngine

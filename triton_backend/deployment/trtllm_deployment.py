@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.speculation.drafters.ngram import NgramDrafter
-from triton_backend.engines.trtllm.config import TrtllmConfig, TrtllmTargetKind
+from triton_backend.engines.trtllm.trtllm_config import TrtllmConfig, TrtllmTargetKind
 from triton_backend.engines.trtllm.engine import (
     EngineInfo, TrtllmEngine, check_engine_dir, executor_bindings, read_engine_info,
 )

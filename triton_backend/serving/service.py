@@ -18,7 +18,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 
 from triton_backend.core.config import SamplingParams, SpeculationConfig
-from triton_backend.deployment.config import DeploymentConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.core.errors import InvalidRequestError, OverloadedError, SpecbuildError
 from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.speculation.decoding import Decoder

@@ -2,7 +2,7 @@
 
 Every request and executor setting is built here from the project's typed configs
 (:class:`~triton_backend.core.config.SamplingParams`, :class:`~triton_backend.core.config.SpeculationConfig`,
-:class:`~triton_backend.engines.trtllm.config.TrtllmConfig`) without importing TensorRT-LLM;
+:class:`~triton_backend.engines.trtllm.trtllm_config.TrtllmConfig`) without importing TensorRT-LLM;
 :mod:`triton_backend.engines.trtllm.engine` turns the specs into
 ``tensorrt_llm.bindings.executor`` objects with the keyword arguments of ``kwargs()``.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from triton_backend.core.config import SamplingParams
-from triton_backend.engines.trtllm.config import TrtllmConfig
+from triton_backend.engines.trtllm.trtllm_config import TrtllmConfig
 from triton_backend.core.eos import stopping_eos
 
 NO_END_ID = -1  # TensorRT-LLM's end_id for "never stop at an end token" (ignore_eos)

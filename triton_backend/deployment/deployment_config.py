@@ -17,7 +17,7 @@ from triton_backend.core.config import SpeculationConfig, SpeculationMode
 from triton_backend.core.runtime_config import DraftContext, RuntimeConfig, WeightPrecision
 from triton_backend.core.config_io import read_config, to_plain
 from triton_backend.core.drafter_format import EagleFormat, detect_eagle_format
-from triton_backend.engines.trtllm.config import EngineRuntime, TrtllmConfig
+from triton_backend.engines.trtllm.trtllm_config import EngineRuntime, TrtllmConfig
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
