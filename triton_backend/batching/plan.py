@@ -20,7 +20,9 @@ a plan makes (an engine whose attention takes a slower path as soon as one row c
 several tokens) and it leaves out what a round costs besides the pass. So the load-aware
 planner also measures: per batch size (powers of two) it keeps the committed tokens per
 second of whole rounds run under each :class:`Regime` (every planned row plain, the
-pass-cost plan, each row's own controller as alone). Plain rounds are the incumbent: a
+pass-cost plan, each row's own controller as alone, every row drafting all its option offers
+as a request with ``fallback`` off would: so the measured choice includes both regimes a
+deployment could fix by hand, plain and always). Plain rounds are the incumbent: a
 speculating regime runs only once it has measured clearly faster than plain. The others are
 probed every ``probe_every`` rounds; a probe that loses by a clear margin doubles that
 regime's interval (up to ``max_probe_every``, and a larger batch starts from the interval a
@@ -62,6 +64,7 @@ class Regime(str, enum.Enum):
 
     PLAN = "plan"  # the pass-cost plan
     OWN = "own"  # each row's own controller (as alone)
+    FULL = "full"  # every planned row drafts all its option offers (what ``fallback`` off does)
     PLAIN = "plain"  # every planned row decodes plainly
 
 
@@ -245,7 +248,10 @@ class DraftPlanner:
             options[i] = seq.row_option() if i in planned else RowOption(prefix_probs=(0.0,) * ks[i])
         first = seqs[planned[0]].controller  # planned rows decide from their target's pass costs, as alone
         cost_model, margin = self.cost_model or first.cost_model, first.config.fallback.gain_margin
-        chosen = plan_batch(options, ks, planned, cost_model, margin)
+        if self.regime is Regime.FULL:
+            chosen = [options[i].max_k if i in planned else ks[i] for i in range(len(seqs))]
+        else:
+            chosen = plan_batch(options, ks, planned, cost_model, margin)
         for i in planned:
             ks[i] = seqs[i].cap_draft_length(chosen[i])
             seqs[i].plan_draft(ks[i])
