@@ -19,15 +19,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from builder.loadtest.abrupt_clients import AbruptConfig, markdown, run_abrupt_clients  # noqa: E402
-from builder.headline import HEADLINE_PATH, update_headline  # noqa: E402
-from builder.report_paths import portable  # noqa: E402
-from builder.stages.model_repository import render_model_repository  # noqa: E402
-from builder.ops.triton_server import ServerConfig  # noqa: E402
-from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
-from triton_backend.serving.interface import ServingConfig  # noqa: E402
+from builder.loadtest.abrupt_clients import AbruptConfig, markdown, run_abrupt_clients
+from builder.headline import HEADLINE_PATH, update_headline
+from builder.report_paths import portable
+from builder.stages.model_repository import render_model_repository
+from triton_backend.serving.launch.triton_server import ServerConfig
+from triton_backend.deployment.deployment_config import DeploymentConfig
+from triton_backend.serving.interface import ServingConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,12 +17,10 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from builder.loadtest.openai_streams import OpenAILoadConfig  # noqa: E402
-from builder.loadtest.streams import LoadConfig  # noqa: E402
-from builder.loadtest.session import SessionConfig, markdown, run_session, write  # noqa: E402
-from triton_backend.serving.interface import ServingConfig  # noqa: E402
+from builder.loadtest.openai_streams import OpenAILoadConfig
+from builder.loadtest.streams import LoadConfig
+from builder.loadtest.session import SessionConfig, markdown, run_session, write
+from triton_backend.serving.interface import ServingConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from builder.bench.prefix_cache import PrefixBenchConfig, run_prefix_bench  # noqa: E402
+from builder.bench.prefix_cache import PrefixBenchConfig, run_prefix_bench
 
 
 def main(argv: list[str] | None = None) -> int:

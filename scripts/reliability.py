@@ -43,20 +43,16 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from builder.headline import HEADLINE_PATH, update_headline
+from builder.loadtest.raw_requests import BIG, infer_input, stream_request
+from builder.loadtest.raw_requests import post as _post
+from triton_backend.serving.launch.triton_server import InferenceKey, ServerError, check_port_free, free_port
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from reliability_fixtures import BIG, infer_input, stream_request  # noqa: E402
-from reliability_fixtures import post as _post  # noqa: E402
-
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from builder.headline import HEADLINE_PATH, update_headline  # noqa: E402
-from builder.ops.triton_server import InferenceKey, ServerError, check_port_free, free_port  # noqa: E402
-
 BEGIN, END = "<!-- reliability.py: begin -->", "<!-- reliability.py: end -->"
 BEGIN44, END44 = "<!-- reliability.py issue44: begin -->", "<!-- reliability.py issue44: end -->"
 KEY = InferenceKey("reliability-" + "k" * 20)

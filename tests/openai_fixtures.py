@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from builder.ops.openai.app import OpenAIConfig, OpenAIServer
+from triton_backend.serving.front.openai.app import OpenAIConfig, OpenAIServer
 from builder.ops.serve import start_openai_front
 from triton_fixtures import triton  # noqa: F401 - the session's real Triton server
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.ops.triton_server import ServerConfig, free_port, process_group_members
-from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
+from triton_backend.serving.launch.triton_server import ServerConfig, free_port, process_group_members
+from triton_backend.serving.launch.triton_supervisor import RestartPolicy, TritonSupervisor
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """What one unauthenticated client can do (issue 26), against a REAL Triton server behind the
-HTTP guard (:mod:`builder.ops.http_guard`): the short CI form. The long form with figures:
+HTTP guard (:mod:`triton_backend.serving.front.http_guard`): the short CI form. The long form with figures:
 ``python scripts/reliability.py`` (benchmarks/results/reliability.md).
 
 - a large form-encoded generate body (Triton 2.51 segfaults on >= ~4.5 MB) is refused with a
@@ -26,8 +26,8 @@ from reliability_fixtures import (  # noqa: F401 (fixtures)
     BIG, MODEL, delta, infer_input, post, reliable_triton, stream_request, wait_idle,
 )
 
-from builder.ops.http_guard import GuardConfig, HttpGuard, api_group
-from builder.ops.triton_server import RestrictedApi
+from triton_backend.serving.front.http_guard import GuardConfig, HttpGuard, api_group
+from triton_backend.serving.launch.triton_server import RestrictedApi
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from builder.ops.http_guard import GuardConfig, HttpGuard
-from builder.ops.triton_server import InferenceKey, ServerConfig, ServerError, TritonServer
+from triton_backend.serving.front.http_guard import GuardConfig, HttpGuard
+from triton_backend.serving.launch.triton_server import InferenceKey, ServerConfig, ServerError, TritonServer
 from reliability_fixtures import post
 
 KEY = InferenceKey("test-key-" + "x" * 16)

@@ -13,7 +13,7 @@ from builder.bench.guided_json import (DEFAULT_JSON_PROMPTS, JsonBenchConfig, Js
 from builder.bench.guided_json_report import is_valid, json_markdown, summarize_json, write_json_report
 from builder.cli.main import main as cli_main
 from builder.headline import HEADLINE_PATH
-from builder.ops.openai.tools import parse_tools
+from triton_backend.serving.front.openai.tools import parse_tools
 from triton_backend.core.errors import ConfigError
 
 FLAG = {"type": "object", "additionalProperties": False, "required": ["ok"], "properties": {"ok": {"type": "boolean"}}}

@@ -165,7 +165,7 @@ def test_rendered_deployment_runs_in_process_and_matches_the_target_alone(full_b
 
 def test_rendered_repository_loads_in_real_triton(full_build, tmp_path):
     from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-    from builder.ops.triton_server import ServerConfig, TritonServer
+    from triton_backend.serving.launch.triton_server import ServerConfig, TritonServer
 
     out, _ = full_build
     server = TritonServer(ServerConfig(out / "model_repo", exit_timeout_s=5, startup_timeout_s=300,

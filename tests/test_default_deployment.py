@@ -16,7 +16,7 @@ from builder.ops.default_deployment import (CACHE_DRAFTERS_DIR, REFERENCE_DRAFTE
 from builder.ops.demo import DemoResult, acceptance
 from builder.ops.serve import ServeConfig, prepare_repository
 from builder.ops.triton_client import RemoteResult
-from builder.ops.triton_server import Endpoints
+from triton_backend.serving.launch.triton_server import Endpoints
 from triton_backend.core.config import SpeculationMode
 from triton_backend.core.drafter_format import EagleFormat
 from triton_backend.core.errors import ConfigError

@@ -26,7 +26,7 @@ from builder.cli.deploy import config_from_settings, resolve_settings
 from builder.stages.model_repository import render_model_repository
 from builder.plan.spec import BuildSpec
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, free_port
+from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig, TritonInstallation, free_port
 from builder.ops.default_deployment import default_deployment
 from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.service import parse_request

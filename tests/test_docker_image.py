@@ -28,7 +28,7 @@ from test_deploy_entrypoint import PROMPT, SPEC_TEXT, _local_text  # the same sp
 from triton_fixtures import local_decoder  # noqa: F401 (fixture)
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.ops.triton_server import free_port
+from triton_backend.serving.launch.triton_server import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""The stop's drain (builder/ops/triton_drain.py) reading a Prometheus endpoint, and the HTTP
-guard's cancellation id (builder/ops/http_guard.with_cancel_id). Against a real Triton:
+"""The stop's drain (triton_backend/serving/launch/triton_drain.py) reading a Prometheus endpoint, and the HTTP
+guard's cancellation id (triton_backend/serving/front/http_guard.with_cancel_id). Against a real Triton:
 tests/test_triton_server.py (an idle stop), tests/test_faults.py (a stop past its deadline),
 tests/test_http_abandon.py (abandoned HTTP clients)."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from builder.ops.http_guard import with_cancel_id
-from builder.ops.triton_drain import IDLE_POLLS, Drain, Verdict, in_flight
+from triton_backend.serving.front.http_guard import with_cancel_id
+from triton_backend.serving.launch.triton_drain import IDLE_POLLS, Drain, Verdict, in_flight
 from triton_backend.serving.triton.io import CANCEL_ID_PARAM
 
 METRICS = """# HELP specdec_requests_in_flight Requests being generated now

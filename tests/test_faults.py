@@ -25,7 +25,7 @@ from reliability_fixtures import (  # noqa: F401 (fixtures)
 from builder.loadtest.streams import LoadConfig, Template, expected_template, make_templates, process_tree, send
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_client import GenerateRequest
-from builder.ops.triton_server import ServerConfig, ServerError, TritonServer, free_port
+from triton_backend.serving.launch.triton_server import ServerConfig, ServerError, TritonServer, free_port
 from triton_backend.core.errors import ModelLoadError
 from triton_backend.engines.torch.model_loading import load_model
 from triton_backend.core.reference_model import ensure_reference_model
@@ -159,7 +159,7 @@ def _wait_for_in_flight(metrics_url: str, count: int, timeout_s: float = 120) ->
 
 
 def test_a_request_in_flight_past_the_deadline_cannot_keep_specbuild_serve_up(tmp_path: Path) -> None:
-    """SIGTERM drains in-flight requests up to a deadline (builder/ops/triton_drain.py): an endless
+    """SIGTERM drains in-flight requests up to a deadline (triton_backend/serving/launch/triton_drain.py): an endless
     request is still in flight at ``--exit-timeout`` + the grace period, so `specbuild serve` ends
     Triton by force then (status 1), while another client holds an idle gRPC stream open (Triton
     2.51 alone would never exit then). Nothing of the server is left: processes, shared memory."""

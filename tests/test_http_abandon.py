@@ -1,7 +1,7 @@
 """HTTP clients that give up stop costing work (issue 44), against a REAL Triton server behind
 the HTTP guard: Triton 2.51's HTTP frontend does not tell a model that its client left, so the
 guard names each generate request and cancels it through the models' cancellation channel
-(builder/ops/http_guard.py). Without that, the 16 abandoned 2048-token requests below ran to
+(triton_backend/serving/front/http_guard.py). Without that, the 16 abandoned 2048-token requests below ran to
 their ends and a fresh request waited behind them (16.8 s in issue 44's probe)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import pytest
 from reliability_fixtures import MODEL, delta, post, reliable_triton, wait_idle  # noqa: F401 (fixtures)
 
-from builder.ops.http_guard import GuardConfig, HttpGuard
+from triton_backend.serving.front.http_guard import GuardConfig, HttpGuard
 
 pytestmark = pytest.mark.slow
 

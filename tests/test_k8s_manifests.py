@@ -25,7 +25,7 @@ from builder.cli.main import main  # noqa: E402
 from builder.ops.deploy import DeployError  # noqa: E402
 from builder.ops.k8s.config import ImageKind, KubeConfig, KubernetesError, Monitoring  # noqa: E402
 from builder.ops.k8s.render import KUSTOMIZATION, adapter_rule, render, write  # noqa: E402
-from builder.ops.triton_supervisor import EXIT_GRACE_S  # noqa: E402
+from triton_backend.serving.launch.triton_supervisor import EXIT_GRACE_S  # noqa: E402
 from builder.plan.gpus import GIB  # noqa: E402
 from builder.plan.planner import plan_deployment  # noqa: E402
 from builder.plan.spec import BuildSpec, MedusaSpec, TorchRuntimeSpec  # noqa: E402

@@ -24,7 +24,7 @@ from builder.loadtest.streams import metrics
 from builder.ops.k8s.config import ImageKind, KubeConfig
 from builder.ops.k8s.render import render, write
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
-from builder.ops.triton_server import free_port
+from triton_backend.serving.launch.triton_server import free_port
 from builder.plan.spec import BuildSpec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,6 +30,14 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     assert any(line.startswith("import cycle:") for line in found)
 
 
+def test_the_checker_sees_a_module_in_no_layer(tmp_path: Path) -> None:
+    """Every package is in the order: a package the layers do not name (builder/eval/ was one) is a problem."""
+    for d in (tmp_path / "triton_backend" / "core", tmp_path / "builder" / "newpkg"):
+        d.mkdir(parents=True)
+        (d / "m.py").write_text("X = 1\n")
+    assert _checker().problems(tmp_path) == ["module in no layer: builder.newpkg.m"]
+
+
 def test_every_module_imports(monkeypatch) -> None:
     """Every module imports (a name moved between modules fails here, not in a Triton stub). The
     Triton models import ``triton_python_backend_utils``, which only Triton's stub provides: an

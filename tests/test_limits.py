@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from builder.ops.http_guard import integer_problem
+from triton_backend.serving.front.http_guard import integer_problem
 from triton_backend.core.config import SpeculationConfig
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.core.text import StopMatcher
@@ -98,7 +98,7 @@ def test_deploy_settings_bring_the_guard_and_close_the_admin_apis() -> None:
     import argparse
 
     from builder.cli.deploy import add_deploy_arguments, config_from_settings, resolve_settings
-    from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
+    from triton_backend.serving.front.http_guard import DEFAULT_MAX_BODY_BYTES
 
     parser = argparse.ArgumentParser()
     add_deploy_arguments(parser)

@@ -15,7 +15,7 @@ from reliability_fixtures import SERVING, reliable_decoder, reliable_triton  # n
 
 from builder.loadtest.openai_streams import OpenAILoadConfig, run_openai_load
 from builder.loadtest.streams import LoadConfig, make_templates, run_load
-from builder.ops.openai.app import OpenAIConfig
+from triton_backend.serving.front.openai.app import OpenAIConfig
 from builder.ops.serve import start_openai_front
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible front (builder/ops/openai) against a REAL Triton server, through the
+"""The OpenAI-compatible front (triton_backend/serving/front/openai) against a REAL Triton server, through the
 official ``openai`` SDK and plain HTTP: greedy output equals Triton's own, streams concatenate
 to the full answer, concurrent streams equal each request alone, errors are typed in OpenAI's
 format, the API key is enforced, and a client that disconnects cancels its request."""
@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from builder.ops.openai.app import OpenAIConfig
-from builder.ops.openai.errors import OpenAIError
-from builder.ops.openai.logprobs import LogprobsRequest, completion_logprobs, new_tracker
-from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request, response_format_guide
+from triton_backend.serving.front.openai.app import OpenAIConfig
+from triton_backend.serving.front.openai.openai_errors import OpenAIError
+from triton_backend.serving.front.openai.logprobs import LogprobsRequest, completion_logprobs, new_tracker
+from triton_backend.serving.front.openai.openai_request import Capabilities, Endpoint, parse_request, response_format_guide
 from builder.ops.triton_client import ClientConfig, GenerateRequest, generate
 from triton_backend.core.errors import ConfigError
 from openai_fixtures import KEY, MODEL, client, front  # noqa: F401 - one front over the session's Triton
@@ -81,7 +81,7 @@ def test_serve_and_deploy_flags_make_the_front_config() -> None:
     with pytest.raises(ConfigError, match="needs --openai-port"):
         openai_config(build_parser().parse_args(["serve", "--served-model-name", "m"]))
     from builder.cli.serve import api_key
-    from builder.ops.triton_server import InferenceKey
+    from triton_backend.serving.launch.triton_server import InferenceKey
 
     alone = build_parser().parse_args(["serve", "--api-key", "k"])  # guards Triton's own ports without the front
     assert openai_config(alone) is None and InferenceKey(api_key(alone)).flags() == [

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible front (builder/ops/openai) fuzzed: any JSON body parses to a typed
+"""The OpenAI-compatible front (triton_backend/serving/front/openai) fuzzed: any JSON body parses to a typed
 request or a typed OpenAI error, and random HTTP bodies against a REAL Triton server get an
 OpenAI error or an answer, never a traceback, with the server still up and nothing in flight."""
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder.ops.openai.errors import OpenAIError
-from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request
+from triton_backend.serving.front.openai.openai_errors import OpenAIError
+from triton_backend.serving.front.openai.openai_request import Capabilities, Endpoint, parse_request
 from openai_fixtures import KEY, MODEL, front  # noqa: F401 - one front over the session's Triton
 from triton_fixtures import triton  # noqa: F401 - the session's real Triton server
 

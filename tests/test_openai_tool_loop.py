@@ -1,4 +1,4 @@
-"""The OpenAI tool loop on the front (builder/ops/openai: tools.py, tool_format.py, tool_parser.py,
+"""The OpenAI tool loop on the front (triton_backend/serving/front/openai: tools.py, tool_format.py, tool_parser.py,
 messages.py): ``tool_choice: "auto"`` decoded under its grammar (free text, or calls once the model
 writes ``<tool_call>``) and parsed into ``content`` / ``tool_calls``, streamed and not;
 ``parallel_tool_calls``; assistant ``tool_calls`` and ``tool`` messages rendered for the chat
@@ -14,12 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from builder.ops.openai.errors import OpenAIError
-from builder.ops.openai.messages import parse_messages
-from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request
-from builder.ops.openai.tool_format import CALL_CLOSE, CALL_OPEN, render_call
-from builder.ops.openai.tool_parser import AutoToolDeltas, tool_message
-from builder.ops.openai.tools import AutoToolPlan, ToolCallPlan, parse_tools
+from triton_backend.serving.front.openai.openai_errors import OpenAIError
+from triton_backend.serving.front.openai.messages import parse_messages
+from triton_backend.serving.front.openai.openai_request import Capabilities, Endpoint, parse_request
+from triton_backend.serving.front.openai.tool_format import CALL_CLOSE, CALL_OPEN, render_call
+from triton_backend.serving.front.openai.tool_parser import AutoToolDeltas, tool_message
+from triton_backend.serving.front.openai.tools import AutoToolPlan, ToolCallPlan, parse_tools
 from openai_fixtures import MODEL, client, front  # noqa: F401 - one front over the session's Triton
 from triton_fixtures import triton  # noqa: F401 - the session's real Triton server
 

@@ -1,4 +1,4 @@
-"""Forced tool calls on the OpenAI front (builder/ops/openai/tools.py, tool_calls.py): ``tools`` with
+"""Forced tool calls on the OpenAI front (triton_backend/serving/front/openai/tools.py, tool_calls.py): ``tools`` with
 ``tool_choice`` ``required`` or a named function decoded under the function's JSON schema and
 returned as ``tool_calls``; bad definitions refused (``auto`` and the tool loop:
 tests/test_openai_tool_loop.py). Parsing and shaping without a
@@ -12,10 +12,10 @@ import random
 import jsonschema
 import pytest
 
-from builder.ops.openai.errors import OpenAIError
-from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request
-from builder.ops.openai.tool_calls import ToolCallDeltas, ToolCallText, tool_call_message
-from builder.ops.openai.tools import ToolCallPlan, parse_tools
+from triton_backend.serving.front.openai.openai_errors import OpenAIError
+from triton_backend.serving.front.openai.openai_request import Capabilities, Endpoint, parse_request
+from triton_backend.serving.front.openai.tool_calls import ToolCallDeltas, ToolCallText, tool_call_message
+from triton_backend.serving.front.openai.tools import ToolCallPlan, parse_tools
 from openai_fixtures import MODEL, client, front  # noqa: F401 - one front over the session's Triton
 from triton_fixtures import triton  # noqa: F401 - the session's real Triton server
 

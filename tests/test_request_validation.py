@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from builder.ops.http_guard import integer_problem
-from builder.ops.openai.errors import OpenAIError
-from builder.ops.openai.protocol import Capabilities, Endpoint, parse_request as parse_openai
+from triton_backend.serving.front.http_guard import integer_problem
+from triton_backend.serving.front.openai.openai_errors import OpenAIError
+from triton_backend.serving.front.openai.openai_request import Capabilities, Endpoint, parse_request as parse_openai
 from triton_backend.core.config import SpeculationConfig, check_sampling_values
 from triton_backend.core.errors import InvalidRequestError
 from triton_backend.serving.limits import LIMITS, RequestLimits, check_prompt_bytes, check_text
@@ -110,7 +110,7 @@ def test_the_openai_front_answers_400_for_a_lone_surrogate_and_a_5000_digit_inte
 
     from aiohttp.test_utils import make_mocked_request
 
-    from builder.ops.openai.app import _body
+    from triton_backend.serving.front.openai.app import _body
 
     async def read(raw: bytes):
         request = make_mocked_request("POST", "/v1/chat/completions")

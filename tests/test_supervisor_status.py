@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from builder.ops.triton_server import Endpoints, ServerConfig
-from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
+from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig
+from triton_backend.serving.launch.triton_supervisor import RestartPolicy, TritonSupervisor
 
 
 class ScriptedServer:

@@ -24,7 +24,7 @@ from builder.cli.main import main as cli_main
 from builder.ops.demo import DemoConfig, run_demo, tokens_per_s
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_client import ClientConfig, ClientError, ClientProtocol, GenerateRequest, RemoteResult, generate
-from builder.ops.triton_server import ServerConfig, ServerError, TritonServer, check_port_free, free_port
+from triton_backend.serving.launch.triton_server import ServerConfig, ServerError, TritonServer, check_port_free, free_port
 from triton_backend.speculation.decoding import GenerationResult
 from triton_backend.serving.service import parse_request
 
@@ -277,7 +277,7 @@ def test_model_that_fails_to_load_shows_tritons_error(tmp_path: Path) -> None:
 
 def test_serve_command_forwards_sigterm(tmp_path: Path) -> None:
     """`specbuild serve model_repo` (the committed repository) comes up, answers, and stops on SIGTERM
-    in seconds with nothing in flight (builder/ops/triton_drain.py: no wait for Triton's model
+    in seconds with nothing in flight (triton_backend/serving/launch/triton_drain.py: no wait for Triton's model
     unload, 10-21 s before), even while a client holds an idle gRPC stream open (Triton 2.51 alone
     never exits then): status 0, every port free for a new server at once, no shared memory left."""
     http_port = free_port()

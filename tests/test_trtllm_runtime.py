@@ -376,7 +376,7 @@ def test_compiled_engines_render_a_deployment_that_selects_trtllm(stand_in_build
 @needs_no_trtllm
 def test_serving_the_build_without_tensorrt_llm_fails_clearly_at_load(stand_in_build, tmp_path) -> None:
     from builder.ops.deploy import DeployError, check_engines_servable
-    from builder.ops.triton_server import ServerConfig, ServerError, TritonServer
+    from triton_backend.serving.launch.triton_server import ServerConfig, ServerError, TritonServer
 
     out, manifest = stand_in_build
     with pytest.raises(ModelLoadError, match="TensorRT-LLM is not installed"):

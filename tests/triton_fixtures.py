@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from builder.stages.model_repository import render_model_repository
-from builder.ops.triton_server import Endpoints, ServerConfig, TritonServer
+from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig, TritonServer
 from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 

@@ -231,7 +231,7 @@ def run_concurrency_bench(config: ConcurrencyConfig) -> dict[str, Any]:
     from contextlib import ExitStack
 
     from builder.stages.model_repository import render_model_repository
-    from builder.ops.triton_server import ServerConfig, TritonServer
+    from triton_backend.serving.launch.triton_server import ServerConfig, TritonServer
 
     prompts = _prompts(config)
     runs: dict[tuple[str, int], list[LevelResult]] = {(m, c): [] for m in config.modes for c in config.concurrency}

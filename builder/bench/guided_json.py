@@ -110,8 +110,8 @@ def rows_for(config: JsonBenchConfig) -> list[JsonRow]:
 
 
 def _prompt(entry: Any, i: int, path: Path) -> JsonPrompt:
-    from builder.ops.openai.errors import OpenAIError
-    from builder.ops.openai.tools import ToolCallPlan, parse_tools
+    from triton_backend.serving.front.openai.openai_errors import OpenAIError
+    from triton_backend.serving.front.openai.tools import ToolCallPlan, parse_tools
 
     where = f"{path} prompts[{i}]"
     if not isinstance(entry, dict) or entry.get("kind") not in KINDS or not isinstance(entry.get("text"), str):

@@ -63,9 +63,9 @@ def openai_sender(url: str, model: str, config: ConcurrencyConfig, speculation: 
 
 
 def run_api_bench(config: ConcurrencyConfig) -> dict[str, Any]:
-    from builder.ops.openai.app import OpenAIConfig
+    from triton_backend.serving.front.openai.app import OpenAIConfig
     from builder.ops.serve import start_openai_front
-    from builder.ops.triton_server import ServerConfig, TritonServer
+    from triton_backend.serving.launch.triton_server import ServerConfig, TritonServer
     from builder.stages.model_repository import render_model_repository
 
     prompts = _prompts(config)

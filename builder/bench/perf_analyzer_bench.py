@@ -46,7 +46,7 @@ def _prompts(config: PerfAnalyzerBenchConfig) -> list[str]:
 def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> list[PerfRow]:
     """Serve the target on loopback (free ports) and run perf_analyzer at each concurrency."""
     from builder.stages.model_repository import render_model_repository
-    from builder.ops.triton_server import ServerConfig, TritonServer
+    from triton_backend.serving.launch.triton_server import ServerConfig, TritonServer
     from triton_backend.core.runtime_config import RuntimeConfig
     from triton_backend.deployment.deployment_config import DeploymentConfig
     from triton_backend.serving.interface import ServingConfig

@@ -133,7 +133,7 @@ def triton_rows(config: BenchConfig, deployment: DeploymentConfig) -> Iterator[l
         yield []
         return
     from builder.stages.model_repository import render_model_repository
-    from builder.ops.triton_server import ServerConfig, TritonServer
+    from triton_backend.serving.launch.triton_server import ServerConfig, TritonServer
     from triton_backend.serving.interface import ServingConfig
 
     with tempfile.TemporaryDirectory(prefix="specbuild-bench-") as work:

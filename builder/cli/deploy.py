@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.ops.deploy import BuildMode, DeployConfig, DeployError, default_engine_cache
-from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
-from builder.ops.openai.app import OpenAIConfig
-from builder.ops.triton_server import (DEFAULT_ADMIN_HEADER, Endpoints, InferenceKey, RestrictedApi, ServerConfig,
+from triton_backend.serving.front.http_guard import DEFAULT_MAX_BODY_BYTES
+from triton_backend.serving.front.openai.app import OpenAIConfig
+from triton_backend.serving.launch.triton_server import (DEFAULT_ADMIN_HEADER, Endpoints, InferenceKey, RestrictedApi, ServerConfig,
                                       TritonSource)
 from triton_backend.core.errors import SpecbuildError
 

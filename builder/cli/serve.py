@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, RemoteResult
-from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
-from builder.ops.triton_server import (DEFAULT_ADMIN_HEADER, Endpoints, InferenceKey, RestrictedApi, ServerConfig,
+from triton_backend.serving.front.http_guard import DEFAULT_MAX_BODY_BYTES
+from triton_backend.serving.launch.triton_server import (DEFAULT_ADMIN_HEADER, Endpoints, InferenceKey, RestrictedApi, ServerConfig,
                                       TritonSource)
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
 
 if TYPE_CHECKING:
-    from builder.ops.openai.app import OpenAIConfig
+    from triton_backend.serving.front.openai.app import OpenAIConfig
 
 DEFAULT_PORTS = {ClientProtocol.GRPC: 8001, ClientProtocol.HTTP: 8000}
 
@@ -66,7 +66,7 @@ def _print_result(result: RemoteResult, streamed: bool, as_json: bool = False) -
 # -- serve ------------------------------------------------------------------------------------
 def openai_config(a: argparse.Namespace) -> "OpenAIConfig | None":
     """The OpenAI front's settings from ``--openai-*`` / ``--api-key`` (``None`` without ``--openai-port``)."""
-    from builder.ops.openai.app import OpenAIConfig
+    from triton_backend.serving.front.openai.app import OpenAIConfig
 
     if a.openai_port is None:
         if a.served_model_name is not None:
@@ -78,13 +78,13 @@ def openai_config(a: argparse.Namespace) -> "OpenAIConfig | None":
 
 def api_key(a: argparse.Namespace) -> str | None:
     """``--api-key``, else ``$SPECBUILD_API_KEY``, else ``None`` (inference open)."""
-    from builder.ops.openai.app import API_KEY_ENV
+    from triton_backend.serving.front.openai.app import API_KEY_ENV
 
     return a.api_key if a.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
 
 
 def add_openai_flags(p: argparse.ArgumentParser) -> None:
-    from builder.ops.openai.app import API_KEY_ENV
+    from triton_backend.serving.front.openai.app import API_KEY_ENV
 
     g = p.add_argument_group("OpenAI-compatible API (docs/openai.md)")
     g.add_argument("--openai-port", type=int, default=None,

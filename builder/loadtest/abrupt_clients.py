@@ -7,7 +7,7 @@ where the stream closes on the first error), sends several requests on it - vali
 Triton itself for a wrong data type) - and vanishes without closing the stream: on its
 first error, after a random time (``os._exit``), or SIGKILLed by the driver at a random
 point. Sessions run ``parallel`` at a time; the server runs under
-:class:`~builder.ops.triton_supervisor.TritonSupervisor`, so an abort is counted (a restart)
+:class:`~triton_backend.serving.launch.triton_supervisor.TritonSupervisor`, so an abort is counted (a restart)
 and the run goes on. At the end a few valid requests must succeed.
 
 Children are forked from the driver, which never opens a gRPC channel itself before all
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from builder.ops.triton_server import Endpoints, ServerConfig
-from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
+from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig
+from triton_backend.serving.launch.triton_supervisor import RestartPolicy, TritonSupervisor
 
 logger = logging.getLogger(__name__)
 

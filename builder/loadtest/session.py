@@ -23,7 +23,7 @@ from typing import Any
 from builder.loadtest.openai_streams import OpenAILoadConfig, run_openai_load
 from builder.loadtest.streams import Answer, LoadConfig, LoadReport, Template, make_templates, metrics, run_load, send
 from builder.stages.model_repository import render_model_repository
-from builder.ops.triton_server import ServerConfig, TritonServer
+from triton_backend.serving.launch.triton_server import ServerConfig, TritonServer
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
@@ -123,7 +123,7 @@ def run_session(config: SessionConfig) -> dict[str, Any]:
 
 
 def _openai_load(server: TritonServer, repository: Path, config: SessionConfig) -> Any:
-    from builder.ops.openai.app import OpenAIConfig
+    from triton_backend.serving.front.openai.app import OpenAIConfig
     from builder.ops.serve import start_openai_front
 
     assert server.endpoints is not None and config.openai is not None

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from builder.ops.triton_client import GenerateRequest
-from builder.ops.triton_server import Endpoints
+from triton_backend.serving.launch.triton_server import Endpoints
 from triton_backend.serving.interface import INPUTS, ServingConfig
 from triton_backend.serving.service import parse_request
 

@@ -1,1 +1,2 @@
-"""Running things: the Triton launcher and supervisor, the gRPC/HTTP client, serve, deploy, demo, local runs, perf_analyzer."""
+"""Running things from the build side: the gRPC/HTTP client, serve (a repository behind the launcher,
+guard and OpenAI front of ``triton_backend.serving``), deploy, demo, local runs, perf_analyzer, k8s."""

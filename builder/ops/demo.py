@@ -21,7 +21,7 @@ from typing import Callable
 from builder.ops.local_run import DEFAULT_PROMPT
 from builder.stages.model_repository import render_model_repository
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, RemoteResult, generate
-from builder.ops.triton_server import Endpoints, ServerConfig, TritonServer, TritonSource
+from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig, TritonServer, TritonSource
 from triton_backend.serving.interface import ServingConfig
 
 logger = logging.getLogger(__name__)

@@ -48,11 +48,11 @@ from typing import Any, Callable, Iterator
 
 from builder.stages.compile import TRTLLM_BUILD, EngineStatus
 from builder.stages.manifest import MANIFEST_NAME, refresh_manifest, verify_manifest
-from builder.ops.http_guard import DEFAULT_MAX_BODY_BYTES
-from builder.ops.openai.app import OpenAIConfig
+from triton_backend.serving.front.http_guard import DEFAULT_MAX_BODY_BYTES
+from triton_backend.serving.front.openai.app import OpenAIConfig
 from builder.ops.serve import REPOSITORY_DIR, ServeConfig, prepare_repository, serve_forever
 from builder.plan.spec import BuildSpec
-from builder.ops.triton_server import Endpoints, ServerConfig, TritonInstallation, TritonServer
+from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig, TritonInstallation, TritonServer
 from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
 from triton_backend.engines.trtllm.trtllm_config import EngineRuntime
@@ -97,7 +97,7 @@ class DeployConfig:
     world_size: int | None = None  # None: TP x PP of the plan when the repository has TensorRT-LLM models
     mpirun: str = "mpirun"
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES  # the HTTP guard's bound (None: no guard)
-    openai: OpenAIConfig | None = None  # the OpenAI-compatible front beside Triton (builder.ops.openai)
+    openai: OpenAIConfig | None = None  # the OpenAI-compatible front beside Triton (triton_backend.serving.front.openai)
     decoupled_mode: bool = False  # ServingConfig.decoupled_mode of the models rendered here
     exclude_input_in_output: bool = True  # ServingConfig.exclude_input_in_output of the models rendered here
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Callable
 
 from builder.stages.model_repository import deployment_dir, is_model_repository, render_model_repository
-from builder.ops.http_guard import GuardConfig, HttpGuard
-from builder.ops.openai.app import OpenAIConfig, OpenAIServer
-from builder.ops.openai.backend import BackendConfig, tokenizer_source
-from builder.ops.triton_server import Endpoints, InferenceKey, ServerConfig, ServerError, TritonServer, free_port
-from builder.ops.triton_supervisor import RestartPolicy, TritonSupervisor
+from triton_backend.serving.front.http_guard import GuardConfig, HttpGuard
+from triton_backend.serving.front.openai.app import OpenAIConfig, OpenAIServer
+from triton_backend.serving.front.openai.backend import BackendConfig, tokenizer_source
+from triton_backend.serving.launch.triton_server import Endpoints, InferenceKey, ServerConfig, ServerError, TritonServer, free_port
+from triton_backend.serving.launch.triton_supervisor import RestartPolicy, TritonSupervisor
 from triton_backend.core.errors import ConfigError
 from triton_backend.serving.interface import ServingConfig
 
@@ -104,12 +104,12 @@ def start_openai_front(config: OpenAIConfig, endpoints: Endpoints, repository: P
 
 def serve_forever(config: ServeConfig, on_ready: Callable[[Endpoints, Path], None] | None = None,
                   server_factory: Callable[[ServerConfig], TritonServer] = TritonServer) -> int:
-    """Start the HTTP guard (:mod:`builder.ops.http_guard`, unless ``config.max_body_bytes`` is
+    """Start the HTTP guard (:mod:`triton_backend.serving.front.http_guard`, unless ``config.max_body_bytes`` is
     ``None``) and Triton, call ``on_ready``, run until SIGTERM/SIGINT arrives (the guard's port closes
     at once; forwarded to Triton as SIGTERM: it finishes in-flight requests, and is ended as soon as
-    none is left, :mod:`builder.ops.triton_drain`), restarting it after abnormal exits as
-    ``config.restart`` says (:mod:`builder.ops.triton_supervisor`). With ``config.openai``, the
-    OpenAI front runs beside it (:mod:`builder.ops.openai`), started once Triton is ready and
+    none is left, :mod:`triton_backend.serving.launch.triton_drain`), restarting it after abnormal exits as
+    ``config.restart`` says (:mod:`triton_backend.serving.launch.triton_supervisor`). With ``config.openai``, the
+    OpenAI front runs beside it (:mod:`triton_backend.serving.front.openai`), started once Triton is ready and
     stopped before it; a restarted Triton is reached again on the same port. Returns Triton's last status
     (2 when the supervisor gave up). ``server_factory`` makes each server (e.g. one launched
     under MPI, :mod:`builder.ops.deploy`)."""

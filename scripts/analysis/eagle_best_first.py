@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spec_ratio import _prompts  # noqa: E402  (the same held-out prompt split)
+from spec_ratio import _prompts  # (the same held-out prompt split)
 
-from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode  # noqa: E402
-from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
-from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
-from triton_backend.core.sampling import LogitsProcessor  # noqa: E402
-from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
-from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402
-from triton_backend.speculation.drafters.eagle_tree import TreeShape  # noqa: E402
+from triton_backend.core.config import SamplingParams, SpeculationConfig, SpeculationMode
+from triton_backend.core.runtime_config import RuntimeConfig
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
+from triton_backend.core.sampling import LogitsProcessor
+from triton_backend.deployment.deployment_config import DeploymentConfig
+from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.speculation.drafters.eagle_tree import TreeShape
 
 ROOT = Path(__file__).resolve().parents[2]
 

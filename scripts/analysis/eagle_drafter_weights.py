@@ -9,23 +9,21 @@ only the drafter differs), per workload, every precision on each prompt in turn.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spec_ratio  # noqa: E402
-from builder.bench.config import BenchPrompt  # noqa: E402
-from builder.bench.rows import OursRow  # noqa: E402
-from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SpeculationConfig,  # noqa: E402
+import spec_ratio
+from builder.bench.config import BenchPrompt
+from builder.bench.rows import OursRow
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SpeculationConfig,
                                         SpeculationMode)
-from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
-from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
-from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
-from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402
-from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter  # noqa: E402
+from triton_backend.core.runtime_config import RuntimeConfig
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
+from triton_backend.deployment.deployment_config import DeploymentConfig
+from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.speculation.drafters.eagle3 import Eagle3Drafter
 
 
 def _texts(which: str, per_workload: int) -> dict[str, list[str]]:

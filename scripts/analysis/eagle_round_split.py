@@ -14,23 +14,21 @@ verification (``accept``: the target's LM head over the drafted nodes and the wa
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spec_ratio  # noqa: E402
-from builder.bench.config import BenchPrompt  # noqa: E402
-from builder.bench.rows import OursRow  # noqa: E402
-from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SpeculationConfig,  # noqa: E402
+import spec_ratio
+from builder.bench.config import BenchPrompt
+from builder.bench.rows import OursRow
+from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SpeculationConfig,
                                         SpeculationMode)
-from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
-from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
-from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
-from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402
-import triton_backend.speculation.eagle_round as eagle_round  # noqa: E402
+from triton_backend.core.runtime_config import RuntimeConfig
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
+from triton_backend.deployment.deployment_config import DeploymentConfig
+from triton_backend.deployment.torch_deployment import build_decoder
+import triton_backend.speculation.eagle_round as eagle_round
 
 ROWS = {"plain": SpeculationConfig(method=SpeculationMode.OFF), "gain": SpeculationConfig(method=SpeculationMode.EAGLE)}
 for _name, (_depth, _nodes) in {"fixed3x12": (3, 12), "fixed4x7": (4, 7), "fixed4x11": (4, 11), "fixed4x16": (4, 16)}.items():

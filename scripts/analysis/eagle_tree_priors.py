@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spec_ratio import EAGLE, _prompts  # noqa: E402  (the same held-out prompt split)
+from spec_ratio import EAGLE, _prompts  # (the same held-out prompt split)
 
-from triton_backend.core.config import SamplingParams, SpeculationConfig  # noqa: E402
-from triton_backend.core.runtime_config import RuntimeConfig  # noqa: E402
-from triton_backend.core.reference_model import DEFAULT_REFERENCE  # noqa: E402
-from triton_backend.deployment.deployment_config import DeploymentConfig  # noqa: E402
-from triton_backend.deployment.torch_deployment import build_decoder  # noqa: E402
-from triton_backend.speculation.drafters.eagle_model import TreeStep  # noqa: E402
-from triton_backend.core.config import SpeculationMode  # noqa: E402
+from triton_backend.core.config import SamplingParams, SpeculationConfig
+from triton_backend.core.runtime_config import RuntimeConfig
+from triton_backend.core.reference_model import DEFAULT_REFERENCE
+from triton_backend.deployment.deployment_config import DeploymentConfig
+from triton_backend.deployment.torch_deployment import build_decoder
+from triton_backend.speculation.drafters.eagle_model import TreeStep
+from triton_backend.core.config import SpeculationMode
 
 
 def ranks(decoder, drafter, texts: list[str], max_tokens: int, top: int) -> list[int]:

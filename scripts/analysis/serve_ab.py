@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from builder.bench.concurrency import ConcurrencyConfig, _prompts, run_level
-from builder.ops.triton_server import free_port
+from triton_backend.serving.launch.triton_server import free_port
 
 
 def start_server(tree: Path, log: Path, batch_policy: str, max_batch_size: int) -> tuple[subprocess.Popen, str]:

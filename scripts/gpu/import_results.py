@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
+from builder.headline import update_headline
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from builder.headline import update_headline  # noqa: E402
-
 RESULTS = REPO / "benchmarks" / "results"
 # the GPU figures the README's headline table shows (builder/bench/docs_render.py); the bench's
 # other gpu_* figures stay in its own files

@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,18 +36,16 @@ from typing import Callable
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from builder.headline import update_headline  # noqa: E402
-from triton_backend.core.synthetic_target import SyntheticSpec, parse_target, synthetic_tensors, weight_bytes  # noqa: E402
-from triton_backend.engines.batch import BatchRow  # noqa: E402
-from triton_backend.engines.torch.cuda_graphs import PassMode, PassRunner  # noqa: E402
-from triton_backend.engines.torch.llama_forward import LlamaForward  # noqa: E402
-from triton_backend.engines.torch.static_decode import BucketPolicy, StaticDecoder, device_dtype  # noqa: E402
-from triton_backend.speculation.device_verify import greedy_accept  # noqa: E402
+from builder.headline import update_headline
+from triton_backend.core.synthetic_target import SyntheticSpec, parse_target, synthetic_tensors, weight_bytes
+from triton_backend.engines.batch import BatchRow
+from triton_backend.engines.torch.cuda_graphs import PassMode, PassRunner
+from triton_backend.engines.torch.llama_forward import LlamaForward
+from triton_backend.engines.torch.static_decode import BucketPolicy, StaticDecoder, device_dtype
+from triton_backend.speculation.device_verify import greedy_accept
 
 logger = logging.getLogger("static_path")
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 
 

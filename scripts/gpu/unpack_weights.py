@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from pack_weights import copy_model_files  # this folder's (the script's folder is on sys.path)
+from pack_weights import copy_model_files  # this folder's (Python puts a script's own folder first on its import path)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ class ModelLoadError(SpecbuildError, RuntimeError):
     code = "model_load"
 
 
-OVERLOADED_MESSAGE_PREFIX = "server overloaded"  # what HTTP front ends (builder.ops.http_guard) map to 503
+OVERLOADED_MESSAGE_PREFIX = "server overloaded"  # what HTTP front ends (triton_backend.serving.front.http_guard) map to 503
 
 
 class OverloadedError(SpecbuildError):

@@ -8,7 +8,7 @@ prompt), stop and bad words are bounded in number and
 length (the stop check runs on the scheduler's thread every token, for every row), and
 ``max_tokens`` may not exceed the model's context (a larger value can never be generated; it
 is refused instead of being cut silently). Integers that do not fit the served INT32 inputs
-are refused at the HTTP edge (:mod:`builder.ops.http_guard`): Triton's JSON conversion would
+are refused at the HTTP edge (:mod:`triton_backend.serving.front.http_guard`): Triton's JSON conversion would
 wrap them silently. docs/security.md lists these figures.
 """
 

@@ -21,7 +21,7 @@ to how it was reached, and each can be overridden in :class:`~builder.ops.k8s.co
   a decode step each: prefill runs in chunks).
 * Shutdown: Triton's exit timeout (``SPECBUILD_EXIT_TIMEOUT``) = the longest request; the pod's
   ``terminationGracePeriodSeconds`` = preStop sleep + exit timeout + the supervisor's own grace
-  (:data:`builder.ops.triton_supervisor.EXIT_GRACE_S`) + ``EXIT_SLACK_S``.
+  (:data:`triton_backend.serving.launch.triton_supervisor.EXIT_GRACE_S`) + ``EXIT_SLACK_S``.
 * Startup: the in-pod build (GPU: 30 min + 2 min per billion parameters; CPU torch-only: 5 min
   + 1 min per billion) plus Triton's startup timeout (``SPECBUILD_STARTUP_TIMEOUT``).
 """
@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from builder.ops.k8s.config import ImageKind, KubeConfig, KubernetesError
-from builder.ops.triton_supervisor import EXIT_GRACE_S
+from triton_backend.serving.launch.triton_supervisor import EXIT_GRACE_S
 from builder.plan.gpus import GIB
 from builder.plan.memory import row_kernel_packed_bytes, torch_runtime_bytes
 from builder.plan.planner import ResolvedModels

@@ -56,7 +56,7 @@ def inference_response(outputs: Mapping[str, np.ndarray]) -> Any:
 # cancelled caller's child is cancelled through a datagram to the serving model's instances
 # (CancelChannel; a second BLS request could wait behind the forwarded ones for minutes).
 FORWARD_ID_PARAM = "specbuild_forward_id"
-# The HTTP guard (builder/ops/http_guard.py) names each HTTP generate request in this parameter
+# The HTTP guard (triton_backend/serving/front/http_guard.py) names each HTTP generate request in this parameter
 # and, when its client goes away (Triton 2.51's HTTP frontend cannot tell a model), sends the
 # name over the cancellation channel: the serving model registers a request under it, a front
 # model passes it on as its child's forward id.

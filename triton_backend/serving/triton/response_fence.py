@@ -11,7 +11,7 @@ requests on one stream and vanish abort nothing with this pattern. A client in T
 and then crashes on the stream's other requests' next responses (a Triton bug, fixed in
 later releases). Holding error responses until the instance's other requests were done
 (and new ones waiting) helped with a thread-per-request runner but not with the batching
-scheduler, so it was dropped; the supervisor (:mod:`builder.ops.triton_supervisor`) restarts
+scheduler, so it was dropped; the supervisor (:mod:`triton_backend.serving.launch.triton_supervisor`) restarts
 the server instead.
 """
 

@@ -1,8 +1,8 @@
 """An OpenAI-compatible HTTP API in front of a running Triton server (``specbuild serve --openai-port``).
 
-- :mod:`.errors` -- the OpenAI error body (``{"error": {"message", "type", "param", "code"}}``);
-- :mod:`.protocol` -- request bodies parsed into one typed :class:`~.protocol.GenerationRequest`;
-- :mod:`.responses` -- completion / chat objects, stream chunks, server-sent events, ``usage``;
+- :mod:`.openai_errors` -- the OpenAI error body (``{"error": {"message", "type", "param", "code"}}``);
+- :mod:`.openai_request` -- request bodies parsed into one typed :class:`~.openai_request.GenerationRequest`;
+- :mod:`.openai_responses` -- completion / chat objects, stream chunks, server-sent events, ``usage``;
 - :mod:`.messages` -- chat messages (tool calls and tool results included) checked and turned into
   the turns the chat template renders;
 - :mod:`.tools` -- ``tools`` + ``tool_choice``: a forced call (the schema the answer is decoded under)

@@ -1,6 +1,6 @@
 """Keeping Triton up: restart it after an abnormal exit, reap what it leaves behind.
 
-:class:`TritonSupervisor` starts one :class:`~builder.ops.triton_server.TritonServer` and
+:class:`TritonSupervisor` starts one :class:`~triton_backend.serving.launch.triton_server.TritonServer` and
 watches it. When it exits without being told to (a crash: SIGSEGV, SIGABRT, ...), the
 supervisor kills what is left of its process group (Python-backend stubs hold the model's
 memory), collects the defunct stubs it inherited, logs why, waits a backoff and starts a new
@@ -17,7 +17,7 @@ restarted after a backoff that grows while crashes come within ``fast_failure_s`
 stream or connection fail and may retry.
 
 Stopping (SIGTERM to ``specbuild serve``): Triton gets SIGTERM, refuses new requests and
-finishes the ones in flight; once nothing is in flight (:mod:`builder.ops.triton_drain`) its
+finishes the ones in flight; once nothing is in flight (:mod:`triton_backend.serving.launch.triton_drain`) its
 process group is ended without waiting for its slow model unload, a clean stop (status 0).
 Requests still in flight ``exit_timeout_s + EXIT_GRACE_S`` seconds after the signal (or a
 server whose metrics do not tell, left to exit on its own until then; Triton 2.51 does not
@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from builder.ops.triton_drain import POLL_S, Drain, Verdict
-from builder.ops.triton_server import Endpoints, ServerConfig, ServerError, TritonServer, collect_defunct_stubs
+from triton_backend.serving.launch.triton_drain import POLL_S, Drain, Verdict
+from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig, ServerError, TritonServer, collect_defunct_stubs
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from builder.ops.openai.errors import OpenAIError, invalid, unsupported
-from builder.ops.openai.logprobs import LogprobsRequest, parse_logprobs
-from builder.ops.openai.messages import Message, parse_messages, with_instructions
-from builder.ops.openai.tools import ToolCallPlan, ToolPlan, parse_tools
+from triton_backend.serving.front.openai.openai_errors import OpenAIError, invalid, unsupported
+from triton_backend.serving.front.openai.logprobs import LogprobsRequest, parse_logprobs
+from triton_backend.serving.front.openai.messages import Message, parse_messages, with_instructions
+from triton_backend.serving.front.openai.tools import ToolCallPlan, ToolPlan, parse_tools
 
 MAX_STOP_WORDS = 16
 UINT64_MAX = 2 ** 64 - 1

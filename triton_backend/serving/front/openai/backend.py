@@ -3,7 +3,7 @@ model (``tritonclient.grpc.aio``), so OpenAI requests share the scheduler and in
 every other client. One stream per request: closing it (a client gone, a task cancelled)
 cancels the request inside Triton.
 
-At start the model's metadata is read once (:class:`~builder.ops.openai.protocol.Capabilities`:
+At start the model's metadata is read once (:class:`~triton_backend.serving.front.openai.openai_request.Capabilities`:
 which optional inputs it takes, with their data types) and the target's tokenizer is loaded
 (the chat template is rendered here; prompt tokens are counted here, as the model encodes them).
 """
@@ -18,8 +18,8 @@ from typing import Any, AsyncIterator, Mapping
 
 import numpy as np
 
-from builder.ops.openai.errors import OpenAIError, server_error
-from builder.ops.openai.protocol import Capabilities, Endpoint, GenerationRequest, check_prompt_size
+from triton_backend.serving.front.openai.openai_errors import OpenAIError, server_error
+from triton_backend.serving.front.openai.openai_request import Capabilities, Endpoint, GenerationRequest, check_prompt_size
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.ops.openai.tool_calls import ToolCallDeltas, ToolCallText, new_call_id, tool_call_message
-from builder.ops.openai.tool_format import CALL_CLOSE, CALL_OPEN
-from builder.ops.openai.tools import ToolCallPlan, ToolPlan
+from triton_backend.serving.front.openai.tool_calls import ToolCallDeltas, ToolCallText, new_call_id, tool_call_message
+from triton_backend.serving.front.openai.tool_format import CALL_CLOSE, CALL_OPEN
+from triton_backend.serving.front.openai.tools import ToolCallPlan, ToolPlan
 
 
 def _held(text: str, tag: str) -> int:

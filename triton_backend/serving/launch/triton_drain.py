@@ -8,14 +8,14 @@ models' stubs alone ~15 s), and all that while its gRPC and metrics ports stay b
 restart on the same ports failed. The unload serves no client: every request has been
 answered by then.
 
-So once a stop is requested (:class:`~builder.ops.triton_supervisor.TritonSupervisor`),
+So once a stop is requested (:class:`~triton_backend.serving.launch.triton_supervisor.TritonSupervisor`),
 :class:`Drain` watches the server's Prometheus endpoint (which answers until the end): the
 serving model's ``specdec_requests_in_flight`` gauges (from arrival to the last response,
 queued requests included) and Triton's ``nv_inference_pending_request_count``, plus whatever
 the caller counts itself (the HTTP guard's relays still writing an answer). When the total is 0
 in ``IDLE_POLLS`` polls in a row, the server's process group is SIGKILLed: the drain is complete
 and the stop is a clean one (status 0); its shared-memory regions and cancellation sockets are
-removed after it (:meth:`~builder.ops.triton_server.TritonServer.reap`). Requests still in flight
+removed after it (:meth:`~triton_backend.serving.launch.triton_server.TritonServer.reap`). Requests still in flight
 at the deadline (the exit timeout) end the drain too (status 1). A server whose metrics do not
 carry the in-flight gauge (another runtime) is left to exit on its own, as Triton does.
 """

@@ -14,7 +14,7 @@ HTTP port. For each request the guard:
 - refuses a JSON ``generate`` / ``infer`` body holding an integer its input's type cannot hold
   with ``400`` (Triton's JSON conversion would wrap it silently: ``max_tokens`` 2^32 + 5 was
   served as 5);
-- refuses the restricted API groups (:class:`~builder.ops.triton_server.RestrictedApi`)
+- refuses the restricted API groups (:class:`~triton_backend.serving.launch.triton_server.RestrictedApi`)
   without the admin header with ``403`` (Triton checks the same key again behind it);
 - streams Triton's answer back as it comes (``generate_stream`` server-sent events included)
   and closes the upstream connection when the client goes away;
@@ -47,8 +47,8 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
-from builder.ops.processes import process_group_members
-from builder.ops.triton_server import RestrictedApi, ServerError
+from triton_backend.serving.launch.processes import process_group_members
+from triton_backend.serving.launch.triton_server import RestrictedApi, ServerError
 from triton_backend.core.errors import OVERLOADED_MESSAGE_PREFIX
 from triton_backend.serving.limits import unencodable_text
 from triton_backend.serving.triton.io import CANCEL_ID_PARAM, cancel_on_server

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
-from builder.ops.openai.errors import OpenAIError, invalid, unsupported
+from triton_backend.serving.front.openai.openai_errors import OpenAIError, invalid, unsupported
 
 RETURN_LOG_PROBS_INPUT = "return_log_probs"
 TOP_LOG_PROBS_INPUT = "top_log_probs"
@@ -133,7 +133,7 @@ class TokenLogprob:
 
 
 class ModelResponse(Protocol):
-    """What the tracker reads of one response (:class:`builder.ops.openai.backend.Piece`)."""
+    """What the tracker reads of one response (:class:`triton_backend.serving.front.openai.backend.Piece`)."""
 
     text: str
     final: bool

@@ -1,4 +1,4 @@
-"""Finding and preparing a Triton installation (see :mod:`builder.ops.triton_server`).
+"""Finding and preparing a Triton installation (see :mod:`triton_backend.serving.launch.triton_server`).
 
 Two installations are supported (:class:`TritonSource`):
 

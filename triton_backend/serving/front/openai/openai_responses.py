@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from builder.ops.openai.protocol import Endpoint
+from triton_backend.serving.front.openai.openai_request import Endpoint
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}

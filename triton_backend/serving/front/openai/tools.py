@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
-from builder.ops.openai.errors import invalid, unsupported
-from builder.ops.openai.tool_format import call_grammar, format_instructions
+from triton_backend.serving.front.openai.openai_errors import invalid, unsupported
+from triton_backend.serving.front.openai.tool_format import call_grammar, format_instructions
 
 MAX_TOOLS = 128
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

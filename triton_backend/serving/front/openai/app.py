@@ -21,15 +21,15 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from builder.ops.openai.backend import BackendConfig, TritonBackend
-from builder.ops.openai.errors import OpenAIError, invalid, not_found, unauthorized
-from builder.ops.openai.logprobs import attach, new_tracker
-from builder.ops.openai.protocol import Endpoint, GenerationRequest, parse_request
+from triton_backend.serving.front.openai.backend import BackendConfig, TritonBackend
+from triton_backend.serving.front.openai.openai_errors import OpenAIError, invalid, not_found, unauthorized
+from triton_backend.serving.front.openai.logprobs import attach, new_tracker
+from triton_backend.serving.front.openai.openai_request import Endpoint, GenerationRequest, parse_request
 from triton_backend.serving.limits import unencodable_text
-from builder.ops.openai.responses import (
+from triton_backend.serving.front.openai.openai_responses import (
     DONE_EVENT, Generation, ResponseIds, chunk, delta_chunk, full_response, models_list, sse, usage_chunk,
 )
-from builder.ops.openai.tool_parser import tool_deltas, tool_message
+from triton_backend.serving.front.openai.tool_parser import tool_deltas, tool_message
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ _HTTP_ERRORS = {404: ("not_found", "invalid_request_error"), 405: ("method_not_a
 
 @dataclass(frozen=True)
 class OpenAIConfig:
-    """The front's own settings (what it talks to: :class:`~builder.ops.openai.backend.BackendConfig`)."""
+    """The front's own settings (what it talks to: :class:`~triton_backend.serving.front.openai.backend.BackendConfig`)."""
 
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port

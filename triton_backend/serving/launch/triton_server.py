@@ -1,8 +1,8 @@
 """Starting a real Triton Inference Server on a model repository.
 
-Where the ``tritonserver`` comes from: :mod:`builder.ops.triton_install`. The server listens
+Where the ``tritonserver`` comes from: :mod:`triton_backend.serving.launch.triton_install`. The server listens
 on loopback by default, on free ports unless given. Stopping: SIGTERM (Triton finishes its
-in-flight requests; :mod:`builder.ops.triton_drain` ends the slow unload after that), and
+in-flight requests; :mod:`triton_backend.serving.launch.triton_drain` ends the slow unload after that), and
 whatever it leaves (backend stubs, their shared memory, cancellation sockets) is removed by
 :meth:`TritonServer.reap`.
 """
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from builder.ops.processes import (become_subreaper, collect_defunct_stubs, die_with_parent, process_group_members,
+from triton_backend.serving.launch.processes import (become_subreaper, collect_defunct_stubs, die_with_parent, process_group_members,
                                    remove_cancel_channels, remove_shared_memory)
-from builder.ops.triton_install import (ServerError, TritonInstallation, TritonSource, find_installation,
+from triton_backend.serving.launch.triton_install import (ServerError, TritonInstallation, TritonSource, find_installation,
                                         pytriton_installation, server_environment)
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class InferenceKey:
 @dataclass(frozen=True)
 class ServerConfig:
     """How to start Triton. Ports left ``None`` are picked free at start. ``http_host``: where
-    Triton's HTTP endpoint binds when not on ``host`` (behind :mod:`builder.ops.http_guard` it
+    Triton's HTTP endpoint binds when not on ``host`` (behind :mod:`triton_backend.serving.front.http_guard` it
     is loopback, on an internal port). ``restricted``: admin API groups behind a header key."""
 
     model_repository: Path
@@ -172,7 +172,7 @@ class Endpoints:
     http_port: int
     grpc_port: int
     metrics_port: int
-    openai_url: str | None = None  # the OpenAI-compatible front, where one runs (builder.ops.openai)
+    openai_url: str | None = None  # the OpenAI-compatible front, where one runs (triton_backend.serving.front.openai)
     http_host: str | None = None  # None: ``host``
 
     @property

@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from builder.ops.openai.errors import invalid, unsupported
-from builder.ops.openai.tool_format import render_calls, render_results
+from triton_backend.serving.front.openai.openai_errors import invalid, unsupported
+from triton_backend.serving.front.openai.tool_format import render_calls, render_results
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
 _KEYS = {"system": {"role", "content", "name"}, "developer": {"role", "content", "name"},

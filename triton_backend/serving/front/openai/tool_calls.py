@@ -22,7 +22,7 @@ import re
 import uuid
 from typing import Any
 
-from builder.ops.openai.tools import ToolCallPlan
+from triton_backend.serving.front.openai.tools import ToolCallPlan
 
 _HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
