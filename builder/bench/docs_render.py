@@ -91,6 +91,12 @@ HEADLINE_ROWS = (
     HeadlineRow("int8_greedy_agreement", "int8 weights: float32's greedy token, teacher-forced share", None, digits=3),
     HeadlineRow("fp8_plain_x_fp32", "fp8 weights: plain tok/s, 1 row, over float32", None),
     HeadlineRow("fp8_greedy_agreement", "fp8 weights: float32's greedy token, teacher-forced share", None, digits=3),
+    HeadlineRow("int4_plain_x_llamacpp_plain", "CPU peers (scripts/cpu_peer_bench.py, each row its own process, same "
+                "GGUF and threads): int4 plain over llama.cpp plain / our fastest exact row over llama.cpp's fastest / "
+                "int4 auto x int4 plain / int8 auto x int8 plain", 1.0, pending=True, parts=(
+                    HeadlineRow("cpu_best_x_llamacpp_best", "", 1.5),
+                    HeadlineRow("int4_auto_x_int4_plain", "", 1.6),
+                    HeadlineRow("int8_auto_x_int8_plain", "", 1.6))),
     HeadlineRow("gpu_engine_plain_decode_x_hf", "H200: slot engine 1 x 1 pass over the HF path", None),
     HeadlineRow("gpu_eagle_data_positions_per_s", "H200: drafter data, positions/s (batched generate)", None, digits=0),
     HeadlineRow("gpu_auto_all_x_plain", "H200: auto x plain, all workloads (3 prompts, 48 tokens)", None),
