@@ -20,7 +20,8 @@ from triton_backend.speculation.drafters.ngram import NgramDrafter
 from triton_backend.speculation.drafters.medusa import MedusaDrafter
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.speculation.drafters.medusa_model import MedusaCheckpoint
-from triton_backend.batching.scheduler import BatchScheduler, QueueFullError, SchedulerConfig
+from triton_backend.batching.admission import QueueFullError
+from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
 
 
 class Collector:

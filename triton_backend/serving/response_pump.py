@@ -70,7 +70,7 @@ class ResponsePump:
 
     def wrap(self, inner: object) -> "PumpedHandle":
         """The scheduler-side handle of a request whose client side is ``inner`` (a
-        :class:`~triton_backend.batching.scheduler.RequestHandle`)."""
+        :class:`~triton_backend.batching.admission.RequestHandle`)."""
         handle = PumpedHandle(self, inner)
         with self._cond:
             self._live.add(handle)
@@ -165,7 +165,7 @@ class ResponsePump:
 
 
 class PumpedHandle:
-    """A :class:`~triton_backend.batching.scheduler.RequestHandle` whose calls run on the pump's thread."""
+    """A :class:`~triton_backend.batching.admission.RequestHandle` whose calls run on the pump's thread."""
 
     def __init__(self, pump: ResponsePump, inner: object) -> None:
         self._pump = pump

@@ -36,7 +36,8 @@ from triton_backend.serving.limits import check_max_tokens, check_prompt, check_
 from triton_backend.serving.response_pump import ResponsePump
 from triton_backend.serving.request import ServingRequest
 from triton_backend.serving.responses import ResponseBuilder
-from triton_backend.batching.scheduler import BatchScheduler, RoundObserver, SchedulerConfig, batchable
+from triton_backend.batching.round_stats import RoundObserver
+from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig, batchable
 from triton_backend.core.stats import GenerationStats
 from triton_backend.serving.tensors import read_scalar, read_strings
 
@@ -141,7 +142,7 @@ INTERNAL_ERROR_MESSAGE = "internal error while generating; see the server log"
 
 class _Responder:
     """One request's client side: turns generation chunks into responses on its sink (the
-    batch scheduler's :class:`~triton_backend.batching.scheduler.RequestHandle`)."""
+    batch scheduler's :class:`~triton_backend.batching.admission.RequestHandle`)."""
 
     def __init__(self, request: ServingRequest, sink: ResponseSink, observer: RequestObserver, started: float) -> None:
         self.request, self.sink, self.observer, self.started = request, sink, observer, started

@@ -149,7 +149,7 @@ class TritonMetrics:
             self._metric("ttft").observe(stats.time_to_first_token_s)
 
     def round_done(self, batch_size: int, speculating_rows: int, draft_tokens: int, queued: int) -> None:
-        """One batched round (:class:`triton_backend.batching.scheduler.RoundObserver`): counted here,
+        """One batched round (:class:`triton_backend.batching.round_stats.RoundObserver`): counted here,
         published by :meth:`flush` (every metric update is a blocking round trip to the
         server process; the scheduler thread must not wait for them every round)."""
         with self._lock:
@@ -157,7 +157,7 @@ class TritonMetrics:
 
     def prefix_lookup(self, prompt_tokens: int, reused_tokens: int, evictions: int) -> None:
         """Where an admitted request's prompt came from
-        (:class:`triton_backend.batching.scheduler.PrefixCacheObserver`): counted here, published by :meth:`flush`."""
+        (:class:`triton_backend.batching.round_stats.PrefixCacheObserver`): counted here, published by :meth:`flush`."""
         with self._lock:
             self._prefix.add(prompt_tokens, reused_tokens, evictions)
 

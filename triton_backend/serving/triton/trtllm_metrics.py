@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from triton_backend.core.stats import GenerationStats
-from triton_backend.batching.scheduler import PrefixCacheObserver
+from triton_backend.batching.round_stats import PrefixCacheObserver
 
 TOKEN_BUCKETS = (10, 50, 100, 500, 1000, 2000, 4000, 8000)  # tensorrtllm_backend's token-length buckets
 
