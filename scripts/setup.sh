@@ -12,6 +12,6 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 .venv/bin/specbuild fetch-model
-# NVIDIA's perf_analyzer (tests/test_perf_analyzer.py, specbuild bench --perf-analyzer); optional:
+# NVIDIA's perf_analyzer (tests/test_perf_analyzer.py, specbuild bench perf-analyzer); optional:
 # without apt or the package index its tests skip with a reason
 bash scripts/get_perf_analyzer.sh || echo "perf_analyzer not installed (scripts/get_perf_analyzer.sh failed); its tests will skip" >&2

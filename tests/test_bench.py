@@ -8,6 +8,7 @@ import pytest
 
 from builder.bench.config import BenchConfig
 from builder.bench.report import summarize, to_markdown, write_report
+from builder.bench.writer import ReportTarget
 from builder.bench.runner import run_bench
 from triton_backend.core.errors import ConfigError
 
@@ -31,7 +32,7 @@ def test_bench_tiny_budget(tmp_path):
         assert entry["target_pass_ms"] > 0 and entry["outside_target_ms_per_pass"] >= 0
         assert 0 <= entry["outside_target_share"] < 1
     assert "outside_target_share" not in rows[("all", "hf plain")]  # the peer's passes are not timed apart
-    paths = write_report(summary, tmp_path, "t")
+    paths = write_report(summary, ReportTarget(tmp_path, "t"))
     assert json.loads(paths["json"].read_text())["rows"]
     assert "| all | ngram k=3 |" in to_markdown(summary) and "outside target ms/pass (share)" in to_markdown(summary)
     assert paths["plot"].stat().st_size > 1000
@@ -55,7 +56,7 @@ def test_bench_shows_chain_tree_and_auto_side_by_side(tmp_path):
     rows = {(e["workload"], e["row"]): e for e in summary["rows"]}
     eagle_rows = ("eagle k=3", "eagle tree k=3", "eagle tree 4x11 always")
     assert all(rows[("all", r)]["identical_to_plain"] for r in ("auto", "auto unmerged", *eagle_rows))
-    headline = json.loads(write_report(summary, tmp_path, "t", tmp_path / "headline.json")["headline"].read_text())
+    headline = json.loads(write_report(summary, ReportTarget(tmp_path, "t", tmp_path / "headline.json"))["headline"].read_text())
     assert {"auto_all_x_plain", "worst_speculative_row_x_plain", "eagle_tokens_per_pass"} <= set(headline)
     assert headline["auto_all_x_plain"] == pytest.approx(rows[("all", "auto")]["speedup_vs_plain"], abs=1e-4)
     best = max(rows[("all", r)]["tokens_per_target_pass"] for r in eagle_rows)
@@ -100,7 +101,7 @@ def test_pass_cost_profile_tiny_budget(tmp_path):
     assert sorted(cells) == [(1, 1), (1, 4), (2, 1), (2, 4)]  # one row x one token is always measured: the unit
     assert cells[(1, 1)]["ours_x_step"] == pytest.approx(1.0) and cells[(1, 1)]["hf_x_step"] == pytest.approx(1.0)
     assert all(r["ours_ms"] > 0 and r["hf_ms"] > 0 for r in cells.values())
-    paths = write_pass_cost(result, tmp_path, "t")  # headline None: a test never touches the headline figures
+    paths = write_pass_cost(result, ReportTarget(tmp_path, "t"))  # headline None: a test never touches the headline figures
     assert "| 2 | 4 |" in pass_cost_markdown(result) and json.loads(paths["json"].read_text())["rows"]
     with pytest.raises(ConfigError):
         PassCostConfig(target="x", sizes=(0,))

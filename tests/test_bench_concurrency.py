@@ -1,4 +1,4 @@
-"""``specbuild bench --concurrency``: the figures from measured levels (speedup, identity with
+"""``specbuild bench concurrency``: the figures from measured levels (speedup, identity with
 plain, headline ratios), the report files, config errors; and one tiny real run through
 Triton (one mode pair, two stream counts, a few tokens) that must produce every figure."""
 
@@ -10,6 +10,7 @@ import pytest
 
 from builder.bench.concurrency import (ConcurrencyConfig, LevelResult, merge_levels, run_concurrency_bench, summarize,
                                       write_concurrency_report)
+from builder.bench.writer import ReportTarget
 from triton_backend.core.errors import ConfigError
 
 
@@ -22,7 +23,7 @@ def test_summary_figures_from_levels(tmp_path) -> None:
     levels = [_level("off", 1, 100, 10.0), _level("off", 8, 400, 10.0), _level("always", 1, 150, 10.0),
               _level("always", 8, 300, 10.0, text="different"), _level("load_aware", 1, 140, 10.0),
               _level("load_aware", 8, 400, 10.0)]
-    config = ConcurrencyConfig(concurrency=(1, 8), modes=("off", "always", "load_aware"), out_dir=tmp_path)
+    config = ConcurrencyConfig(concurrency=(1, 8), modes=("off", "always", "load_aware"))
     summary = summarize(levels, config)
     rows = {(r["mode"], r["concurrency"]): r for r in summary["rows"]}
     assert rows[("off", 8)]["tokens_per_s"] == pytest.approx(40.0)
@@ -31,7 +32,7 @@ def test_summary_figures_from_levels(tmp_path) -> None:
     assert summary["headline"]["serving_throughput_8_over_1"] == pytest.approx(4.0)
     # load-aware / best of (off, always): 140/150 at 1 stream, 400/400 at 8 -> the minimum
     assert summary["headline"]["policy_worst_ratio_to_best"] == pytest.approx(140 / 150)
-    paths = write_concurrency_report(summary, config)
+    paths = write_concurrency_report(summary, ReportTarget(tmp_path, "cpu"))
     assert json.loads(paths["json"].read_text())["headline"] == summary["headline"]
     assert "| load_aware | 8 |" in paths["markdown"].read_text()
 
@@ -70,7 +71,7 @@ def test_config_errors() -> None:
 @pytest.mark.slow
 def test_tiny_run_through_triton(tmp_path) -> None:
     config = ConcurrencyConfig(concurrency=(1, 2), modes=("off", "load_aware"), max_tokens=4, requests_per_stream=1,
-                               workloads=("copy",), prompts_per_workload=2, out_dir=tmp_path, plot=False,
+                               workloads=("copy",), prompts_per_workload=2,
                                repeats=2, requests_per_level=2)
     summary = run_concurrency_bench(config)
     assert len(summary["rows"]) == 4

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.bench.concurrency import ConcurrencyConfig, write_concurrency_report
+from builder.bench.concurrency import write_concurrency_report
 from builder.bench.config import DEFAULT_OUT, headline_file
 from builder.bench.pass_cost import write_pass_cost
+from builder.bench.writer import ReportTarget
 from builder.cli.main import main as cli_main
 from builder.headline import HEADLINE_PATH
 
@@ -31,15 +32,13 @@ def test_pass_cost_and_concurrency_writers_take_the_given_file(tmp_path: Path) -
     before = HEADLINE_PATH.read_bytes()
     result = {"config": {"context": 1, "target": "t", "threads": 1, "repeats": 1}, "rows": [],
               "headline": {"engine_plain_decode_x_hf": 2.0}}
-    paths = write_pass_cost(result, tmp_path, "t", headline=tmp_path / "h.json")
+    paths = write_pass_cost(result, ReportTarget(tmp_path, "t", tmp_path / "h.json"))
     assert paths["headline"] == tmp_path / "h.json"
     assert json.loads((tmp_path / "h.json").read_text()) == {"engine_plain_decode_x_hf": 2.0}
-    assert "headline" not in write_pass_cost(result, tmp_path / "none", "t")  # None: nothing written
+    assert "headline" not in write_pass_cost(result, ReportTarget(tmp_path / "none", "t"))  # None: nothing written
     assert not (tmp_path / "none" / "headline.json").exists()
     summary = {"config": {}, "rows": [], "headline": {"serving_throughput_8_over_1": 4.0}}
-    config = ConcurrencyConfig(concurrency=(1, 8), out_dir=tmp_path / "c", plot=False,
-                               headline=headline_file(tmp_path / "c"))
-    write_concurrency_report(summary, config)
+    write_concurrency_report(summary, ReportTarget(tmp_path / "c", "cpu", headline_file(tmp_path / "c"), plot=False))
     assert json.loads((tmp_path / "c" / "headline.json").read_text()) == {"serving_throughput_8_over_1": 4.0}
     assert HEADLINE_PATH.read_bytes() == before
 
@@ -50,8 +49,8 @@ def test_bench_with_eagle_and_out_elsewhere_leaves_the_committed_headline(tmp_pa
     prompts.write_text(json.dumps({"workloads": {"chat": ["Name three colours."]}}))
     before = HEADLINE_PATH.read_bytes()
     common = ["bench", "--prompts", str(prompts), "--workloads", "chat", "--prompts-per-workload", "1",
-              "--max-tokens", "4", "--repeats", "1", "--ngram-k", "2", "--eagle", str(EAGLE), "--eagle-k", "1",
-              "--no-peer", "--no-plot"]
+              "--max-tokens", "4", "--repeats", "1", "--eagle", str(EAGLE), "--rows", "ngram-k=2", "eagle-k=1",
+              "no-peer"]
     assert cli_main([*common, "--out", str(tmp_path / "x")]) == 0
     written = json.loads((tmp_path / "x" / "headline.json").read_text())
     assert "eagle_chat_x_plain" in written and "worst_speculative_row_x_plain" in written

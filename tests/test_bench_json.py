@@ -1,4 +1,4 @@
-"""``specbuild bench --json`` (builder/bench/guided_json.py, guided_json_report.py): the prompt file,
+"""``specbuild bench json`` (builder/bench/guided_json.py, guided_json_report.py): the prompt file,
 the rows, the token-for-token and schema checks, the headline figures and where they are written."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from builder.bench.guided_json import (DEFAULT_JSON_PROMPTS, JsonBenchConfig, JsonBenchRun, JsonPrompt, JsonSample,
                                        load_json_prompts, rows_for)
 from builder.bench.guided_json_report import is_valid, json_markdown, summarize_json, write_json_report
+from builder.bench.writer import ReportTarget
 from builder.cli.main import main as cli_main
 from builder.headline import HEADLINE_PATH
 from triton_backend.serving.front.openai.tools import parse_tools
@@ -100,10 +101,10 @@ def test_summary_rows_checks_and_headline_figures(tmp_path: Path) -> None:
 def test_the_report_writes_its_keys_to_the_given_headline_file_only(tmp_path: Path) -> None:
     before = HEADLINE_PATH.read_bytes()
     summary = summarize_json(_run(tmp_path, SPEED))
-    paths = write_json_report(summary, tmp_path / "out", "t", tmp_path / "h.json")
+    paths = write_json_report(summary, ReportTarget(tmp_path / "out", "t", tmp_path / "h.json"))
     assert set(json.loads((tmp_path / "h.json").read_text())) == KEYS and paths["headline"] == tmp_path / "h.json"
     assert json.loads(paths["json"].read_text())["headline"] == summary["headline"]
-    assert "headline" not in write_json_report(summary, tmp_path / "none", "t")  # None: nothing written
+    assert "headline" not in write_json_report(summary, ReportTarget(tmp_path / "none", "t"))  # None: nothing written
     assert not (tmp_path / "none" / "headline.json").exists() and HEADLINE_PATH.read_bytes() == before
 
 
@@ -112,7 +113,7 @@ def test_bench_json_runs_every_row_checks_them_and_its_keys_follow_out(tmp_path:
     prompts = tmp_path / "tiny.json"
     prompts.write_text(json.dumps(TINY))
     before = HEADLINE_PATH.read_bytes()
-    common = ["bench", "--json", "--json-prompts", str(prompts), "--max-tokens", "16", "--repeats", "1",
+    common = ["bench", "json", "--prompts", str(prompts), "--max-tokens", "16", "--repeats", "1",
               "--ngram-k", "3", "--label", "t"]
     assert cli_main([*common, "--out", str(tmp_path / "x")]) == 0
     figures = json.loads((tmp_path / "x" / "headline.json").read_text())

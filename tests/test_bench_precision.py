@@ -1,4 +1,4 @@
-"""`specbuild bench --precisions`: plain decoding of quantized weights against float32 in one
+"""`specbuild bench precision`: plain decoding of quantized weights against float32 in one
 process, its table and headline keys (following --out / --headline like every bench key), and
 the README rows that name its goals."""
 
@@ -27,7 +27,7 @@ def test_precision_bench_writes_its_keys_where_out_says(tmp_path: Path) -> None:
 
     tiny = make_tiny_llama(tmp_path / "tiny", ensure_reference_model(), layers=1)
     before = HEADLINE_PATH.read_bytes()
-    args = ["bench", "--target", str(tiny), "--precisions", "int8,int4,fp8", "--repeats", "1", "--max-tokens", "3",
+    args = ["bench", "precision", "int8,int4,fp8", "--target", str(tiny), "--repeats", "1", "--max-tokens", "3",
             "--agreement-prompts", "2", "--out", str(tmp_path / "x")]
     assert cli_main(args) == 0
     written = json.loads((tmp_path / "x" / "headline.json").read_text())
@@ -37,7 +37,7 @@ def test_precision_bench_writes_its_keys_where_out_says(tmp_path: Path) -> None:
     mib = {r["precision"]: r["linear_mib"] for r in result["rows"]}
     assert mib["int4"] < mib["int8"] == mib["fp8"] < mib["fp32"]  # fp8: a byte a weight and a scale a row, as int8
     assert HEADLINE_PATH.read_bytes() == before
-    assert cli_main([*args[:4], "float32", *args[5:]]) != 0  # float32 is the baseline, not a precision to compare
+    assert cli_main([*args[:2], "float32", *args[3:]]) != 0  # float32 is the baseline, not a precision to compare
 
 
 def test_goals_are_registered_and_rendered() -> None:

@@ -1,4 +1,4 @@
-"""``specbuild bench --ngram-replay``: n-gram speculation replayed over recorded greedy outputs
+"""``specbuild bench ngram-replay``: n-gram speculation replayed over recorded greedy outputs
 in pass-cost units, with the real n-gram session and controller (no model)."""
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ def test_cli_prints_the_table_and_refuses_bad_input(tmp_path: Path, capsys) -> N
     records = tmp_path / "records.json"
     records.write_text(json.dumps([{"set": "bench", "workload": "copy", "prompt": PROMPT, "output": PROMPT[2:]},
                                    {"set": "tune", "workload": "chat", "prompt": PROMPT, "output": [99] * 4}]))
-    assert cli_main(["bench", "--ngram-replay", str(records), "--ngram-k", "4", "--replay-costs", FLAT,
-                     "--replay-trace", "copy"]) == 0
+    assert cli_main(["bench", "ngram-replay", str(records), "--ngram-k", "4", "--costs", FLAT,
+                     "--trace", "copy"]) == 0
     out = capsys.readouterr().out
     assert "| copy | 4 |" in out and "| all | 4 |" in out and "| chat |" not in out  # set bench only
     assert "k=4 bench/copy:" in out
-    assert cli_main(["bench", "--ngram-replay", str(tmp_path / "none.json")]) == 2
-    assert cli_main(["bench", "--ngram-replay", str(records), "--replay-set", "nope"]) == 2
-    assert cli_main(["bench", "--ngram-replay", str(records), "--replay-costs", "2:1"]) == 2
+    assert cli_main(["bench", "ngram-replay", str(tmp_path / "none.json")]) == 2
+    assert cli_main(["bench", "ngram-replay", str(records), "--set", "nope"]) == 2
+    assert cli_main(["bench", "ngram-replay", str(records), "--costs", "2:1"]) == 2
     with pytest.raises(ConfigError):
         replay_table(ReplayConfig(records=records, k=()))
 

@@ -29,16 +29,18 @@ def test_perf_analyzer_drives_the_served_model(triton, model: str, streaming: bo
 
 
 def test_bench_perf_analyzer_row(tmp_path) -> None:
-    """``specbuild bench --perf-analyzer``: its own server, one row per level, JSON + Markdown."""
+    """``specbuild bench perf-analyzer``: its own server, one row per level, JSON + Markdown."""
     import json
 
     from builder.bench.perf_analyzer_bench import (PerfAnalyzerBenchConfig, run_perf_analyzer_bench,
                                                    write_perf_analyzer_report)
+    from builder.bench.writer import ReportTarget
 
     config = PerfAnalyzerBenchConfig(concurrency=(1,), workloads=("chat",), prompts_per_workload=2, max_tokens=3,
                                      requests_per_window=3, max_trials=3, out_dir=tmp_path, label="t")
-    rows = run_perf_analyzer_bench(config)
+    result = run_perf_analyzer_bench(config)
+    rows = result.rows
     assert [r.concurrency for r in rows] == [1] and rows[0].requests_per_s > 0
-    paths = write_perf_analyzer_report(rows, config)
+    paths = write_perf_analyzer_report(result, ReportTarget(tmp_path, "t"))
     assert json.loads(paths["json"].read_text())["rows"][0]["p50_latency_ms"] == rows[0].p50_latency_ms
     assert "| 1 |" in paths["markdown"].read_text()

@@ -25,7 +25,7 @@ PENDING_PAGES: set[str] = set()
 
 def test_every_rendered_table_matches_its_result_file() -> None:
     stale = render_docs(ROOT, check=True)
-    assert stale == [], f"stale figure tables in {stale}: run `specbuild bench --render-readme`"
+    assert stale == [], f"stale figure tables in {stale}: run `specbuild bench render-readme`"
     assert "headline" in blocks_in(README.read_text())
     assert set(blocks_in((ROOT / "docs" / "benchmarks.md").read_text())) == {"headline", "methods", "pass-cost",
                                                                             "concurrency"}
@@ -98,8 +98,8 @@ def test_every_relative_link_resolves() -> None:
 def test_render_command_checks_and_refuses_a_missing_results_folder(tmp_path: Path, capsys) -> None:
     from builder.cli.main import main as cli_main
 
-    assert cli_main(["bench", "--render-readme", "--check"]) == 0
-    assert cli_main(["bench", "--render-readme", "--check", "--out", str(tmp_path / "none")]) == 2
+    assert cli_main(["bench", "render-readme", "--check"]) == 0
+    assert cli_main(["bench", "render-readme", "--check", "--out", str(tmp_path / "none")]) == 2
     assert "no headline file" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""``specbuild bench --concurrency 1,2,4,8,16``: serving throughput and latency under load.
+"""``specbuild bench concurrency 1,2,4,8,16``: serving throughput and latency under load.
 
 A real Triton server (loopback, free ports) per serving mode, all up at once; at each
 concurrency ``c``, ``c`` client threads send gRPC streaming requests (the bench prompts,
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS
+from builder.bench.config import DEFAULT_PROMPTS
+from builder.bench.writer import ReportTarget
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
 
@@ -58,10 +59,6 @@ class ConcurrencyConfig:
     requests_per_level: int | None = None  # set: every level sends these requests, round-robin over its streams
     repeats: int = 2  # interleaved sweeps over every level and mode
     num_threads: int = 1
-    out_dir: Path = DEFAULT_OUT
-    label: str = "cpu"
-    plot: bool = True
-    headline: Path | None = None  # the headline file to merge the figures into (None: not written)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.modes) - set(MODES))
@@ -336,23 +333,23 @@ def plot(summary: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def write_concurrency_report(summary: dict[str, Any], config: ConcurrencyConfig) -> dict[str, Path]:
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = config.out_dir / f"concurrency-{config.label}"
+def write_concurrency_report(summary: dict[str, Any], target: ReportTarget) -> dict[str, Path]:
+    target.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = target.out_dir / f"concurrency-{target.label}"
     paths = {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md")}
     from builder.report_paths import portable
 
     paths["json"].write_text(json.dumps(portable(summary), indent=2))
     paths["markdown"].write_text(to_markdown(summary) + "\n")
-    if config.plot:
+    if target.plot:
         image = plot(summary, stem.with_suffix(".png"))
         if image is not None:
             paths["plot"] = image
-    if config.headline is not None and summary["headline"]:
+    if target.headline is not None and summary["headline"]:
         from builder.headline import update_headline
 
-        update_headline(summary["headline"], config.headline)
-        paths["headline"] = config.headline
+        update_headline(summary["headline"], target.headline)
+        paths["headline"] = target.headline
     return paths
 
 

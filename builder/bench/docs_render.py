@@ -2,12 +2,12 @@
 
 A table lives between two markers naming its block::
 
-    <!-- BEGIN rendered:headline (specbuild bench --render-readme) -->
+    <!-- BEGIN rendered:headline (specbuild bench render-readme) -->
     ...
     <!-- END rendered:headline -->
 
 and is replaced by :func:`render_file` with what its renderer makes of its source file under
-``benchmarks/results/``. ``specbuild bench --render-readme`` rewrites every block;
+``benchmarks/results/``. ``specbuild bench render-readme`` rewrites every block;
 ``--check`` only reports the stale ones (``tests/test_readme.py`` fails on any), so no figure
 a reader sees can drift from the file a benchmark wrote.
 """
@@ -64,14 +64,14 @@ HEADLINE_ROWS = (
     HeadlineRow("eagle_data_positions_per_cpu_s", "drafter data: positions per CPU second, one process", 150.0, digits=1),
     HeadlineRow("eagle_data_positions_total", "drafter data: training positions in the committed corpus", 10_000_000,
                 digits=0),
-    HeadlineRow("eagle_heldout_chat_tokens_per_pass", "held-out split (bench --heldout-split): EAGLE tokens per "
+    HeadlineRow("eagle_heldout_chat_tokens_per_pass", "held-out split (bench heldout): EAGLE tokens per "
                 "target pass, chat / all workloads / auto x plain, chat / all workloads / every speculative row "
                 "identical to plain (1 = yes)", 2.5, pending=True, parts=(
                     HeadlineRow("eagle_heldout_all_tokens_per_pass", "", None),
                     HeadlineRow("heldout_chat_auto_x_plain", "", 1.8),
                     HeadlineRow("heldout_all_auto_x_plain", "", 2.0),
                     HeadlineRow("heldout_rows_identical_to_plain", "", 1.0, digits=0))),
-    HeadlineRow("eagle_mtbench_chat_tokens_per_pass", "MT-Bench first turns (bench --mtbench, written outside the "
+    HeadlineRow("eagle_mtbench_chat_tokens_per_pass", "MT-Bench first turns (bench mtbench, written outside the "
                 "project): EAGLE tokens per target pass, chat / all workloads / auto x plain, chat / all workloads / "
                 "every speculative row identical to plain (1 = yes)", None, pending=True, parts=(
                     HeadlineRow("eagle_mtbench_all_tokens_per_pass", "", None),

@@ -1,4 +1,4 @@
-"""``specbuild bench --json``: structured output's cost and gain on extraction and tool-call prompts.
+"""``specbuild bench json``: structured output's cost and gain on extraction and tool-call prompts.
 
 Each prompt of ``benchmarks/json_prompts.json`` comes with a JSON schema: an extraction prompt
 names its schema; a tool-call prompt lists OpenAI ``tools`` and a ``tool_choice``, and is shown
@@ -194,7 +194,7 @@ def run_json_bench(config: JsonBenchConfig) -> JsonBenchRun:
         _sample(decoder, row, prompts[0], ids[prompts[0].name], -1, 8)
     order = random.Random(0)
     jobs = [(repeat, prompt) for repeat in range(config.repeats) for prompt in prompts]
-    with tqdm(total=len(jobs) * len(rows), desc="bench --json", unit="req") as bar:
+    with tqdm(total=len(jobs) * len(rows), desc="bench json", unit="req") as bar:
         for repeat, prompt in jobs:
             shuffled = list(rows)
             order.shuffle(shuffled)  # no row always runs first

@@ -1,4 +1,4 @@
-"""The JSON workload's table and headline figures (``specbuild bench --json``).
+"""The JSON workload's table and headline figures (``specbuild bench json``).
 
 Per row: tokens, target passes, tokens per pass, wall-clock tok/s and its ratio to constrained
 plain (the median of the per-repeat ratios), ``decode tok/s`` (tokens after each request's
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.bench.guided_json import JsonBenchRun, JsonSample
+from builder.bench.writer import ReportTarget
 from builder.headline import update_headline
 from builder.report_paths import portable
 
@@ -145,10 +146,10 @@ def json_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json_report(summary: dict[str, Any], out_dir: Path, label: str, headline: Path | None = None
-                      ) -> dict[str, Path]:
-    """``guided-json-<label>.json`` / ``.md`` in ``out_dir``; the headline figures merged into
-    ``headline`` (None: not written)."""
+def write_json_report(summary: dict[str, Any], target: ReportTarget) -> dict[str, Path]:
+    """``guided-json-<label>.json`` / ``.md`` in ``target.out_dir``; the headline figures merged into
+    ``target.headline`` (None: not written)."""
+    out_dir, label, headline = target.out_dir, target.label, target.headline
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"guided-json-{label}.json", "markdown": out_dir / f"guided-json-{label}.md"}
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")

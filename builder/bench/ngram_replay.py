@@ -1,11 +1,11 @@
-"""``specbuild bench --ngram-replay RECORDS``: n-gram speculation replayed in pass-cost units.
+"""``specbuild bench ngram-replay RECORDS``: n-gram speculation replayed in pass-cost units.
 
 Greedy speculation commits exactly plain decoding's tokens, and a chain draft is accepted up to
 its first token that differs from them. So given a prompt and its plain greedy output, the real
 n-gram session and controller (the gain rule and all) can be replayed round by round without
 the model: each round costs the pass-cost table's figure for its tokens. The ratio
 ``tokens / cost`` (decode rounds only; the prefill round is paid by plain decoding too) is the
-speed over plain decoding that a busy machine cannot disturb. ``--ngram-record`` records the
+speed over plain decoding that a busy machine cannot disturb. ``--record`` records the
 plain greedy outputs first (runs the model): the bench's own prompts (set ``bench``: the first
 5 per workload of benchmarks/prompts.json, as ``specbuild bench`` runs them) and two held-out
 sets (``tune``, ``check``) for tuning without touching the bench's prompts.

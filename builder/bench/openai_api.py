@@ -1,4 +1,4 @@
-"""``specbuild bench --concurrency 1,8 --api openai``: the OpenAI front's cost over Triton gRPC.
+"""``specbuild bench openai 1,8``: the OpenAI front's cost over Triton gRPC.
 
 One real Triton server (the reference target, load-aware in-flight batching) and the OpenAI
 front in front of it (:mod:`builder.ops.openai`). At each concurrency ``c``, ``c`` client
@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from builder.bench.concurrency import (ConcurrencyConfig, LevelResult, Reply, _percentile, _prompts, _serving,
                                       drive_level, grpc_sender, merge_levels)
+from builder.bench.writer import ReportTarget
 
 logger = logging.getLogger(__name__)
 
@@ -128,19 +129,19 @@ def to_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_api_report(summary: dict[str, Any], config: ConcurrencyConfig) -> dict[str, Path]:
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = config.out_dir / f"openai-api-{config.label}"
+def write_api_report(summary: dict[str, Any], target: ReportTarget) -> dict[str, Path]:
+    target.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = target.out_dir / f"openai-api-{target.label}"
     paths = {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md")}
     from builder.report_paths import portable
 
     paths["json"].write_text(json.dumps(portable(summary), indent=2))
     paths["markdown"].write_text(to_markdown(summary) + "\n")
-    if config.headline is not None and summary["headline"]:
+    if target.headline is not None and summary["headline"]:
         from builder.headline import update_headline
 
-        update_headline(summary["headline"], config.headline)
-        paths["headline"] = config.headline
+        update_headline(summary["headline"], target.headline)
+        paths["headline"] = target.headline
     return paths
 
 

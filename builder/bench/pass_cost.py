@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from builder.bench.rows import torch_threads
+from builder.bench.writer import ReportTarget
 from triton_backend.core.runtime_config import RuntimeConfig
 from triton_backend.engines.batch import BatchRow
 from triton_backend.core.errors import ConfigError
@@ -151,9 +152,10 @@ def pass_cost_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_pass_cost(result: dict, out_dir: Path, label: str, *, headline: Path | None = None) -> dict[str, Path]:
-    """The table's markdown and JSON in ``out_dir``; its headline figures merged into ``headline``
-    (see :func:`builder.bench.config.headline_file`; None: not written)."""
+def write_pass_cost(result: dict, target: ReportTarget) -> dict[str, Path]:
+    """The table's markdown and JSON in ``target.out_dir``; its headline figures merged into
+    ``target.headline`` (see :func:`builder.bench.config.headline_file`; None: not written)."""
+    out_dir, label, headline = target.out_dir, target.label, target.headline
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out_dir / f"pass-cost-{label}.md", "json": out_dir / f"pass-cost-{label}.json"}
     paths["markdown"].write_text(pass_cost_markdown(result))

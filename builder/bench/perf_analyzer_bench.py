@@ -1,4 +1,4 @@
-"""``specbuild bench --perf-analyzer``: NVIDIA's perf_analyzer against a real Triton server
+"""``specbuild bench perf-analyzer``: NVIDIA's perf_analyzer against a real Triton server
 serving the deployment, through the tensorrtllm_backend model name (``ensemble``, gRPC
 streaming, by default): one row per concurrency level (requests/s, p50 / p99 latency) from
 perf_analyzer's own CSV, written as JSON and Markdown beside the other bench results.
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from builder.bench.config import DEFAULT_OUT, DEFAULT_PROMPTS, BenchConfig
+from builder.bench.writer import ReportTarget
 from builder.ops.perf_analyzer import PerfAnalyzerRun, PerfRow, run_perf_analyzer
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,13 @@ def _prompts(config: PerfAnalyzerBenchConfig) -> list[str]:
     return [p for w in config.workloads for p in bench.load_prompts().get(w, [])]
 
 
-def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> list[PerfRow]:
+@dataclass(frozen=True)
+class PerfAnalyzerResult:
+    config: PerfAnalyzerBenchConfig
+    rows: list[PerfRow]
+
+
+def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> PerfAnalyzerResult:
     """Serve the target on loopback (free ports) and run perf_analyzer at each concurrency."""
     from builder.stages.model_repository import render_model_repository
     from triton_backend.serving.launch.triton_server import ServerConfig, TritonServer
@@ -64,8 +71,9 @@ def run_perf_analyzer_bench(config: PerfAnalyzerBenchConfig) -> list[PerfRow]:
             run = PerfAnalyzerRun(server.endpoints.grpc_url, config.model, prompts, max_tokens=config.max_tokens,
                                   concurrency=config.concurrency, streaming=config.streaming,
                                   requests_per_window=config.requests_per_window, max_trials=config.max_trials)
-            return [row for level in config.concurrency
-                    for row in run_perf_analyzer(PerfAnalyzerRun(**{**asdict(run), "concurrency": (level,)}))]
+            return PerfAnalyzerResult(config, [
+                row for level in config.concurrency
+                for row in run_perf_analyzer(PerfAnalyzerRun(**{**asdict(run), "concurrency": (level,)}))])
 
 
 def to_markdown(rows: list[PerfRow], config: PerfAnalyzerBenchConfig) -> str:
@@ -77,9 +85,11 @@ def to_markdown(rows: list[PerfRow], config: PerfAnalyzerBenchConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_perf_analyzer_report(rows: list[PerfRow], config: PerfAnalyzerBenchConfig) -> dict[str, Path]:
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = config.out_dir / f"perf_analyzer_{config.label}"
+def write_perf_analyzer_report(result: PerfAnalyzerResult, target: ReportTarget) -> dict[str, Path]:
+    """``perf_analyzer_<label>.json`` / ``.md`` in ``target.out_dir`` (no headline figures)."""
+    rows, config = result.rows, result.config
+    target.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = target.out_dir / f"perf_analyzer_{target.label}"
     from builder.report_paths import portable
 
     settings = portable(asdict(config))
@@ -88,4 +98,4 @@ def write_perf_analyzer_report(rows: list[PerfRow], config: PerfAnalyzerBenchCon
     return {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md")}
 
 
-__all__ = ["PerfAnalyzerBenchConfig", "run_perf_analyzer_bench", "to_markdown", "write_perf_analyzer_report"]
+__all__ = ["PerfAnalyzerBenchConfig", "PerfAnalyzerResult", "run_perf_analyzer_bench", "to_markdown", "write_perf_analyzer_report"]

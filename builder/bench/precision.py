@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.eval.agreement import HELDOUT_PROMPTS
+from builder.bench.writer import ReportTarget
 from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
@@ -152,10 +153,12 @@ def precision_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_precision_bench(result: dict, out_dir: Path, label: str, *, headline: Path | None = None) -> dict[str, Path]:
-    """Markdown and JSON in ``out_dir``; the headline figures merged into ``headline`` (None: not written)."""
+def write_precision_bench(result: dict, target: ReportTarget) -> dict[str, Path]:
+    """Markdown and JSON in ``target.out_dir``; the headline figures merged into ``target.headline``
+    (None: not written)."""
     from builder.headline import update_headline
 
+    out_dir, label, headline = target.out_dir, target.label, target.headline
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out_dir / f"precision_{label}.md", "json": out_dir / f"precision_{label}.json"}
     paths["markdown"].write_text(precision_markdown(result))

@@ -6,7 +6,7 @@ import json
 import logging
 import statistics
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from builder.bench.config import BenchRun, Sample
@@ -14,6 +14,7 @@ from builder.headline import device_keys, update_headline
 from builder.report_paths import portable
 from builder.bench.rows import is_speculative_row
 from builder.bench.self_draft import self_draft_headline
+from builder.bench.writer import ReportTarget, ReportWriter
 from triton_backend.speculation.controller import expected_tokens_per_round
 
 logger = logging.getLogger(__name__)
@@ -165,8 +166,8 @@ def headline_figures(summary: dict) -> dict[str, float]:
 
 
 def heldout_figures(summary: dict, split: str = "heldout") -> dict[str, float]:
-    """A run on a held-out prompt set (``bench --heldout-split``: ``split`` "heldout"; ``bench
-    --mtbench``: "mtbench"): the EAGLE rows' tokens per target pass and the deployed ``auto`` row
+    """A run on a held-out prompt set (``bench heldout``: ``split`` "heldout"; ``bench
+    mtbench``: "mtbench"): the EAGLE rows' tokens per target pass and the deployed ``auto`` row
     over plain, on chat and over all workloads, and whether every speculative row's output equals
     plain decoding's (1) or not (0). Kept apart from the bench prompts' keys: these sets are what
     nobody tuned on."""
@@ -267,9 +268,10 @@ def plot(summary: dict, path: Path) -> Path | None:
     return path
 
 
-def write_report(summary: dict, out_dir: Path, label: str, headline: Path | None = None) -> dict[str, Path]:
-    """The run's JSON, markdown and plot in ``out_dir``; its headline figures merged into
-    ``headline`` (see :func:`builder.bench.config.headline_file`; None: not written)."""
+def write_report(summary: dict, target: ReportTarget) -> dict[str, Path]:
+    """The run's JSON, markdown and plot in ``target.out_dir``; its headline figures merged into
+    ``target.headline`` (see :func:`builder.bench.config.headline_file`; None: not written)."""
+    out_dir, label, headline = target.out_dir, target.label, target.headline
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"bench-{label}.json", "markdown": out_dir / f"bench-{label}.md"}
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
@@ -278,7 +280,34 @@ def write_report(summary: dict, out_dir: Path, label: str, headline: Path | None
     if figures and headline is not None:
         update_headline(figures, headline)
         paths["headline"] = headline
-    png = plot(summary, out_dir / f"bench-{label}.png")
+    png = plot(summary, out_dir / f"bench-{label}.png") if target.plot else None
     if png is not None:
         paths["plot"] = png
     return paths
+
+
+def write_speed_report(summary: dict, target: ReportTarget) -> dict[str, Path]:
+    """``bench speed``'s writer: :func:`write_report`, and with EAGLE rows (``--eagle``)
+    ``eagle_chat_x_plain`` merged into the same headline file
+    (:func:`builder.train.eagle_job.eagle_bench_headline`)."""
+    paths = write_report(summary, target)
+    if summary.get("config", {}).get("eagle") is not None and target.headline is not None:
+        from builder.train.eagle_job import eagle_bench_headline
+
+        eagle_bench_headline(summary, target.headline)
+    return paths
+
+
+def heldout_writer(split: str) -> ReportWriter[dict]:
+    """The writer of a run on a held-out prompt set (``bench heldout``: ``split`` "heldout";
+    ``bench mtbench``: "mtbench"): the run's files as :func:`write_report` writes them, and only
+    :func:`heldout_figures` merged into the headline file (the bench prompts' keys stay theirs)."""
+    def write(summary: dict, target: ReportTarget) -> dict[str, Path]:
+        paths = write_report(summary, replace(target, headline=None))
+        figures = heldout_figures(summary, split)
+        if target.headline is not None and figures:
+            update_headline(figures, target.headline)
+            paths["headline"] = target.headline
+        return paths
+
+    return write

@@ -1,4 +1,4 @@
-"""``specbuild bench --self-draft int8,int4``: rows whose draft is the target itself at a cheaper
+"""``specbuild bench --rows self-draft=int8,int4``: rows whose draft is the target itself at a cheaper
 weight precision (:mod:`triton_backend.deployment.self_draft`), beside the other rows.
 
 Each precision's draft engine is built over the bench decoder's own float32 target (its loaded

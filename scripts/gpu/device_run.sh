@@ -16,11 +16,11 @@ python3 -c "import torch, transformers, numpy; print(torch.__version__, transfor
 T=/tmp/target/smollm2-135m-instruct
 python3 scripts/gpu/unpack_weights.py $STAGE $T || exit 1
 echo "== unpacked at $(( $(date +%s) - START ))s"
-[ "${PASS_COST:-1}" = 1 ] && timeout 40 python3 -m builder.cli.main bench --pass-cost --device cuda --target $T --pass-batch 1,4,16 \
-  --pass-sizes 1,4,8 --repeats 2 --label gpu-h200 --out $RES/engine --headline $RES/engine/headline-gpu.json
+[ "${PASS_COST:-1}" = 1 ] && timeout 40 python3 -m builder.cli.main bench pass-cost --device cuda --target $T --batch 1,4,16 \
+  --sizes 1,4,8 --repeats 2 --label gpu-h200 --out $RES/engine --headline $RES/engine/headline-gpu.json
 echo "== pass cost done at $(( $(date +%s) - START ))s"
 [ -n "${CUDA_BENCH:-}" ] && timeout 60 python3 -m builder.cli.main bench --device cuda --target $T --eagle artifacts/smollm2-135m-eagle3 \
-  --prompts-per-workload 1 --repeats 1 --max-tokens ${BENCH_TOKENS:-64} --no-plot --label gpu-h200 --out $RES/engine \
+  --prompts-per-workload 1 --repeats 1 --max-tokens ${BENCH_TOKENS:-64} --label gpu-h200 --out $RES/engine \
   --headline $RES/engine/headline-gpu.json
 echo "== bench done at $(( $(date +%s) - START ))s"
 tar czf $OUT/engine.tgz -C $RES engine

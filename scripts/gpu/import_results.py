@@ -68,7 +68,7 @@ def _page(label: str, device: str, pass_cost: dict, drafter: dict) -> str:
         f"# GPU run ({device}), written by scripts/gpu/import_results.py", "",
         "The reference target's weights reach the GPU machine rounded to bfloat16 (64 MiB per call; "
         "scripts/gpu/README.md), run there as float32 values. Everything below runs those weights.", "",
-        "## Slot engine on CUDA (`specbuild bench --pass-cost --device cuda`)", "",
+        "## Slot engine on CUDA (`specbuild bench pass-cost --device cuda`)", "",
         f"One row, one token: ours {one['ours_ms']:.1f} ms, Hugging Face {one['hf_ms']:.1f} ms. "
         "Pass cost in one-row steps of the same engine:", "",
         "| rows | tokens per row | ours ms | ours x step | HF x step |", "|---|---|---|---|---|"]
