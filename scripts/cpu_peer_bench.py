@@ -339,6 +339,20 @@ def _rates(samples: list[dict]) -> dict[str, float]:
     return out
 
 
+def prefix_share(samples: list[dict], reference: list[dict]) -> float | None:
+    """Mean share of each reference output (float32 plain's) that ``samples`` reproduce before their
+    first differing token: 1.0 where a row computes float32's very tokens (int4 / int8 from the GGUF's
+    own blocks), less where its arithmetic differs (llama.cpp quantizes activations to 8 bits)."""
+    ref = {(s["workload"], s["index"], s["repeat"]): s["tokens"] for s in reference}
+    shares = []
+    for s in samples:
+        want = ref.get((s["workload"], s["index"], s["repeat"]))
+        if want:
+            same = next((i for i, (a, b) in enumerate(zip(s["tokens"], want)) if a != b), min(len(s["tokens"]), len(want)))
+            shares.append(same / len(want))
+    return sum(shares) / len(shares) if shares else None
+
+
 def summarize(config: PeerBenchConfig, rows: list[RowSpec], results: dict[str, dict], skipped: str | None = None,
               llamacpp: str | None = None) -> dict:
     identity = identity_checks(rows, results)
@@ -352,10 +366,12 @@ def summarize(config: PeerBenchConfig, rows: list[RowSpec], results: dict[str, d
                  "identical": True if row.method == "plain" else identity[row.name]["identical"]}
         table.append(entry)
     rate = {e["name"]: e["all"]["tok_s"] for e in table}
+    float32 = results.get("float32 plain", {}).get("samples")
     for e in table:
         ref = rate.get(e["plain_row"])
         e["x_plain"] = e["all"]["tok_s"] / ref if ref else None
-    ours_identical = all(v["identical"] for name, v in identity.items() if not name.startswith("llama.cpp"))
+        e["prefix_share_float32"] = prefix_share(results[e["name"]]["samples"], float32) if float32 else None
+    ours_identical = all(identity[r.name]["identical"] for r in rows if r.engine == "ours" and r.method != "plain")
     return {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()
                        if k not in ("llamacpp_python", "out")},
             "llamacpp": llamacpp, "llamacpp_skipped": skipped, "rows": table, "identity": identity,
@@ -384,22 +400,24 @@ def report_markdown(summary: dict) -> str:
              "per repeat. tok/s: generated tokens over request seconds (prefill included); after prefill: from "
              "the first token on.", ""]
     lines.append("llama.cpp: " + (summary["llamacpp"] or f"not run ({summary['llamacpp_skipped']})"))
-    lines += ["", "| row | weights | tok/s | after prefill tok/s | TTFT ms | tokens/pass | x its plain | identical to plain |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| row | weights | tok/s | after prefill tok/s | TTFT ms | tokens/pass | x its plain | identical to plain "
+              "| float32's tokens kept |", "|---|---|---|---|---|---|---|---|---|"]
     for e in summary["rows"]:
         a = e["all"]
         same = "-" if e["method"] == "plain" else {True: "yes", False: "NO", None: "not compared"}[e["identical"]]
         tpp = f"{a['tokens_per_pass']:.2f}" if "tokens_per_pass" in a else "-"
         xp = "-" if e["x_plain"] is None else f"{e['x_plain']:.2f}"
+        kept = "-" if e.get("prefix_share_float32") is None else f"{e['prefix_share_float32']:.2f}"
         lines.append(f"| {e['name']} | {e['precision']} | {a['tok_s']:.1f} | {a['decode_tok_s']:.1f} | {a['ttft_ms']:.0f} | "
-                     f"{tpp} | {xp} | {same} |")
+                     f"{tpp} | {xp} | {same} | {kept} |")
     workloads = cfg["workloads"]
     lines += ["", "Per workload, tok/s: " + " / ".join(workloads), "", "| row | " + " | ".join(workloads) + " |",
               "|---" * (len(workloads) + 1) + "|"]
     for e in summary["rows"]:
         lines.append(f"| {e['name']} | " + " | ".join(f"{e['workloads'][w]['tok_s']:.1f}" for w in workloads) + " |")
     verdict = "yes" if summary["ours_identical_to_plain"] else "NO (no headline figures written)"
-    lines += ["", f"Every speculative row of ours identical to its plain row: {verdict}."]
+    lines += ["", f"Every speculative row of ours identical to its plain row: {verdict}. float32's tokens kept: the "
+              "mean share of float32 plain's output a row reproduces before its first differing token."]
     if summary["headline"]:
         lines += ["", "Headline: " + ", ".join(f"{k} = {v:.3f}" for k, v in summary["headline"].items())]
     return "\n".join(lines) + "\n"

@@ -124,3 +124,10 @@ def test_without_llamacpp_rows_only_our_figures_are_written() -> None:
     summary = bench.summarize(config, rows, _results(rows), skipped="no --llamacpp-python given")
     assert set(summary["headline"]) == {"int4_auto_x_int4_plain"}
     assert "not run (no --llamacpp-python given)" in bench.report_markdown(summary)
+
+
+def test_prefix_share_is_the_part_of_float32s_output_kept_before_the_first_difference() -> None:
+    reference = [_sample("chat", 0, [1, 2, 3, 4], 1.0, 0.1), _sample("code", 0, [5, 6, 7, 8], 1.0, 0.1)]
+    assert bench.prefix_share(reference, reference) == 1.0
+    other = [_sample("chat", 0, [1, 2, 9, 4], 1.0, 0.1), _sample("code", 0, [0, 6, 7, 8], 1.0, 0.1)]
+    assert bench.prefix_share(other, reference) == pytest.approx((2 / 4 + 0) / 2)
