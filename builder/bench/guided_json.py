@@ -3,7 +3,7 @@
 Each prompt of ``benchmarks/json_prompts.json`` comes with a JSON schema: an extraction prompt
 names its schema; a tool-call prompt lists OpenAI ``tools`` and a ``tool_choice``, and is shown
 to the model and decoded exactly as the OpenAI front decodes a forced call
-(:mod:`builder.ops.openai.tools`: the definitions in a system message, the call's schema as the
+(:mod:`triton_backend.serving.front.openai.tools`: the definitions in a system message, the call's schema as the
 guide). The rows, on the same weights in one process, interleaved in a shuffled order per
 prompt and repeated:
 

@@ -1,7 +1,7 @@
 """``specbuild bench openai 1,8``: the OpenAI front's cost over Triton gRPC.
 
 One real Triton server (the reference target, load-aware in-flight batching) and the OpenAI
-front in front of it (:mod:`builder.ops.openai`). At each concurrency ``c``, ``c`` client
+front in front of it (:mod:`triton_backend.serving.front.openai`). At each concurrency ``c``, ``c`` client
 threads send the same chat requests (the bench prompts, fixed length, greedy) back to back,
 once straight to Triton over gRPC streaming (``apply_chat_template``: the model renders the
 template) and once through ``POST /v1/chat/completions`` with ``stream: true`` (the front
