@@ -61,6 +61,7 @@ class PeerBenchConfig:
     target: str = "smollm2-135m-instruct"
     eagle: str = "artifacts/smollm2-135m-eagle3"
     precisions: tuple[str, ...] = PRECISIONS
+    methods: tuple[str, ...] = OUR_METHODS  # our rows per precision (plain always runs: the others are checked against it)
     workloads: tuple[str, ...] = WORKLOADS
     prompts_per_workload: int = 4
     max_tokens: int = 64
@@ -82,6 +83,9 @@ class PeerBenchConfig:
         bad = [p for p in self.precisions if p not in PRECISIONS]
         if bad or not self.precisions:
             raise PeerBenchError(f"precisions: one or more of {list(PRECISIONS)}, got {list(self.precisions)}")
+        bad = [m for m in self.methods if m not in OUR_METHODS]
+        if bad or "plain" not in self.methods:
+            raise PeerBenchError(f"methods: plain and any of {list(OUR_METHODS[1:])}, got {list(self.methods)}")
         bad = [w for w in self.workloads if w not in WORKLOADS]
         if bad or not self.workloads:
             raise PeerBenchError(f"workloads: one or more of {list(WORKLOADS)}, got {list(self.workloads)}")
@@ -120,11 +124,12 @@ class RowSpec:
 def row_specs(config: PeerBenchConfig, *, llamacpp: bool) -> list[RowSpec]:
     rows = []
     for p in config.precisions:
-        rows += [RowSpec(f"{p} plain", "ours", p, "plain"),
-                 RowSpec(f"{p} ngram k={config.ngram_k}", "ours", p, "ngram", config.ngram_k),
-                 RowSpec(f"{p} eagle3 tree k={config.eagle_k}", "ours", p, "eagle_tree", config.eagle_k,
-                         config.eagle_tree_nodes),
-                 RowSpec(f"{p} auto", "ours", p, "auto", config.auto_k)]
+        ours = [RowSpec(f"{p} plain", "ours", p, "plain"),
+                RowSpec(f"{p} ngram k={config.ngram_k}", "ours", p, "ngram", config.ngram_k),
+                RowSpec(f"{p} eagle3 tree k={config.eagle_k}", "ours", p, "eagle_tree", config.eagle_k,
+                        config.eagle_tree_nodes),
+                RowSpec(f"{p} auto", "ours", p, "auto", config.auto_k)]
+        rows += [r for r in ours if r.method in config.methods]
     if llamacpp:
         rows += [RowSpec("llama.cpp plain", "llamacpp", "Q4_1 GGUF", "plain"),
                  RowSpec(f"llama.cpp prompt lookup k={config.lookup_tokens}", "llamacpp", "Q4_1 GGUF",
@@ -447,6 +452,8 @@ def parse_args(argv: list[str] | None) -> PeerBenchConfig:
     p.add_argument("--target", default=d.target)
     p.add_argument("--eagle", default=d.eagle, help="the EAGLE-3 drafter folder of the eagle and auto rows")
     p.add_argument("--precisions", default=",".join(d.precisions), help="target weights: float32,int8,int4")
+    p.add_argument("--methods", default=",".join(d.methods), help="our rows per precision: plain (always) and any of "
+                   "ngram,eagle_tree,auto")
     p.add_argument("--workloads", default=",".join(d.workloads), help="held-out split workloads: chat,code")
     p.add_argument("--prompts-per-workload", type=int, default=d.prompts_per_workload)
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
@@ -469,7 +476,8 @@ def parse_args(argv: list[str] | None) -> PeerBenchConfig:
     def names(text: str) -> tuple[str, ...]:
         return tuple(x.strip() for x in text.split(",") if x.strip())
 
-    return PeerBenchConfig(target=a.target, eagle=a.eagle, precisions=names(a.precisions), workloads=names(a.workloads),
+    return PeerBenchConfig(target=a.target, eagle=a.eagle, precisions=names(a.precisions), methods=names(a.methods),
+                           workloads=names(a.workloads),
                            prompts_per_workload=a.prompts_per_workload, max_tokens=a.max_tokens, repeats=a.repeats,
                            threads=a.threads, ngram_k=a.ngram_k, eagle_k=a.eagle_k,
                            eagle_tree_nodes=a.eagle_tree_nodes, auto_k=a.auto_k, lookup_tokens=a.lookup_tokens,
