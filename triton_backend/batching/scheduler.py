@@ -2,8 +2,9 @@
 
 The round is read here, in :meth:`BatchScheduler._round`: drop cancelled requests, admit queued
 ones while a slot is free, share the round's prompt budget out (prefill chunks of new prompts
-beside decode/verify rows, at most ``prefill_chunk_tokens`` prompt tokens a round so a long
-prompt cannot stall everyone: :mod:`~triton_backend.batching.prefill_rows`), pick every row's
+beside decode/verify rows: as many prompt tokens as keep the running streams' pace, from the
+target's pass costs (:mod:`~triton_backend.batching.prefill_budget`), so a long prompt cannot
+stall everyone, shared out by :mod:`~triton_backend.batching.prefill_rows`), pick every row's
 draft length (:mod:`~triton_backend.batching.plan`), draft, run ONE ragged target pass over all
 rows, then verify, commit and stream each row on its own
 (:mod:`~triton_backend.batching.batch_round`). Requests leave when finished, cancelled or
@@ -38,6 +39,7 @@ from triton_backend.batching.admission import (AdmissionQueue, QueuedRequest, Re
 from triton_backend.batching.batch_round import (BatchSequence, PlannedRow, describe, drafted_tokens, propose_eagle_rows,
                                                  propose_per_row, propose_with_draft_model, verify_row)
 from triton_backend.batching.plan import BatchPolicy, DraftPlanner
+from triton_backend.batching.prefill_budget import PrefillBudget, check_slowdown
 from triton_backend.batching.prefill_rows import split_rows
 from triton_backend.batching.prefix_cache import PrefixCache, PrefixCacheStats
 from triton_backend.batching.round_stats import TIMING_LOG_ROUNDS, RoundObserver, RoundTiming
@@ -48,7 +50,7 @@ from triton_backend.core.guide_cache import GUIDES, GuideCache
 from triton_backend.engines.batch import BatchedEngine, PrefixSharing, SlotsExhaustedError
 from triton_backend.engines.torch.hf_batched import HFBatchedEngine
 from triton_backend.engines.torch.hf_engine import TorchEngine
-from triton_backend.speculation.cost_model import PassCostModel
+from triton_backend.speculation.cost_model import PassCostModel, current_cost_model
 from triton_backend.speculation.drafters.client import ClientDraft
 from triton_backend.speculation.drafters.draft_model import DraftModelDrafter
 from triton_backend.speculation.drafters.eagle import FeatureDrafter
@@ -61,13 +63,18 @@ logger = logging.getLogger(__name__)
 class SchedulerConfig:
     """``max_batch_size``: requests in the batch at once (KV slots); ``max_queue_size``:
     requests waiting for a slot; ``prefill_chunk_tokens``: prompt tokens one round may
-    prefill (a longer prompt is split over rounds); ``policy``: who picks draft lengths;
+    prefill (a longer prompt is split over rounds); ``prefill_slowdown``: beside running decode
+    rows, a round's prompt tokens are fewer: as many as keep the pass's cost (the target's
+    pass-cost model) within this factor of the decode-only pass, so running streams keep about
+    ``1 / prefill_slowdown`` of their pace while a long prompt arrives (None: always
+    ``prefill_chunk_tokens``; :mod:`~triton_backend.batching.prefill_budget`); ``policy``: who picks draft lengths;
     ``prefix_cache``: keep finished requests' keys and values for later requests sharing their
     prefix (:mod:`~triton_backend.batching.prefix_cache`; engines that can share a prefix)."""
 
     max_batch_size: int = 8
     max_queue_size: int = 64
     prefill_chunk_tokens: int = 512
+    prefill_slowdown: float | None = 1.3
     policy: BatchPolicy = BatchPolicy.LOAD_AWARE
     prefix_cache: bool = True
 
@@ -76,6 +83,7 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        check_slowdown(self.prefill_slowdown)
         object.__setattr__(self, "policy", BatchPolicy.parse(self.policy))
         if not isinstance(self.prefix_cache, bool):
             raise InvalidRequestError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
@@ -112,6 +120,7 @@ class BatchScheduler:
         # one drafter cache for every EAGLE row, a row per target slot: a round drafts all rows in one call
         self.eagle_kv = eagle.new_cache(self.target.num_slots) if isinstance(eagle, FeatureDrafter) else None
         self.planner = DraftPlanner(self.config.policy, cost_model)
+        self.prefill_budget = PrefillBudget(self.config.prefill_chunk_tokens, self.config.prefill_slowdown)
         self.rounds = 0
         sharing = self.config.prefix_cache and isinstance(self.target, PrefixSharing)
         self.prefix_cache = PrefixCache(min_tokens=SHARED_PREFIX_MIN) if sharing else None
@@ -227,7 +236,9 @@ class BatchScheduler:
     def _round(self) -> None:
         """One round for every active row: plan, draft, ONE ragged target pass, verify, commit, stream."""
         started = time.perf_counter()
-        prefill, planned = split_rows(self._active, self.config.prefill_chunk_tokens)
+        decoding = sum(1 for seq in self._active if not seq.prompting)  # rows past their prompt
+        budget = self.prefill_budget.tokens(decoding, self.planner.cost_model or current_cost_model(self.decoder.target))
+        prefill, planned = split_rows(self._active, budget)
         # a prompt short enough for the round's budget rides in a planned row: such a round
         # runs several plain rounds long, whatever the regime, so it is not measured either
         prompting = bool(prefill) or any(r.seq.prompting for r in planned)
