@@ -60,7 +60,7 @@ def _arm(name: str, wall_s: float, texts: list[str], ttft_s: float) -> ArmResult
     return ArmResult(ARMS[name], wall_s, turns)
 
 
-def test_the_headline_is_full_over_plain_and_only_when_every_answer_matched(tmp_path: Path) -> None:
+def test_the_headline_is_full_over_plain_and_only_when_their_answers_matched(tmp_path: Path) -> None:
     data = load_conversations(CONVERSATIONS)
     config = AgentBenchConfig(out=tmp_path, headline=tmp_path / "headline.json")
     same = summarize([_arm("plain", 40.0, ["a", "b"], 8.0), _arm("full", 10.0, ["a", "b"], 2.0)], config, data)
@@ -70,3 +70,7 @@ def test_the_headline_is_full_over_plain_and_only_when_every_answer_matched(tmp_
     assert str(tmp_path) not in paths["json"].read_text()  # repository-relative paths only
     differs = summarize([_arm("plain", 40.0, ["a", "b"], 8.0), _arm("full", 10.0, ["a", "x"], 2.0)], config, data)
     assert not differs["identical"] and differs["headline"] == {}
+    failed = _arm("spec", 20.0, ["a"], 4.0)
+    failed.errors.append("a conversation failed")  # another arm's failure is reported, the headline's arms stand
+    other = summarize([_arm("plain", 40.0, ["a", "b"], 8.0), _arm("full", 10.0, ["a", "b"], 2.0), failed], config, data)
+    assert not other["identical"] and other["headline"]["agent_bench_x_plain"] == 4.0
