@@ -160,7 +160,7 @@ def test_peer_rows_run_on_the_threads_they_are_given():
 def test_the_always_tree_flag_parses_depth_by_nodes():
     import argparse
 
-    from builder.cli.bench import _depth_nodes
+    from builder.cli.bench_speed import _depth_nodes
 
     assert _depth_nodes("4x11") == (4, 11) and _depth_nodes("3X8") == (3, 8) and _depth_nodes("none") is None
     for bad in ("4", "x11", "4x0", "fourx11"):
