@@ -115,6 +115,10 @@ HEADLINE_ROWS = (
                 "kept while a 2,000-token prompt prefills / at this prefill_chunk_tokens", 0.25, at_most=True, digits=3,
                 parts=(HeadlineRow("chunked_prefill_stream_rate_kept", "", 0.7),
                        HeadlineRow("chunked_prefill_chunk_tokens", "", None, digits=0))),
+    HeadlineRow("agent_bench_x_plain", "agent conversations through the OpenAI API (scripts/agent_bench.py: 2 at once, "
+                "2,234-token system prompt + tools, tool results fed back): prefix cache + chunked prefill + auto over "
+                "all three off, output tok/s / median TTFT", 2.0,
+                parts=(HeadlineRow("agent_bench_ttft_x_plain", "", None, digits=3),)),
 )
 
 

@@ -316,6 +316,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {r['arm']} | {r['prefix_cache']} | {r['chunked_prefill']} | {r['speculation']} | "
                      f"{r['wall_s']:.1f} | {r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.2f} | "
                      f"{_fmt(r['ttft_later_turns_p50_s'])} | {int(r['cache_counters'].get('reused_tokens', 0))} | {same} |")
+    for r in summary["rows"]:
+        lines += [f"\n{r['arm']}: a conversation failed: {error}" for error in r["errors"]]
     for key, value in summary["headline"].items():
         lines.append(f"\n{key}: {value:.3f}")
     return "\n".join(lines)
