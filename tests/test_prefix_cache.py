@@ -318,3 +318,18 @@ def test_a_follow_up_turn_on_the_reference_model_is_exact(reference) -> None:
     finally:
         scheduler.shutdown()
     assert scheduler.prefix_cache_stats().reused_tokens >= 2 * len(first)
+
+
+def test_drafter_rows_copy_into_a_cache_made_under_inference_mode() -> None:
+    """The drafter's passes grow its cache under inference mode; admission copies a shared
+    prefix's rows outside it (a running request sharing a prompt, the cache off): the copy must
+    not be refused (it was, as 'Inplace update to inference tensor outside InferenceMode')."""
+    from triton_backend.batching.prefix_cache import copy_drafter_rows
+    from triton_backend.speculation.drafters.eagle_model import EagleKV
+
+    with torch.inference_mode():
+        kv = EagleKV(torch.randn(3, 2, 4, 5), torch.randn(3, 2, 4, 5))
+    for length in (3, 6):  # within its capacity, then past it (it grows)
+        copy_drafter_rows(kv, source=0, destination=2, length=length)
+        assert kv.capacity >= length
+        assert torch.equal(kv.k[2, :, :length], kv.k[0, :, :length]) and torch.equal(kv.v[2, :, :length], kv.v[0, :, :length])

@@ -225,12 +225,15 @@ def resume_drafter(session: EagleSession, drafter: FeatureDrafter, context: Draf
 
 
 def copy_drafter_rows(kv: EagleKV, source: int, destination: int, length: int) -> None:
-    """Drafter cache positions ``0 .. length - 1`` of row ``source`` into row ``destination``."""
+    """Drafter cache positions ``0 .. length - 1`` of row ``source`` into row ``destination``.
+    The cache's tensors were made under inference mode (by the drafter's passes); admission runs
+    outside it, where an in-place write to such a tensor is refused: the copy runs inside."""
     if length <= 0:
         return
-    kv.reserve(length)
-    kv.k[destination, :, :length] = kv.k[source, :, :length]
-    kv.v[destination, :, :length] = kv.v[source, :, :length]
+    with torch.inference_mode():
+        kv.reserve(length)
+        kv.k[destination, :, :length] = kv.k[source, :, :length]
+        kv.v[destination, :, :length] = kv.v[source, :, :length]
 
 
 __all__ = ["CachedPrefix", "DrafterContext", "PrefixCache", "PrefixCacheStats", "copy_drafter_rows", "drafter_context",
