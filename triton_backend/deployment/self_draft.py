@@ -29,12 +29,12 @@ from triton_backend.speculation.drafters.draft_model import DraftModelDrafter, T
 logger = logging.getLogger(__name__)
 
 # a 1-token step's cost at this weight precision, in float32 steps (the reference model's plain
-# decoding on one CPU thread, `specbuild bench --precisions`: int8 2.25x, int4 2.60x; 16-bit ~1.6x
+# decoding on one CPU thread, `specbuild bench precision`: int8 2.25x, int4 2.60x; 16-bit ~1.6x
 # from the kernel table of docs/quantized-weights.md): the estimate when the machine cannot measure
 STEP_COST = {WeightPrecision.FLOAT32: 1.0, WeightPrecision.FLOAT16: 0.62, WeightPrecision.BFLOAT16: 0.62,
              WeightPrecision.INT8: 0.44, WeightPrecision.INT4: 0.38}
 # the gain rule's starting acceptance of a self draft over all layers: its precision's teacher-forced
-# greedy agreement with float32 on the reference model (`specbuild bench --precisions`: int8 0.966,
+# greedy agreement with float32 on the reference model (`specbuild bench precision`: int8 0.966,
 # int4 0.602), rounded down. The draft-model type's prior (0.6) at a self draft's cost (~0.45 of a
 # step) never drafts, so never learns that int8 agrees ~97 % of the time. Fewer layers: the type's.
 SELF_DRAFT_PRIOR = {WeightPrecision.INT8: 0.9, WeightPrecision.INT4: 0.55, WeightPrecision.FLOAT16: 0.95,
