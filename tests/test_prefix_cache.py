@@ -333,3 +333,66 @@ def test_drafter_rows_copy_into_a_cache_made_under_inference_mode() -> None:
         copy_drafter_rows(kv, source=0, destination=2, length=length)
         assert kv.capacity >= length
         assert torch.equal(kv.k[2, :, :length], kv.k[0, :, :length]) and torch.equal(kv.v[2, :, :length], kv.v[0, :, :length])
+
+
+class _Sink:
+    """The serving model's response sink (what Triton's sender does), collecting the responses."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.sent, self.errors, self.done = [], [], threading.Event()
+
+    def send(self, outputs, final: bool) -> None:
+        self.sent.append(dict(outputs))
+        if final:
+            self.done.set()
+
+    def fail(self, exc) -> None:
+        self.errors.append(str(exc))
+        self.done.set()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.done.set()
+
+
+def _token_request(prompt: list[int], namespace: str | None) -> dict:
+    import numpy as np
+
+    arrays = {"input_ids": np.array([prompt], dtype=np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+              "request_output_len": np.array([[6]], np.int32), "ignore_eos": np.array([[True]])}
+    if namespace is not None:
+        arrays["prefix_cache_namespace"] = np.array([[namespace.encode()]], dtype=np.object_)
+    return arrays
+
+
+def test_the_served_namespace_input_keeps_tenants_apart(decoder) -> None:
+    """The serving model's ``prefix_cache_namespace`` input reaches the cache: a request of
+    another tenant finds nothing of the first one's, the first tenant's next request does;
+    absent is the shared namespace, and an overlong one is a bad request."""
+    from triton_backend.serving.interface import ServingConfig
+    from triton_backend.serving.service import SpecdecService, parse_request
+
+    prompt = SYSTEM + [4, 2]
+    assert parse_request(_token_request(prompt, "tenant-a"), SpeculationConfig()).namespace == "tenant-a"
+    assert parse_request(_token_request(prompt, None), SpeculationConfig()).namespace == ""
+    with pytest.raises(InvalidRequestError, match="prefix_cache_namespace"):
+        parse_request(_token_request(prompt, "x" * 257), SpeculationConfig())
+    service = SpecdecService(decoder, ServingConfig(max_batch_size=2), SpeculationConfig())
+    scheduler = service.scheduler
+    outputs = []
+    try:
+        for namespace, hits in (("tenant-a", 0), ("tenant-b", 0), ("tenant-a", 1), (None, 1)):
+            sink = _Sink()
+            service.submit(_token_request(prompt, namespace), sink)
+            assert sink.done.wait(60) and not sink.errors, sink.errors
+            outputs.append([int(t) for t in sink.sent[-1]["output_ids"].reshape(-1)])
+            wait_until(lambda: scheduler.load() == (0, 0) and
+                       scheduler.target.cache.slots_in_use == len(scheduler.prefix_cache), "the slot never reached the cache")
+            assert scheduler.prefix_cache_stats().hits == hits, namespace
+    finally:
+        service.shutdown()
+    assert all(o == outputs[0] for o in outputs)

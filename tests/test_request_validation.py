@@ -122,3 +122,20 @@ def test_the_openai_front_answers_400_for_a_lone_surrogate_and_a_5000_digit_inte
         with pytest.raises(OpenAIError) as info:
             asyncio.run(read(raw))
         assert info.value.status == 400
+
+
+def test_the_openai_user_scope_names_each_end_users_prefix_cache_namespace() -> None:
+    from triton_backend.serving.front.openai.app import OpenAIConfig, scoped
+
+    body = {"model": "m", "prompt": "hi", "user": "alice"}
+    parsed = parse_openai(body, Endpoint.COMPLETIONS, CAPS)
+    assert "prefix_cache_namespace" not in scoped(parsed, body, OpenAIConfig()).inputs  # shared: one cache
+    per_user = OpenAIConfig(prefix_cache_scope="user")
+    assert scoped(parsed, body, per_user).inputs["prefix_cache_namespace"] == "user:alice"
+    anonymous = {"model": "m", "prompt": "hi"}
+    assert scoped(parse_openai(anonymous, Endpoint.COMPLETIONS, CAPS), anonymous, per_user).inputs[
+        "prefix_cache_namespace"] == "user:"
+    with pytest.raises(OpenAIError, match="'user'"):
+        scoped(parsed, {**body, "user": "u" * 251}, per_user)
+    with pytest.raises(OpenAIError, match="prefix_cache_scope"):
+        OpenAIConfig(prefix_cache_scope="tenant")

@@ -73,7 +73,8 @@ def openai_config(a: argparse.Namespace) -> "OpenAIConfig | None":
             raise ConfigError("--served-model-name needs --openai-port")
         return None
     return OpenAIConfig(host=a.openai_host or a.host, port=a.openai_port, api_key=api_key(a),
-                        served_model_name=a.served_model_name, max_body_bytes=a.openai_max_body)
+                        served_model_name=a.served_model_name, max_body_bytes=a.openai_max_body,
+                        prefix_cache_scope=a.openai_prefix_cache_scope)
 
 
 def api_key(a: argparse.Namespace) -> str | None:
@@ -99,6 +100,10 @@ def add_openai_flags(p: argparse.ArgumentParser) -> None:
                         "(docs/security.md)")
     g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
     g.add_argument("--openai-max-body", type=int, default=4 * 1024 * 1024, help="largest request body, bytes")
+    g.add_argument("--openai-prefix-cache-scope", choices=("shared", "user"), default="shared",
+                   help="user: each request's 'user' field is its prefix-cache namespace, so end users share no "
+                        "cached keys and values and learn nothing from a first token's time about each other's "
+                        "prompts (docs/prefix-caching.md); shared: one cache for all")
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:

@@ -39,10 +39,13 @@ EXCLUDE_INPUT = TensorSpec("exclude_input_in_output", T.BOOL,
 GUIDE_TYPE = TensorSpec("guided_decoding_guide_type", T.STRING,
                         doc="structured output: json, json_schema, regex or ebnf_grammar (docs/structured-output.md)")
 GUIDE = TensorSpec("guided_decoding_guide", T.STRING, doc="the JSON schema, regex or grammar (unused for json)")
+PREFIX_CACHE_NAMESPACE = TensorSpec("prefix_cache_namespace", T.STRING,
+                                    doc="keys and values are reused only between requests of one namespace "
+                                        "(a tenant's key; absent: the shared one; docs/prefix-caching.md)")
 
 INPUTS: tuple[TensorSpec, ...] = (TEXT_INPUT, MAX_TOKENS, STREAM, TEMPERATURE, TOP_K, TOP_P, RANDOM_SEED, END_ID,
                                   STOP_WORDS, BAD_WORDS, NUM_DRAFT_TOKENS, SPECULATION, CHAT, IGNORE_EOS, EXCLUDE_INPUT,
-                                  GUIDE_TYPE, GUIDE)
+                                  GUIDE_TYPE, GUIDE, PREFIX_CACHE_NAMESPACE)
 
 TEXT_OUTPUT = TensorSpec("text_output", T.STRING, (-1,), optional=False, doc="generated text (a block when streaming)")
 ACCEPTANCE_RATE = TensorSpec("acceptance_rate", T.FP32, doc="accepted / drafted tokens")

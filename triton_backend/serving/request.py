@@ -24,6 +24,7 @@ class ServingRequest:
     return_perf_metrics: bool = False
     arrival_ns: int = 0  # time.time_ns() when parsed (perf metrics)
     client_draft: ClientDraft | None = None  # draft_input_ids (+ draft_logits): verified instead of a drafter's
+    namespace: str = ""  # prefix_cache_namespace: the prefix cache shares keys and values only within it
 
 
 __all__ = ["ServingRequest"]

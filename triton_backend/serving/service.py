@@ -24,7 +24,8 @@ from triton_backend.speculation.commit import GenerationChunk
 from triton_backend.speculation.decoding import Decoder
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
 from triton_backend.serving.interface import (
-    CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, NUM_DRAFT_TOKENS, SPECULATION, STOP_WORDS, TEMPERATURE, ServingConfig,
+    CHAT, END_ID, EXCLUDE_INPUT, IGNORE_EOS, NUM_DRAFT_TOKENS, PREFIX_CACHE_NAMESPACE, SPECULATION, STOP_WORDS,
+    TEMPERATURE, ServingConfig,
 )
 from triton_backend.serving.trtllm_inputs import (
     check_single_sequence, read_max_tokens, read_pad_id, read_prompt, read_seed, read_stream, read_top_k_p,
@@ -83,7 +84,21 @@ def parse_request(arrays: Mapping[str, np.ndarray], speculation: SpeculationConf
         exclude_input is not None and not exclude_input)
     return ServingRequest(prompt, sampling, spec, stream=stream, chat=chat, include_prompt=include_prompt,
                           token_level=token_level, return_perf_metrics=bool(read_scalar(arrays, RETURN_PERF_METRICS)),
-                          arrival_ns=arrival, client_draft=client_draft)
+                          arrival_ns=arrival, client_draft=client_draft, namespace=read_namespace(arrays))
+
+
+MAX_NAMESPACE_CHARS = 256
+
+
+def read_namespace(arrays: Mapping[str, np.ndarray]) -> str:
+    """``prefix_cache_namespace`` ("" when absent: the shared namespace)."""
+    value = read_scalar(arrays, PREFIX_CACHE_NAMESPACE)
+    if value is None:
+        return ""
+    if len(value) > MAX_NAMESPACE_CHARS:
+        raise InvalidRequestError(f"input '{PREFIX_CACHE_NAMESPACE.name}' holds at most {MAX_NAMESPACE_CHARS} "
+                                  f"characters, got {len(value)}")
+    return value
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -239,7 +254,8 @@ class SpecdecService:
             prompt_ids = self.decoder.encode(self._prompt(request))
             handle = self._pump.wrap(responder)
             try:
-                self.scheduler.submit(prompt_ids, request.sampling, request.speculation, handle, request.client_draft)
+                self.scheduler.submit(prompt_ids, request.sampling, request.speculation, handle, request.client_draft,
+                                      namespace=request.namespace)
             except BaseException:
                 self._pump.discard(handle)
                 raise

@@ -15,9 +15,9 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -50,10 +50,17 @@ class OpenAIConfig:
     served_model_name: str | None = None  # None: the target model's name
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_timeout_s: float = 5.0  # at stop: requests in flight get this long, then are cancelled
+    # "shared": one prefix cache for every request; "user": each request's ``user`` field is its
+    # prefix-cache namespace (the application's end users do not share keys and values, nor learn
+    # from a first token's time what others sent: docs/prefix-caching.md)
+    prefix_cache_scope: str = "shared"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise OpenAIError(f"port must be in [0, 65535], got {self.port}")
+        if self.prefix_cache_scope not in PREFIX_CACHE_SCOPES:
+            raise OpenAIError(f"prefix_cache_scope must be one of {list(PREFIX_CACHE_SCOPES)}, "
+                              f"got {self.prefix_cache_scope!r}")
         if self.max_body_bytes < 1024:
             raise OpenAIError("max_body_bytes must be at least 1024")
 
@@ -65,6 +72,8 @@ class OpenAIConfig:
         return self.served_model_name or Path(backend.tokenizer).name
 
 
+PREFIX_CACHE_SCOPES = ("shared", "user")
+MAX_USER_CHARS = 250  # with its "user:" prefix, within the served model's namespace limit
 _BACKEND = web.AppKey("backend", TritonBackend)
 _CONFIG = web.AppKey("config", OpenAIConfig)
 _MODEL_ID = web.AppKey("model_id", str)
@@ -140,10 +149,21 @@ def _check_unicode(body: Any) -> None:
                       f"character {exc.start} of a string)")
 
 
+def scoped(parsed: GenerationRequest, body: Mapping[str, Any], config: OpenAIConfig) -> GenerationRequest:
+    """The request with its prefix-cache namespace under the ``user`` scope (the served model's
+    ``prefix_cache_namespace``: ``user:`` and the field, or ``user:`` alone when it is absent)."""
+    if config.prefix_cache_scope != "user":
+        return parsed
+    if len(body.get("user") or "") > MAX_USER_CHARS:
+        raise invalid(f"'user' holds at most {MAX_USER_CHARS} characters", "user")
+    return replace(parsed, inputs={**parsed.inputs, "prefix_cache_namespace": "user:" + (body.get("user") or "")})
+
+
 def _handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         backend, model_id = request.app[_BACKEND], request.app[_MODEL_ID]
-        parsed = parse_request(await _body(request), endpoint, backend.capabilities)
+        body = await _body(request)
+        parsed = scoped(parse_request(body, endpoint, backend.capabilities), body, request.app[_CONFIG])
         if parsed.model != model_id:
             raise not_found(f"The model '{parsed.model}' does not exist (this server serves '{model_id}')",
                             "model_not_found")
