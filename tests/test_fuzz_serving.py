@@ -87,6 +87,8 @@ VALUES: dict[str, st.SearchStrategy[Any]] = {
                                           st.one_of(st.sampled_from([b"", b"JSON", b"xml"]), st.binary(max_size=8))),
     "guided_decoding_guide": _mostly(st.sampled_from([b"", b'{"type": "object"}', b"[a-z]+", b'root ::= "yes" | "no"']),
                                      st.one_of(st.sampled_from([b"{", b"(", b"\xff"]), st.binary(max_size=24))),
+    "prefix_cache_namespace": _mostly(st.sampled_from([b"", b"tenant-a", b"user:alice"]),
+                                      st.one_of(st.just(b"n" * 257), st.just(b"\xff\xfe"), st.binary(max_size=8))),
 }
 assert set(VALUES) == {spec.name for spec in INPUTS}, "a new input needs a fuzzing strategy"
 
