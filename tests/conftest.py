@@ -3,6 +3,8 @@ random Llama models (no weights needed) for fast unit tests."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -86,3 +88,28 @@ def row_gemm(request, monkeypatch):
     assert fn is not None, "the kernel builds where the CPU supports it (a C++ compiler is on PATH)"
     yield fn
     fn.set_threads(1)
+
+
+class ServingSink:
+    """The serving model's response sink, as Triton's sender is: collects the responses sent,
+    the errors, and sets ``done`` on the final response, a failure or close."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.errors: list[str] = []
+        self.done = threading.Event()
+
+    def send(self, outputs, final: bool) -> None:
+        self.sent.append(dict(outputs))
+        if final:
+            self.done.set()
+
+    def fail(self, exc) -> None:
+        self.errors.append(str(exc))
+        self.done.set()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.done.set()

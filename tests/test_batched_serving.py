@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ServingSink
 from triton_fixtures import RunningTriton, running_triton
 
 from builder.ops.triton_client import ClientConfig, ClientProtocol, GenerateRequest, generate
@@ -112,28 +113,9 @@ def test_concurrent_mixed_requests_equal_each_request_alone(batched_triton, deco
 def test_full_queue_is_refused_at_once_and_one_request_equals_stream(decoder) -> None:
     from triton_backend.serving.service import SpecdecService
 
-    class Sink:
-        def __init__(self) -> None:
-            self.sent, self.errors, self.done = [], [], threading.Event()
-
-        def send(self, outputs, final: bool) -> None:
-            self.sent.append(dict(outputs))
-            if final:
-                self.done.set()
-
-        def fail(self, exc) -> None:
-            self.errors.append(str(exc))
-            self.done.set()
-
-        def cancelled(self) -> bool:
-            return False
-
-        def close(self) -> None:
-            self.done.set()
-
     service = SpecdecService(decoder, ServingConfig(max_batch_size=1, max_queue_size=1), DEPLOYMENT.speculation)
     request = GenerateRequest(prompt=PROMPTS[0], max_tokens=12, chat=True, speculation="ngram")
-    sinks = [Sink(), Sink(), Sink()]
+    sinks = [ServingSink(), ServingSink(), ServingSink()]
     try:
         service.submit(request.arrays(), sinks[0])
         deadline = time.monotonic() + 60

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import ServingSink, tiny_llama
 from test_scheduler import Collector, tiny_decoder_with_every_drafter
 from triton_backend.batching.prefix_cache import CachedPrefix, DrafterContext, PrefixCache, shared_length
 from triton_backend.batching.scheduler import BatchScheduler, SchedulerConfig
@@ -335,30 +335,6 @@ def test_drafter_rows_copy_into_a_cache_made_under_inference_mode() -> None:
         assert torch.equal(kv.k[2, :, :length], kv.k[0, :, :length]) and torch.equal(kv.v[2, :, :length], kv.v[0, :, :length])
 
 
-class _Sink:
-    """The serving model's response sink (what Triton's sender does), collecting the responses."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.sent, self.errors, self.done = [], [], threading.Event()
-
-    def send(self, outputs, final: bool) -> None:
-        self.sent.append(dict(outputs))
-        if final:
-            self.done.set()
-
-    def fail(self, exc) -> None:
-        self.errors.append(str(exc))
-        self.done.set()
-
-    def cancelled(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.done.set()
-
-
 def _token_request(prompt: list[int], namespace: str | None) -> dict:
     import numpy as np
 
@@ -386,7 +362,7 @@ def test_the_served_namespace_input_keeps_tenants_apart(decoder) -> None:
     outputs = []
     try:
         for namespace, hits in (("tenant-a", 0), ("tenant-b", 0), ("tenant-a", 1), (None, 1)):
-            sink = _Sink()
+            sink = ServingSink()
             service.submit(_token_request(prompt, namespace), sink)
             assert sink.done.wait(60) and not sink.errors, sink.errors
             outputs.append([int(t) for t in sink.sent[-1]["output_ids"].reshape(-1)])
