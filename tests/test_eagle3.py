@@ -300,7 +300,8 @@ def test_init_from_target_copies_the_last_layer(tiny_data):
 
 def test_revocab_keeps_the_body_and_the_shared_head_rows(tiny_data):
     """``revocab``: a warm start over a draft vocabulary re-picked from new data keeps the init's
-    body, its head rows for the tokens both vocabularies hold, the target's rows for the others;
+    body, its head rows for the tokens both vocabularies hold, the target's rows for the others
+    (too few shared rows here to fit the map: ``mapped_head_rows``);
     coverage of the new data rises; without ``init_from`` it is refused."""
     from dataclasses import replace
 
@@ -328,6 +329,27 @@ def test_revocab_keeps_the_body_and_the_shared_head_rows(tiny_data):
     cfg = _train_cfg(tiny_data, "unused", init_from="")
     with pytest.raises(BuildSpecError, match="needs --init-from"):
         replace(cfg, revocab=True)
+
+
+def test_new_head_rows_are_carried_into_the_drafters_space():
+    """A token new to the draft vocabulary gets the target's head row through the map that takes
+    the target's rows to the drafter's on the shared tokens (exact when the drifted rows are a
+    linear image of the target's); with fewer shared rows than the width, the target's raw row."""
+    from builder.train.eagle3_init import mapped_head_rows
+
+    gen = torch.Generator().manual_seed(0)
+    target = torch.randn(300, 8, generator=gen)
+    drift = torch.randn(8, 8, generator=gen)
+    old_ids = torch.arange(0, 100)
+    draft = target[old_ids] @ drift  # the drafter's trained rows
+    ids = torch.arange(60, 160)  # 40 shared tokens, 60 new
+    old_index = torch.where(ids < 100, ids, torch.full_like(ids, -1))
+    rows = mapped_head_rows(target, draft, ids, old_index)
+    assert torch.equal(rows[:40], draft[60:100])
+    torch.testing.assert_close(rows[40:], target[100:160] @ drift, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(rows[40:], target[100:160])
+    few = torch.where(ids < 65, ids, torch.full_like(ids, -1))  # 5 shared rows < width 8
+    assert torch.equal(mapped_head_rows(target, draft, ids, few)[5:], target[65:160])
 
 
 def test_revocab_training_run(tmp_path, tiny_data):

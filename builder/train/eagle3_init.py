@@ -173,6 +173,22 @@ def warm_net(init: InitDrafter, layers: tuple[int, ...], target_name: str) -> Ea
     return net
 
 
+def mapped_head_rows(target_head: torch.Tensor, draft_head: torch.Tensor, ids: torch.Tensor,
+                     old_index: torch.Tensor) -> torch.Tensor:
+    """Head rows for the draft vocabulary ``ids``: the drafter's own row where it has one
+    (``old_index`` >= 0), else the target's row carried into the drafter's space by the linear
+    map that best takes the target's rows to the drafter's on the tokens both have (least
+    squares). Trained head rows drift from the target's; a raw target row then scores on another
+    scale and a new token wins (or never wins) the draft's argmax for the wrong reason."""
+    kept = old_index >= 0
+    rows = target_head[ids].clone()
+    if int(kept.sum()) >= target_head.shape[1]:  # enough shared rows to fit the map
+        mapping = torch.linalg.lstsq(target_head[ids[kept]].double(), draft_head[old_index[kept]].double()).solution
+        rows[~kept] = (target_head[ids[~kept]].double() @ mapping).to(rows.dtype)
+    rows[kept] = draft_head[old_index[kept]]
+    return rows
+
+
 def revocab(net: Eagle3Net, parts: TargetParts, top1: list[torch.Tensor], size: int) -> tuple[Eagle3Net, float]:
     """``net`` over a new draft vocabulary: the ``size`` tokens the target writes most in ``top1``.
     The body is ``net``'s; head rows of tokens ``net`` already drafts are kept, the others start
@@ -188,8 +204,7 @@ def revocab(net: Eagle3Net, parts: TargetParts, top1: list[torch.Tensor], size: 
     old_index = net.target_to_draft(ids)
     kept = old_index >= 0
     with torch.no_grad():
-        rows = parts.head[ids].clone()
-        rows[kept] = net.lm_head.weight[old_index[kept]]
+        rows = mapped_head_rows(parts.head, net.lm_head.weight, ids, old_index)
         new.lm_head.weight.copy_(rows)
     logger.info("draft vocabulary re-picked: %d tokens (%d kept from the init's %d), covering %.3f of the training "
                 "targets (the init's: %.3f)", len(ids), int(kept.sum()), net.info.draft_vocab_size, coverage,
@@ -199,4 +214,4 @@ def revocab(net: Eagle3Net, parts: TargetParts, top1: list[torch.Tensor], size: 
 
 
 __all__ = ["InitDrafter", "revocab", "TargetParts", "check_layers", "copy_target_layer", "coverage_of", "draft_vocabulary", "fresh_net",
-           "read_init", "target_parts", "token_counts", "warm_net"]
+           "mapped_head_rows", "read_init", "target_parts", "token_counts", "warm_net"]
