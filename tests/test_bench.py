@@ -72,6 +72,32 @@ def test_bench_compares_unpacked_rows_side_by_side(tmp_path):
     assert all(rows[name]["identical_to_plain"] is True for name in rows)
 
 
+def test_bench_rows_on_a_quantized_target(tmp_path):
+    """``target-weights``: every row of ours on the int4 target, each speculative row checked against
+    the int4 plain row; no HF rows (they would run float32); the CLI labels the files with the
+    precision and writes no headline figure (headline keys name float32 targets)."""
+    from builder.cli.bench_speed import bench_config
+    from builder.cli.main import build_parser
+    from triton_backend.core.runtime_config import WeightPrecision
+
+    config = BenchConfig(workloads=("copy",), prompts_per_workload=1, max_tokens=6, repeats=1, ngram_k=(3,),
+                         target_weights="int4", out_dir=tmp_path, label="t")
+    assert config.target_weights is WeightPrecision.INT4
+    run = run_bench(config)
+    assert run.rows == ["plain", "ngram k=3"]
+    summary = summarize(run)
+    assert summary["config"]["target_weights"] == "int4"
+    assert all(e["identical_to_plain"] is True for e in summary["rows"] if e["row"] != "plain")
+    assert json.loads(json.dumps(summary))["config"]["target_weights"] == "int4"
+    args = build_parser().parse_args(["bench", "speed", "--rows", "target-weights=int8", "--out", str(tmp_path)])
+    cli = bench_config(args)
+    assert cli.target_weights is WeightPrecision.INT8 and args.label == "cpu-int8" and args.headline is False
+    with pytest.raises(ConfigError, match="target weights"):
+        BenchConfig(target_weights="int3")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "speed", "--rows", "target-weights=int3"])
+
+
 def test_bench_through_triton(tmp_path):
     """The same requests through a real Triton server: identical text, overhead reported."""
     config = BenchConfig(workloads=("copy",), prompts_per_workload=1, max_tokens=6, repeats=1, ngram_k=(3,),

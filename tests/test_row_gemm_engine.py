@@ -62,6 +62,8 @@ def test_both_builds_give_the_same_bits(monkeypatch):
             x = torch.randn(m, k, generator=gen)
             assert torch.equal(kernels["avx2"](x, w, b), kernels["avx512"](x, w, b)), (k, n, m)
             assert torch.equal(kernels["avx2"](x, w), kernels["avx512"](x, w)), (k, n, m)
+            assert torch.equal(kernels["avx2"].rms_norm(x, b[:1].expand(k).contiguous(), 1e-5),
+                               kernels["avx512"].rms_norm(x, b[:1].expand(k).contiguous(), 1e-5)), (k, m)
 
 
 def test_bad_inputs_are_refused(row_gemm):
@@ -152,6 +154,36 @@ def test_fused_norm_and_signed_rope_give_the_same_bits():
         q = torch.randn(t, 3, 64, generator=gen)
         cos, sin = torch.randn(t, 1, 64, generator=gen), torch.randn(t, 1, 64, generator=gen)
         assert torch.equal(lf.rotate_signed(q, cos, lf.signed_sin(sin)), lf.rotate(q, cos, sin))
+
+
+def test_kernel_norm_and_rope_are_row_invariant_and_match_torch():
+    """The row kernel's RMS norm (one call a norm on a decode step) computes each row alone (the
+    same bits alone or in any batch) within float32 rounding of torch's; its RoPE gives the very
+    bits of ``rotate_signed``, in place; bad shapes are refused."""
+    from triton_backend.engines.torch import llama_forward as lf
+    kernel = row_gemm_module.load_row_gemm()
+    if kernel is None:
+        pytest.skip("no row kernel on this CPU")
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(576, generator=gen)
+    x = torch.randn(17, 576, generator=gen) * 4
+    full = kernel.rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(full, lf.rms_norm(x, w, 1e-5), rtol=2e-6, atol=1e-6)
+    for i in (0, 5, 16):
+        assert torch.equal(kernel.rms_norm(x[i:i + 1], w, 1e-5)[0], full[i])
+    assert torch.equal(kernel.rms_norm(x[3:9], w, 1e-5), full[3:9])
+    for t in (1, 4):
+        q = torch.randn(t, 9, 64, generator=gen)
+        cos, sin = torch.randn(t, 1, 64, generator=gen), lf.signed_sin(torch.randn(t, 1, 64, generator=gen))
+        want = lf.rotate_signed(q, cos, sin)
+        got = q.clone()
+        assert kernel.rope_(got, cos, sin) is got and torch.equal(got, want)
+    with pytest.raises(ValueError, match="weight"):
+        kernel.rms_norm(x, torch.randn(575), 1e-5)
+    with pytest.raises(ValueError, match="cos/sin"):
+        kernel.rope_(torch.randn(2, 9, 64), torch.randn(1, 1, 64), torch.randn(1, 1, 64))
+    with pytest.raises(ValueError, match="even head size"):
+        kernel.rope_(torch.randn(2, 9, 63), torch.randn(2, 1, 63), torch.randn(2, 1, 63))
 
 
 def assert_compiles_without_warnings(source, flags) -> None:

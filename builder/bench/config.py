@@ -8,6 +8,7 @@ from pathlib import Path
 
 from triton_backend.core.errors import ConfigError
 from triton_backend.core.reference_model import DEFAULT_REFERENCE
+from triton_backend.core.runtime_config import WeightPrecision
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.json"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -50,11 +51,17 @@ class BenchConfig:
     compare_unpacked: bool = False  # plain and n-gram rows again without prepacked linear layers
     num_threads: int = 1
     device: str = "cpu"  # the torch runtime's device ("cpu", "cuda", "cuda:N")
+    target_weights: WeightPrecision = WeightPrecision.FLOAT32  # the served target's weights: every row of ours runs on them
     out_dir: Path = DEFAULT_OUT
     plot: bool = True
     label: str = "cpu"
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "target_weights", WeightPrecision(self.target_weights))
+        except ValueError:
+            raise ConfigError(f"target weights must be one of {[p.value for p in WeightPrecision]}, "
+                              f"got {self.target_weights!r}") from None
         if self.max_tokens <= 0 or self.repeats <= 0 or self.prompts_per_workload <= 0:
             raise ConfigError("max_tokens, repeats and prompts_per_workload must be positive")
         bad = [p for p in self.self_draft if p not in SELF_DRAFT_PRECISIONS]

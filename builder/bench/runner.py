@@ -19,7 +19,7 @@ from builder.bench.config import BenchConfig, BenchPrompt, BenchRun
 from builder.bench.rows import OursRow, PeerRow, Row, TritonRow, run_sample
 from triton_backend.core.config import (DraftLengthConfig, EagleConfig, FallbackConfig, SpeculationConfig,
                                         SpeculationMode)
-from triton_backend.core.runtime_config import RuntimeConfig
+from triton_backend.core.runtime_config import RuntimeConfig, WeightPrecision
 from triton_backend.deployment.torch_deployment import build_decoder
 from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.speculation.torch_decoder import SpeculativeDecoder
@@ -111,7 +111,9 @@ def build_rows(config: BenchConfig, decoder: SpeculativeDecoder) -> list[Row]:
         from builder.bench.self_draft import self_draft_rows
 
         rows += self_draft_rows(config, decoder)
-    if config.peer:
+    if config.peer and config.target_weights is not WeightPrecision.FLOAT32:
+        logger.info("no Hugging Face rows: they would run float32 weights beside a %s target", config.target_weights.value)
+    elif config.peer:
         # the peer runs stock transformers: its own copy of the same weights (load_model never
         # prepacks; only our TorchEngine does)
         model = load_model(config.target, RuntimeConfig(num_threads=config.num_threads)).eval()
@@ -152,7 +154,7 @@ def _deployment(config: BenchConfig) -> DeploymentConfig:
         return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
 
     fields = {"target": absolute(config.target), "draft": absolute(config.draft),
-              "runtime": RuntimeConfig(num_threads=config.num_threads, device=config.device)}
+              "runtime": RuntimeConfig(num_threads=config.num_threads, device=config.device, weights=config.target_weights)}
     if config.eagle is not None:
         fields["eagle"] = absolute(config.eagle)
     if config.medusa is not None:

@@ -9,11 +9,15 @@ draft lengths per method, tree sizes, which extra rows run (``triton``, ``compar
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from builder.bench.config import BenchConfig
 from builder.cli.bench_args import ints, prompt_arguments, report, report_target, results_arguments, words
+from triton_backend.core.runtime_config import WeightPrecision
+
+logger = logging.getLogger(__name__)
 
 
 def _depth_nodes(text: str) -> tuple[int, int] | None:
@@ -51,6 +55,10 @@ ROW_OPTIONS: dict[str, RowOption] = {
     "triton": RowOption("triton", None, True, "also send the requests through a real Triton server"),
     "compare-unpacked": RowOption("compare_unpacked", None, True, "plain and n-gram rows on torch's own kernels too"),
     "ignore-eos": RowOption("ignore_eos", None, True, "fixed-length requests: generate past EOS"),
+    "target-weights": RowOption("target_weights", WeightPrecision,
+                                help="every row of ours on the target in these weights (int8, int4, ...; each "
+                                "speculative row checked against plain on the same weights); not float32: no HF "
+                                "rows, files labelled with the precision (bench-cpu-int4.*), no headline figures"),
 }
 
 
@@ -100,8 +108,20 @@ def register(modes: argparse._SubParsersAction) -> None:
         held.set_defaults(func=cmd_held_out, split=name)
 
 
+def _quantized_target(args: argparse.Namespace, weights: WeightPrecision) -> None:
+    """A run on a quantized target: its files labelled with the precision, its figures kept out of
+    the headline (whose keys name float32 targets)."""
+    if weights is not WeightPrecision.FLOAT32:
+        if args.label == "cpu":
+            args.label = f"cpu-{weights.value}"
+        if args.headline is not False:
+            logger.info("target-weights=%s: no headline figures written", weights.value)
+        args.headline = False
+
+
 def bench_config(args: argparse.Namespace) -> BenchConfig:
     rows = dict(args.rows)  # later options win
+    _quantized_target(args, rows.get("target_weights", WeightPrecision.FLOAT32))
     if rows.get("medusa_tree_size") == 0:
         rows["medusa_tree_size"] = None
     return BenchConfig(

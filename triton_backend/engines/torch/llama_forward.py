@@ -38,6 +38,7 @@ from torch import nn
 from triton_backend.engines.torch.kv_cache import SlotKVCache
 from triton_backend.engines.torch.packed_linear import MAX_CHUNKS, packed_matmul, packed_weight, packing_available
 from triton_backend.engines.torch.compact_weights import HEAD, CompactLinear
+from triton_backend.engines.torch.fused_linear import FusedLinear, fuse
 from triton_backend.engines.torch.row_gemm import BoundGemm, RowGemm
 from triton_backend.engines.torch.weight_gemm import BoundWeightGemm, WeightGemm, dequantize
 
@@ -179,6 +180,8 @@ class LayerWeights:
     gate: RowLinear
     up: RowLinear
     down: RowLinear
+    qkv: FusedLinear | None = None  # q, k, v in one kernel call (the same bits), where they can share one
+    gate_up: FusedLinear | None = None
 
 
 _FUSED_RMS_NORM = hasattr(F, "rms_norm")
@@ -252,6 +255,9 @@ class LlamaForward:
         linears = [l for layer in self.layers for l in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
         self.row_invariant = row_gemm is not None and bool(linears) and all(l.row_invariant for l in linears)
         self.kernel = row_gemm if self.row_invariant else None  # its attention too: per query, one fixed order
+        if self.row_invariant:
+            for layer in self.layers:
+                layer.qkv, layer.gate_up = fuse((layer.q, layer.k, layer.v)), fuse((layer.gate, layer.up))
         self.linears = linears + ([self.head] if self.head is not None else [])
         extra = self.packed_bytes() / 2**20
         if self.row_invariant and compact:
@@ -331,11 +337,22 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
     if fwd.kernel is not None:  # tree rows' visibility, once per pass
         visible = [(r.mask == 0).to(torch.uint8).contiguous() if r.tree else None for r in rows]
         scratch = torch.empty(max(r.start + r.n for r in rows), dtype=torch.float32)
+    kernel = fwd.kernel if fwd.kernel is not None and x.dtype == torch.float32 else None
+    norm = rms_norm if kernel is None else kernel.rms_norm
+    if kernel is not None:
+        cos, sin = cos.contiguous(), sin.contiguous()
     for li, layer in enumerate(fwd.layers):
-        h = rms_norm(x, layer.attn_norm, shape.rms_eps)
-        q = rotate_signed(layer.q(h).view(t, shape.num_heads, shape.head_dim), cos, sin)
-        k = rotate_signed(layer.k(h).view(t, shape.num_kv_heads, shape.head_dim), cos, sin)
-        v = layer.v(h).view(t, shape.num_kv_heads, shape.head_dim)
+        h = norm(x, layer.attn_norm, shape.rms_eps)
+        if layer.qkv is not None:
+            q, k, v = layer.qkv.split(layer.qkv(h))
+        else:
+            q, k, v = layer.q(h), layer.k(h), layer.v(h)
+        q, k = q.view(t, shape.num_heads, shape.head_dim), k.view(t, shape.num_kv_heads, shape.head_dim)
+        if kernel is None:
+            q, k = rotate_signed(q, cos, sin), rotate_signed(k, cos, sin)
+        else:  # fresh tensors (a kernel's outputs or their copies): rotated in place, the same bits
+            q, k = kernel.rope_(q, cos, sin), kernel.rope_(k, cos, sin)
+        v = v.view(t, shape.num_kv_heads, shape.head_dim)
         for r in rows:
             cache.write(li, r.slot, r.start, k[r.offset:r.offset + r.n].transpose(0, 1),
                         v[r.offset:r.offset + r.n].transpose(0, 1))
@@ -346,11 +363,15 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         else:
             attn = _row_attention(fwd, cache, li, q, rows)
         x = x + layer.o(attn.reshape(t, shape.num_heads * shape.head_dim))
-        h = rms_norm(x, layer.mlp_norm, shape.rms_eps)
-        x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+        h = norm(x, layer.mlp_norm, shape.rms_eps)
+        if layer.gate_up is not None:
+            gate, up = layer.gate_up.split(layer.gate_up(h))
+        else:
+            gate, up = layer.gate(h), layer.up(h)
+        x = x + layer.down(F.silu(gate) * up)
         if capture and li in capture and li < len(fwd.layers) - 1:
             captured[li] = x[out_index]
-    hidden = rms_norm(x[out_index], fwd.norm, shape.rms_eps)
+    hidden = norm(x[out_index], fwd.norm, shape.rms_eps)
     if len(fwd.layers) - 1 in capture:
         captured[len(fwd.layers) - 1] = hidden
     return hidden, captured

@@ -584,3 +584,41 @@ extern "C" void specbuild_row_attention(const float* q, int64_t n, int64_t heads
     /* work units: (query, kv head) groups where a grouped kernel fits the shape, else (query, head) pairs */
     specbuild_pool_run(attention_range, &args, grouped_kernel(d, heads / kv_heads) ? n * kv_heads : n * heads);
 }
+
+/* RMS norm of M rows of K floats: out[m] = (x[m] * r) * w, r = 1 / sqrt(mean(x[m]^2) + eps) with the
+   sum of squares taken in double, in ascending order (no reordering: no fast-math), so a row's bits
+   never depend on the others or on the ISA build. One call in place of the handful of torch ops a
+   norm costs on a decode step (each a dispatch, ~10-50 us on a slow host; this: about 1 us). */
+extern "C" void specbuild_rms_norm(const float* x, int64_t M, int64_t K, const float* w, float eps, float* out) {
+    for (int64_t m = 0; m < M; ++m) {
+        const float* xr = x + m * K;
+        float* o = out + m * K;
+        double ss = 0.0;
+        for (int64_t k = 0; k < K; ++k) ss += (double)xr[k] * (double)xr[k];
+        const float r = 1.0f / sqrtf((float)(ss / (double)K) + eps);
+        for (int64_t k = 0; k < K; ++k) o[k] = (xr[k] * r) * w[k];
+    }
+}
+
+/* RoPE in place on T tokens x H heads x d (d even): x = x * cos + roll(x, d / 2) * sin_signed, cos and
+   sin_signed [T][d] (the first half of sin negated). Each product rounded, then the sum (no FMA
+   contraction): the same bits as those three elementwise torch ops. */
+extern "C" void specbuild_rope(float* x, int64_t T, int64_t H, int64_t d, const float* cos_t, const float* sin_t) {
+    const int64_t half = d / 2;
+    for (int64_t t = 0; t < T; ++t) {
+        const float* c = cos_t + t * d;
+        const float* s = sin_t + t * d;
+        for (int64_t h = 0; h < H; ++h) {
+            float* v = x + (t * H + h) * d;
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = v[i], b = v[i + half];
+                const float lo = a * c[i];
+                const float lo2 = b * s[i];
+                const float hi = b * c[i + half];
+                const float hi2 = a * s[i + half];
+                v[i] = lo + lo2;
+                v[i + half] = hi + hi2;
+            }
+        }
+    }
+}

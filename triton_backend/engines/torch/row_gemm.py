@@ -160,11 +160,12 @@ def compiled_library(stem: str, source_file: Path, flags: list[str], digest: str
     return ctypes.CDLL(str(target))
 
 
-def _load(isa: str) -> tuple[Callable, Callable, Callable, Callable] | None:
+def _load(isa: str) -> tuple[Callable, ...] | None:
     try:
         lib = compiled_library(f"row_gemm-{isa}", _SOURCE_FILE, _FLAGS + _ISA_FLAGS[isa], kernel_digest(isa))
         fn, pack, attention = lib.specbuild_panel_gemm, lib.specbuild_pack_panels, lib.specbuild_row_attention
         threads = lib.specbuild_set_threads
+        norm, rope = lib.specbuild_rms_norm, lib.specbuild_rope
         _pool_address[isa] = ctypes.cast(lib.specbuild_pool_run, ctypes.c_void_p).value
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
@@ -179,7 +180,11 @@ def _load(isa: str) -> tuple[Callable, Callable, Callable, Callable] | None:
     attention.restype = None
     threads.argtypes = [ctypes.c_int, ctypes.c_int64]
     threads.restype = ctypes.c_int
-    return fn, pack, attention, threads
+    norm.argtypes = [p, i64, i64, p, ctypes.c_float, p]
+    norm.restype = None
+    rope.argtypes = [p, i64, i64, i64, p, p]
+    rope.restype = None
+    return fn, pack, attention, threads, norm, rope
 
 
 def kernel_input(x: torch.Tensor, k: int, kernel: str) -> torch.Tensor:
@@ -213,12 +218,15 @@ class RowGemm:
     """The loaded kernel: ``row_gemm(x [M, K], weight [N, K], bias [N] | None) -> [M, N]``
     (float32 CPU), and :meth:`bind` for a layer whose weight is checked once."""
 
-    def __init__(self, fn: Callable, pack: Callable, attention: Callable, set_threads: Callable, isa: str) -> None:
+    def __init__(self, fn: Callable, pack: Callable, attention: Callable, set_threads: Callable, norm: Callable,
+                 rope: Callable, isa: str) -> None:
         self._base_name = f"row_gemm-{isa}-{kernel_digest(isa)}"
         self._fn = fn
         self._pack = pack
         self._attention = attention
         self._set_threads = set_threads
+        self._norm = norm
+        self._rope = rope
         self.isa = isa
 
     @property
@@ -258,6 +266,29 @@ class RowGemm:
         self._pack(weight.data_ptr(), n, k, packed.data_ptr())
         return BoundGemm(self._fn, packed, bias, n, k)
 
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMS norm of ``x`` ``[M, K]`` (float32 CPU) with ``weight`` ``[K]``, each row alone in one
+        fixed order (see the C source): one call where torch's norm is several dispatches."""
+        m, k = x.shape
+        x = kernel_input(x, k, "row rms_norm")
+        if weight.shape != (k,) or weight.dtype is not torch.float32 or not weight.is_contiguous():
+            raise ValueError(f"row rms_norm needs a contiguous float32 weight [{k}], got {tuple(weight.shape)}")
+        out = torch.empty(m, k, dtype=torch.float32)
+        self._norm(x.data_ptr(), m, k, weight.data_ptr(), float(eps), out.data_ptr())
+        return out
+
+    def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """RoPE in place on ``x`` ``[T, heads, d]`` with ``cos``/``sin_signed`` ``[T, 1, d]`` (or ``[T, d]``):
+        the same bits as :func:`~triton_backend.engines.torch.llama_forward.rotate_signed`."""
+        t, heads, d = x.shape
+        tensors = (x, cos, sin_signed)
+        if any(u.dtype is not torch.float32 or not u.is_cpu or not u.is_contiguous() for u in tensors) or d % 2:
+            raise ValueError("row rope runs contiguous float32 CPU tensors with an even head size only")
+        if cos.numel() != t * d or sin_signed.numel() != t * d:
+            raise ValueError(f"row rope: cos/sin hold {cos.numel()}/{sin_signed.numel()} values, want {t} x {d}")
+        self._rope(x.data_ptr(), t, heads, d, cos.data_ptr(), sin_signed.data_ptr())
+        return x
+
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                   visible: torch.Tensor | None, scale: float, out: torch.Tensor, scratch: torch.Tensor) -> None:
         """One slot's attention for ``n`` query tokens into ``out``, each query computed alone in
@@ -280,7 +311,7 @@ class RowGemm:
                         None if visible is None else visible.data_ptr(), scale, out.data_ptr(), scratch.data_ptr())
 
 
-def _functions(isa: str) -> tuple[Callable, Callable, Callable, Callable] | None:
+def _functions(isa: str) -> tuple[Callable, ...] | None:
     """The ``isa`` build's functions, loaded (and built) on first use; None where it cannot be."""
     with _lock:
         if isa not in _loaded:
