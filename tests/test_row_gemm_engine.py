@@ -186,6 +186,41 @@ def test_kernel_norm_and_rope_are_row_invariant_and_match_torch():
         kernel.rope_(torch.randn(2, 9, 63), torch.randn(2, 1, 63), torch.randn(2, 1, 63))
 
 
+def test_kernel_rope_store_equals_rotation_then_cache_writes():
+    """``rope_store``: a fused q/k/v output's tokens of one row, q rotated out and k (rotated) and v
+    stored at the row's cache positions, the same bits as ``rope_`` then slice writes; nothing
+    outside the row's tokens and positions is touched; bad shapes are refused."""
+    from triton_backend.engines.torch import llama_forward as lf
+    kernel = row_gemm_module.load_row_gemm()
+    if kernel is None:
+        pytest.skip("no row kernel on this CPU")
+    gen = torch.Generator().manual_seed(12)
+    t, heads, kvh, d, positions = 7, 6, 2, 16, 20
+    y = torch.randn(t, (heads + 2 * kvh) * d, generator=gen)
+    cos, sin = torch.randn(t, 1, d, generator=gen), lf.signed_sin(torch.randn(t, 1, d, generator=gen))
+    keys, values = torch.randn(kvh, positions, d, generator=gen), torch.randn(kvh, positions, d, generator=gen)
+    k0, v0 = keys.clone(), values.clone()
+    q = torch.full((t, heads, d), 7.0)
+    offset, n, start = 2, 3, 9
+    kernel.rope_store(y, q, offset, n, cos, sin, keys, values, start)
+    rows = y[offset:offset + n]
+    want_q = kernel.rope_(rows[:, :heads * d].reshape(n, heads, d).clone(), cos[offset:offset + n].contiguous(),
+                          sin[offset:offset + n].contiguous())
+    want_k = kernel.rope_(rows[:, heads * d:(heads + kvh) * d].reshape(n, kvh, d).clone(),
+                          cos[offset:offset + n].contiguous(), sin[offset:offset + n].contiguous())
+    assert torch.equal(q[offset:offset + n], want_q) and bool((q[:offset] == 7).all()) and bool((q[offset + n:] == 7).all())
+    assert torch.equal(keys[:, start:start + n], want_k.transpose(0, 1))
+    assert torch.equal(values[:, start:start + n], rows[:, (heads + kvh) * d:].reshape(n, kvh, d).transpose(0, 1))
+    outside = [i for i in range(positions) if not start <= i < start + n]
+    assert torch.equal(keys[:, outside], k0[:, outside]) and torch.equal(values[:, outside], v0[:, outside])
+    with pytest.raises(ValueError, match="inconsistent"):
+        kernel.rope_store(y, q, 5, 3, cos, sin, keys, values, 0)  # tokens past T
+    with pytest.raises(ValueError, match="inconsistent"):
+        kernel.rope_store(y, q, 0, 3, cos, sin, keys, values, positions - 2)  # positions past the cache
+    with pytest.raises(ValueError, match="inconsistent"):
+        kernel.rope_store(y[:, :-1].contiguous(), q, 0, 1, cos, sin, keys, values, 0)
+
+
 def assert_compiles_without_warnings(source, flags) -> None:
     """``source`` passes a syntax-only compile with ``flags`` and -Wall -Wextra -Werror (skipped
     without a C++ compiler)."""

@@ -343,19 +343,22 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         cos, sin = cos.contiguous(), sin.contiguous()
     for li, layer in enumerate(fwd.layers):
         h = norm(x, layer.attn_norm, shape.rms_eps)
-        if layer.qkv is not None:
-            q, k, v = layer.qkv.split(layer.qkv(h))
+        if kernel is not None and layer.qkv is not None:  # rotation and cache stores in one call a row
+            y = layer.qkv(h)
+            q = torch.empty(t, shape.num_heads, shape.head_dim)
+            for r in rows:
+                kernel.rope_store(y, q, r.offset, r.n, cos, sin, cache.keys[li, r.slot], cache.values[li, r.slot], r.start)
         else:
             q, k, v = layer.q(h), layer.k(h), layer.v(h)
-        q, k = q.view(t, shape.num_heads, shape.head_dim), k.view(t, shape.num_kv_heads, shape.head_dim)
-        if kernel is None:
-            q, k = rotate_signed(q, cos, sin), rotate_signed(k, cos, sin)
-        else:  # fresh tensors (a kernel's outputs or their copies): rotated in place, the same bits
-            q, k = kernel.rope_(q, cos, sin), kernel.rope_(k, cos, sin)
-        v = v.view(t, shape.num_kv_heads, shape.head_dim)
-        for r in rows:
-            cache.write(li, r.slot, r.start, k[r.offset:r.offset + r.n].transpose(0, 1),
-                        v[r.offset:r.offset + r.n].transpose(0, 1))
+            q, k = q.view(t, shape.num_heads, shape.head_dim), k.view(t, shape.num_kv_heads, shape.head_dim)
+            if kernel is None:
+                q, k = rotate_signed(q, cos, sin), rotate_signed(k, cos, sin)
+            else:  # the kernel's fresh outputs: rotated in place, the same bits
+                q, k = kernel.rope_(q, cos, sin), kernel.rope_(k, cos, sin)
+            v = v.view(t, shape.num_kv_heads, shape.head_dim)
+            for r in rows:
+                cache.write(li, r.slot, r.start, k[r.offset:r.offset + r.n].transpose(0, 1),
+                            v[r.offset:r.offset + r.n].transpose(0, 1))
         if fwd.kernel is not None:
             attn = _kernel_attention(fwd, cache, li, q, rows, visible, scratch)
         elif decode_batch:

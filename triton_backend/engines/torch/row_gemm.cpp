@@ -622,3 +622,32 @@ extern "C" void specbuild_rope(float* x, int64_t T, int64_t H, int64_t d, const 
         }
     }
 }
+
+/* A fused q/k/v product's n tokens (y: [n][(H + 2 KV) d], rows of one slot at positions start ..
+   start + n - 1): q rotated into q_out [n][H][d], k rotated and v copied into the slot's cache
+   (keys, values: [KV][S][d]). The rotation is specbuild_rope's, value for value; the stores are copies. */
+extern "C" void specbuild_rope_store(const float* y, int64_t n, int64_t H, int64_t KV, int64_t d, const float* cos_t,
+                                     const float* sin_t, float* q_out, float* keys, float* values, int64_t S,
+                                     int64_t start) {
+    const int64_t half = d / 2, W = (H + 2 * KV) * d;
+    for (int64_t t = 0; t < n; ++t) {
+        const float* c = cos_t + t * d;
+        const float* s = sin_t + t * d;
+        const float* row = y + t * W;
+        for (int64_t h = 0; h < H + KV; ++h) {
+            const float* v = row + h * d;
+            float* o = h < H ? q_out + (t * H + h) * d : keys + ((h - H) * S + start + t) * d;
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = v[i], b = v[i + half];
+                const float lo = a * c[i];
+                const float lo2 = b * s[i];
+                const float hi = b * c[i + half];
+                const float hi2 = a * s[i + half];
+                o[i] = lo + lo2;
+                o[i + half] = hi + hi2;
+            }
+        }
+        for (int64_t h = 0; h < KV; ++h)
+            memcpy(values + (h * S + start + t) * d, row + (H + KV + h) * d, (size_t)d * sizeof(float));
+    }
+}

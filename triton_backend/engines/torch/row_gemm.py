@@ -165,7 +165,7 @@ def _load(isa: str) -> tuple[Callable, ...] | None:
         lib = compiled_library(f"row_gemm-{isa}", _SOURCE_FILE, _FLAGS + _ISA_FLAGS[isa], kernel_digest(isa))
         fn, pack, attention = lib.specbuild_panel_gemm, lib.specbuild_pack_panels, lib.specbuild_row_attention
         threads = lib.specbuild_set_threads
-        norm, rope = lib.specbuild_rms_norm, lib.specbuild_rope
+        norm, rope, rope_store = lib.specbuild_rms_norm, lib.specbuild_rope, lib.specbuild_rope_store
         _pool_address[isa] = ctypes.cast(lib.specbuild_pool_run, ctypes.c_void_p).value
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("row-invariant CPU matmul kernel unavailable (%s): torch kernels used", exc)
@@ -184,7 +184,9 @@ def _load(isa: str) -> tuple[Callable, ...] | None:
     norm.restype = None
     rope.argtypes = [p, i64, i64, i64, p, p]
     rope.restype = None
-    return fn, pack, attention, threads, norm, rope
+    rope_store.argtypes = [p, i64, i64, i64, i64, p, p, p, p, p, i64, i64]
+    rope_store.restype = None
+    return fn, pack, attention, threads, norm, rope, rope_store
 
 
 def kernel_input(x: torch.Tensor, k: int, kernel: str) -> torch.Tensor:
@@ -219,7 +221,7 @@ class RowGemm:
     (float32 CPU), and :meth:`bind` for a layer whose weight is checked once."""
 
     def __init__(self, fn: Callable, pack: Callable, attention: Callable, set_threads: Callable, norm: Callable,
-                 rope: Callable, isa: str) -> None:
+                 rope: Callable, rope_store: Callable, isa: str) -> None:
         self._base_name = f"row_gemm-{isa}-{kernel_digest(isa)}"
         self._fn = fn
         self._pack = pack
@@ -227,6 +229,7 @@ class RowGemm:
         self._set_threads = set_threads
         self._norm = norm
         self._rope = rope
+        self._rope_store = rope_store
         self.isa = isa
 
     @property
@@ -288,6 +291,27 @@ class RowGemm:
             raise ValueError(f"row rope: cos/sin hold {cos.numel()}/{sin_signed.numel()} values, want {t} x {d}")
         self._rope(x.data_ptr(), t, heads, d, cos.data_ptr(), sin_signed.data_ptr())
         return x
+
+    def rope_store(self, y: torch.Tensor, q: torch.Tensor, offset: int, n: int, cos: torch.Tensor, sin_signed: torch.Tensor,
+                   keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
+        """Tokens ``offset .. offset + n - 1`` of a fused q/k/v output ``y`` ``[T, (heads + 2 kv_heads) d]``
+        (one slot's, at positions ``start ..``): q rotated into ``q`` ``[T, heads, d]``, k rotated and v
+        copied into the slot's ``keys``/``values`` ``[kv_heads, S, d]``; ``cos``/``sin_signed`` hold ``T x d``
+        values. The bits of :meth:`rope_` and the cache's write."""
+        t, heads, d = q.shape
+        kv_heads, positions = keys.shape[0], keys.shape[1]
+        tensors = (y, q, cos, sin_signed, keys, values)
+        if any(u.dtype is not torch.float32 or not u.is_cpu or not u.is_contiguous() for u in tensors) or d % 2:
+            raise ValueError("row rope_store runs contiguous float32 CPU tensors with an even head size only")
+        if (y.shape != (t, (heads + 2 * kv_heads) * d) or keys.shape != values.shape or keys.shape[2] != d
+                or cos.numel() != t * d or sin_signed.numel() != t * d or offset < 0 or n < 0 or offset + n > t
+                or start < 0 or start + n > positions):
+            raise ValueError(f"row rope_store: inconsistent shapes y {tuple(y.shape)}, q {tuple(q.shape)}, keys "
+                             f"{tuple(keys.shape)}, tokens {offset}+{n}, start {start}")
+        row, qrow = y.shape[1], heads * d
+        self._rope_store(y.data_ptr() + 4 * offset * row, n, heads, kv_heads, d, cos.data_ptr() + 4 * offset * d,
+                         sin_signed.data_ptr() + 4 * offset * d, q.data_ptr() + 4 * offset * qrow, keys.data_ptr(),
+                         values.data_ptr(), positions, start)
 
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                   visible: torch.Tensor | None, scale: float, out: torch.Tensor, scratch: torch.Tensor) -> None:
