@@ -322,7 +322,7 @@ class RowGemm:
         n, heads, d = q.shape
         kv_heads, positions = keys.shape[0], keys.shape[1]
         tensors = (q, keys, values, out, scratch)
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+        if any(t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous() for t in tensors):
             raise ValueError("row attention runs contiguous float32 CPU tensors only")
         if (keys.shape != values.shape or keys.shape[2] != d or out.shape != q.shape or heads % kv_heads
                 or start + n > positions or scratch.numel() < start + n):
