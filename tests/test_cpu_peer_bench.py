@@ -22,7 +22,6 @@ _spec.loader.exec_module(bench)
     (["--precisions", "int3"], "precisions"),
     (["--precisions", ""], "precisions"),
     (["--workloads", "copy"], "workloads"),
-    (["--methods", "ngram,auto"], "methods"),
     (["--methods", "plain,medusa"], "methods"),
     (["--threads", "0"], "threads"),
     (["--max-tokens", "1"], "max_tokens"),
@@ -45,6 +44,8 @@ def test_rows_cover_every_precision_and_method_and_llamacpp_only_when_usable() -
     assert all(r.plain_name == "llama.cpp plain" for r in peers)
     some = bench.row_specs(bench.parse_args(["--precisions", "int4", "--methods", "plain,auto"]), llamacpp=False)
     assert [r.name for r in some] == ["int4 plain", "int4 auto"]
+    without_plain = bench.row_specs(bench.parse_args(["--precisions", "int4", "--methods", "auto"]), llamacpp=False)
+    assert [r.name for r in without_plain] == ["int4 plain", "int4 auto"]  # plain added: the rows' reference
 
 
 def test_llamacpp_rows_skip_with_a_reason_without_llama_cpp(tmp_path: Path) -> None:
