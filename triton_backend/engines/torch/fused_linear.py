@@ -14,7 +14,6 @@ not grow and the linears still run alone (the static path, layer-skip drafts) wi
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import Sequence
 
@@ -22,8 +21,6 @@ import torch
 
 from triton_backend.engines.torch.row_gemm import PANEL, BoundGemm
 from triton_backend.engines.torch.weight_gemm import BoundWeightGemm
-
-logger = logging.getLogger(__name__)
 
 
 class FusedLinear:
@@ -100,8 +97,7 @@ def _fuse_compact(linears: Sequence[object], runs: Sequence[BoundWeightGemm]) ->
     if not same:
         return None
     data = torch.cat([w.data for w in weights])
-    scales = _cat([w.scales for w in weights]) if first.scales is not None else None
-    mins = _cat([w.mins for w in weights]) if first.mins is not None else None
+    scales, mins = _cat([w.scales for w in weights]), _cat([w.mins for w in weights])  # all or none: checked above
     bias = _cat([r.bias for r in runs])
     whole = replace(first, n=sum(w.n for w in weights), data=data, scales=scales, mins=mins)
     fn = runs[0]._fn

@@ -600,9 +600,22 @@ extern "C" void specbuild_rms_norm(const float* x, int64_t M, int64_t K, const f
     }
 }
 
+/* One head's rotation, v -> o (o may be v: each pair is read before it is written): each product
+   rounded, then the sum (no FMA contraction). */
+static inline void rotate_head(const float* v, float* o, const float* c, const float* s, int64_t half) {
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        const float lo = a * c[i];
+        const float lo2 = b * s[i];
+        const float hi = b * c[i + half];
+        const float hi2 = a * s[i + half];
+        o[i] = lo + lo2;
+        o[i + half] = hi + hi2;
+    }
+}
+
 /* RoPE in place on T tokens x H heads x d (d even): x = x * cos + roll(x, d / 2) * sin_signed, cos and
-   sin_signed [T][d] (the first half of sin negated). Each product rounded, then the sum (no FMA
-   contraction): the same bits as those three elementwise torch ops. */
+   sin_signed [T][d] (the first half of sin negated): the same bits as those three elementwise torch ops. */
 extern "C" void specbuild_rope(float* x, int64_t T, int64_t H, int64_t d, const float* cos_t, const float* sin_t) {
     const int64_t half = d / 2;
     for (int64_t t = 0; t < T; ++t) {
@@ -610,15 +623,7 @@ extern "C" void specbuild_rope(float* x, int64_t T, int64_t H, int64_t d, const 
         const float* s = sin_t + t * d;
         for (int64_t h = 0; h < H; ++h) {
             float* v = x + (t * H + h) * d;
-            for (int64_t i = 0; i < half; ++i) {
-                const float a = v[i], b = v[i + half];
-                const float lo = a * c[i];
-                const float lo2 = b * s[i];
-                const float hi = b * c[i + half];
-                const float hi2 = a * s[i + half];
-                v[i] = lo + lo2;
-                v[i + half] = hi + hi2;
-            }
+            rotate_head(v, v, c, s, half);
         }
     }
 }
@@ -637,15 +642,7 @@ extern "C" void specbuild_rope_store(const float* y, int64_t n, int64_t H, int64
         for (int64_t h = 0; h < H + KV; ++h) {
             const float* v = row + h * d;
             float* o = h < H ? q_out + (t * H + h) * d : keys + ((h - H) * S + start + t) * d;
-            for (int64_t i = 0; i < half; ++i) {
-                const float a = v[i], b = v[i + half];
-                const float lo = a * c[i];
-                const float lo2 = b * s[i];
-                const float hi = b * c[i + half];
-                const float hi2 = a * s[i + half];
-                o[i] = lo + lo2;
-                o[i + half] = hi + hi2;
-            }
+            rotate_head(v, o, c, s, half);
         }
         for (int64_t h = 0; h < KV; ++h)
             memcpy(values + (h * S + start + t) * d, row + (H + KV + h) * d, (size_t)d * sizeof(float));

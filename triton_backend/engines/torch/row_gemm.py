@@ -198,6 +198,11 @@ def kernel_input(x: torch.Tensor, k: int, kernel: str) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
+def _plain_floats(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor is contiguous float32 on the CPU: what a kernel reading raw pointers needs."""
+    return all(t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)
+
+
 class BoundGemm:
     """One linear layer on the row kernel: ``x [M, K] -> x weight^T + bias [M, N]``. Holds the
     packed weight and the bias, whose memory the kernel reads through raw pointers."""
@@ -284,8 +289,7 @@ class RowGemm:
         """RoPE in place on ``x`` ``[T, heads, d]`` with ``cos``/``sin_signed`` ``[T, 1, d]`` (or ``[T, d]``):
         the same bits as :func:`~triton_backend.engines.torch.llama_forward.rotate_signed`."""
         t, heads, d = x.shape
-        tensors = (x, cos, sin_signed)
-        if any(u.dtype is not torch.float32 or not u.is_cpu or not u.is_contiguous() for u in tensors) or d % 2:
+        if not _plain_floats(x, cos, sin_signed) or d % 2:
             raise ValueError("row rope runs contiguous float32 CPU tensors with an even head size only")
         if cos.numel() != t * d or sin_signed.numel() != t * d:
             raise ValueError(f"row rope: cos/sin hold {cos.numel()}/{sin_signed.numel()} values, want {t} x {d}")
@@ -300,8 +304,7 @@ class RowGemm:
         values. The bits of :meth:`rope_` and the cache's write."""
         t, heads, d = q.shape
         kv_heads, positions = keys.shape[0], keys.shape[1]
-        tensors = (y, q, cos, sin_signed, keys, values)
-        if any(u.dtype is not torch.float32 or not u.is_cpu or not u.is_contiguous() for u in tensors) or d % 2:
+        if not _plain_floats(y, q, cos, sin_signed, keys, values) or d % 2:
             raise ValueError("row rope_store runs contiguous float32 CPU tensors with an even head size only")
         if (y.shape != (t, (heads + 2 * kv_heads) * d) or keys.shape != values.shape or keys.shape[2] != d
                 or cos.numel() != t * d or sin_signed.numel() != t * d or offset < 0 or n < 0 or offset + n > t
@@ -321,8 +324,7 @@ class RowGemm:
         ``None`` (causal: query ``i`` sees ``0 .. start + i``); ``scratch`` >= ``start + n`` floats."""
         n, heads, d = q.shape
         kv_heads, positions = keys.shape[0], keys.shape[1]
-        tensors = (q, keys, values, out, scratch)
-        if any(t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous() for t in tensors):
+        if not _plain_floats(q, keys, values, out, scratch):
             raise ValueError("row attention runs contiguous float32 CPU tensors only")
         if (keys.shape != values.shape or keys.shape[2] != d or out.shape != q.shape or heads % kv_heads
                 or start + n > positions or scratch.numel() < start + n):
