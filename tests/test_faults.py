@@ -194,7 +194,11 @@ def test_a_request_in_flight_past_the_deadline_cannot_keep_specbuild_serve_up(tm
                 p.kill()
                 p.wait()
     assert code == 1 and took < exit_timeout + 10 + 20, (code, took)
-    assert "did not finish within" in err and "request(s) in flight" in err and "Traceback" not in err, err[-2000:]
+    # ended by force at the deadline, or (Triton 2.51 can abort in its own shutdown first) by its own abort:
+    # either way status 1 and a log line saying the request in flight was cut off
+    forced = "did not finish within" in err and "1 request(s) in flight" in err
+    aborted = "while stopping (1 request(s) in flight, cut off)" in err
+    assert (forced or aborted) and "Traceback" not in err, err[-2000:]
     assert not [p for p in tree if Path(f"/proc/{p}").exists() and p != proc.pid], "Triton processes left running"
     assert not list(Path("/dev/shm").glob(f"specbuild_{proc.pid}_*")), "shared memory left behind"
 

@@ -307,6 +307,19 @@ def test_a_busy_machine_s_measurement_is_used_but_not_cached(tmp_path, monkeypat
     assert real(2) is None and real(1) == 1.2
 
 
+def test_a_harness_can_ask_for_a_busy_measurement_to_be_cached(tmp_path, monkeypatch):
+    """SPECBUILD_CACHE_BUSY_MEASUREMENTS=1 (a server and its in-process reference must decide from
+    one table): the busy machine's measurement is cached, and the next load reads it."""
+    import triton_backend.speculation.pass_cost as pass_cost
+
+    monkeypatch.setattr(pass_cost, "machine_busy", lambda cores=None: 3.2)
+    monkeypatch.setenv(pass_cost.CACHE_BUSY_ENV, "1")
+    first = measure_pass_cost_model(ScriptedEngine(), settings="test", cache_dir=tmp_path, budget_s=3.0)
+    assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 1
+    monkeypatch.delenv(pass_cost.CACHE_BUSY_ENV)
+    assert measure_pass_cost_model(ScriptedEngine(), settings="test", cache_dir=tmp_path, budget_s=0.01) == first
+
+
 def test_measure_on_the_slot_engine_through_the_batched_contract(tmp_path):
     """The real path: a tiny random Llama on the slot engine (engines/llama_engine.py)."""
     from conftest import tiny_engine

@@ -7,6 +7,7 @@ Import them into a test module: ``from triton_fixtures import triton, local_deco
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import urllib.request
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from builder.stages.model_repository import render_model_repository
 from triton_backend.serving.launch.triton_server import Endpoints, ServerConfig, TritonServer
 from triton_backend.deployment.deployment_config import DeploymentConfig
 from triton_backend.serving.interface import ServingConfig
+from triton_backend.speculation.pass_cost import CACHE_BUSY_ENV
 
 # the deployment the server serves and the in-process reference decoder is built from
 DEPLOYMENT = DeploymentConfig()
@@ -44,12 +46,29 @@ class RunningTriton:
 
 
 @contextlib.contextmanager
+def one_measurement() -> Iterator[None]:
+    """While the server starts or the reference decoder is built: a pass-cost measurement taken on a
+    busy machine (CI's) is cached all the same, so the server and the in-process reference decide
+    their drafts from one table (each measuring its own would draft differently, exactly or not)."""
+    before = os.environ.get(CACHE_BUSY_ENV)
+    os.environ[CACHE_BUSY_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[CACHE_BUSY_ENV]
+        else:
+            os.environ[CACHE_BUSY_ENV] = before
+
+
+@contextlib.contextmanager
 def running_triton(work: Path, deployment: DeploymentConfig, serving: ServingConfig) -> Iterator[RunningTriton]:
     """A real Triton server on free loopback ports over ``deployment`` rendered into ``work``."""
     repository = render_model_repository(deployment, work / "model_repo", serving)
     server = TritonServer(ServerConfig(repository, exit_timeout_s=5, startup_timeout_s=300,
                                        log_file=work / "tritonserver.log"))
-    endpoints = server.start()
+    with one_measurement():
+        endpoints = server.start()
     try:
         yield RunningTriton(server, endpoints, repository)
     finally:
@@ -81,5 +100,6 @@ def local_decoder():
     if "decoder" not in _SHARED:
         from triton_backend.deployment.torch_deployment import build_decoder
 
-        _SHARED["decoder"] = build_decoder(DEPLOYMENT)
+        with one_measurement():
+            _SHARED["decoder"] = build_decoder(DEPLOYMENT)
     return _SHARED["decoder"]

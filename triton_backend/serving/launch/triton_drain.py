@@ -84,16 +84,16 @@ class Drain:
     busy: Callable[[], int] = lambda: 0
     started: float = field(default_factory=time.monotonic)
     idle_polls: int = 0
-    last_in_flight: int | None = None
+    last_in_flight: int | None = None  # the last count the metrics told (they stop answering late in a shutdown)
 
     def poll(self) -> Verdict:
         elapsed = time.monotonic() - self.started
         count = read_in_flight(self.metrics_url) if self.metrics_url else None
-        self.last_in_flight = count
         if count is None:
             self.idle_polls = 0
             return Verdict.OVERDUE if elapsed > self.deadline_s else Verdict.UNKNOWN
         count += self.busy()
+        self.last_in_flight = count
         self.idle_polls = self.idle_polls + 1 if count == 0 else 0
         if self.idle_polls >= IDLE_POLLS:
             return Verdict.DRAINED

@@ -181,14 +181,16 @@ class TritonSupervisor:
         logger.info("Triton is back after restart %d", self.restarts)
         return None
 
-    @staticmethod
-    def _stopped(code: int) -> int:
+    def _stopped(self, code: int) -> int:
         """The exit status of a requested stop: Triton's own, or 1 when a signal ended it (Triton
-        2.51 can abort in its own shutdown; a negative status would reach the shell as 256 - n)."""
+        2.51 can abort in its own shutdown, even with requests in flight, before the drain's
+        deadline; a negative status would reach the shell as 256 - n)."""
         if code >= 0:
             logger.info("Triton exited with status %d", code)
             return code
-        logger.warning("Triton was %s while stopping; stopped all the same", describe_status(code))
+        in_flight = self.drain.last_in_flight if self.drain is not None else None
+        logger.warning("Triton was %s while stopping (%s); stopped all the same", describe_status(code),
+                       "no request in flight known" if not in_flight else f"{in_flight} request(s) in flight, cut off")
         return 1
 
     def _give_up(self, reason: str, failures: int) -> int:
@@ -224,7 +226,7 @@ class TritonSupervisor:
             if verdict is Verdict.OVERDUE:
                 logger.error("Triton did not finish within %ds of the stop signal (%s); killing it",
                              server.config.exit_timeout_s + EXIT_GRACE_S,
-                             "a client still holds a gRPC stream open?" if self.drain.last_in_flight is None
+                             "a client still holds a gRPC stream open?" if not self.drain.last_in_flight
                              else f"{self.drain.last_in_flight} request(s) in flight")
                 server.kill()
                 return 1
