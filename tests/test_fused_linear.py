@@ -1,7 +1,7 @@
 """Linears fused into one kernel call (engines/torch/fused_linear.py): the fused call gives, bit for
 bit, the separate calls' outputs side by side, on the float32 row kernel and on every compact format;
 each linear, rebound to its slice of the shared storage, still gives its old bits alone; linears that
-cannot share a call (a width off the panels, an input scale, mixed kernels) are left as they are; an
+cannot share a call (a width off the panels, an input scale, mixed kernels, a bias on only some) are left as they are; an
 engine with fused layers decodes the same tokens."""
 
 from __future__ import annotations
@@ -66,6 +66,10 @@ def test_linears_that_cannot_share_a_call_are_left_alone():
     assert fuse(_float_linears(row, (32,), 64, gen)) is None
     mixed = _float_linears(row, (32,), 64, gen) + [RowLinear(torch.randn(32, 64), None, pack_rows=0, invariant=True)]
     assert fuse(mixed) is None
+    biased = _float_linears(row, (32, 32), 64, gen)
+    biased[0] = RowLinear(torch.randn(32, 64, generator=gen), torch.randn(32, generator=gen), pack_rows=0, invariant=True,
+                          row_gemm=row)
+    assert fuse(biased) is None  # a bias on only one of them: each left alone, not an error
     weight = packed("int4-32", torch.randn(32, 64, generator=gen))[0]
     scaled = [RowLinear(None, None, pack_rows=0, invariant=True, compact=CompactLinear(weight, torch.ones(64)),
                         weight_gemm=wg.load_weight_gemm()) for _ in range(2)]

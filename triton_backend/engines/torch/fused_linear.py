@@ -64,9 +64,11 @@ def fuse(linears: Sequence[object]) -> FusedLinear | None:
     """One call for ``linears`` (objects holding a bound kernel in ``_run``: the forward's ``RowLinear``),
     each rebound to its slice of the shared storage; None where they cannot share one call (not all on
     the same row kernel, a width not a whole number of panels, different input sizes, formats, groups,
-    scale types, or an input scale)."""
+    scale types, an input scale, or a bias on only some of them)."""
     runs = [getattr(l, "_run", None) for l in linears]
     if len(runs) < 2 or any(getattr(l, "input_scale", None) is not None for l in linears):
+        return None
+    if len({getattr(r, "bias", None) is None for r in runs}) > 1:  # only some with a bias: each runs alone
         return None
     if all(isinstance(r, BoundWeightGemm) for r in runs):
         return _fuse_compact(linears, runs)  # type: ignore[arg-type]
