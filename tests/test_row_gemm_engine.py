@@ -221,6 +221,48 @@ def test_kernel_rope_store_equals_rotation_then_cache_writes():
         kernel.rope_store(y[:, :-1].contiguous(), q, 0, 1, cos, sin, keys, values, 0)
 
 
+def test_a_pass_s_layer_calls_give_the_checked_calls_bits(monkeypatch):
+    """The per-pass call plan (row_gemm.LayerCalls: checks once, raw addresses per layer) gives the very
+    logits and captured features of each layer's checked calls, on a batch holding a prefill, a tree row
+    and a chain row in two slots; a row outside the cache or a misshapen q/k/v output is refused."""
+    from triton_backend.engines.batch import BatchRow
+    from triton_backend.engines.torch import llama_forward as lf
+
+    engine = LlamaEngine(tiny_llama(5, hidden=64, vocab=48), name="tiny", eos_token_ids=[],
+                         runtime=RuntimeConfig(max_batch_size=2, max_seq_len=64))
+    assert engine.forward_impl.kernel is not None and all(l.qkv is not None for l in engine.forward_impl.layers)
+
+    def passes() -> list[torch.Tensor]:
+        a, b = engine.allocate(), engine.allocate()
+        try:
+            out = engine.forward([BatchRow(a, 0, [1, 5, 9, 2, 7], num_logits=5, capture=(0, 1)),
+                                  BatchRow(b, 0, [3, 4, 8], num_logits=3)])
+            out += engine.forward([BatchRow(a, 5, [11, 12, 13, 14], num_logits=4, tree_parents=[-1, 0, -1], capture=(0,)),
+                                   BatchRow(b, 3, [6, 10], num_logits=2)])
+            out += engine.forward([BatchRow(b, 5, [2])])
+            return [t for o in out for t in (o.logits, o.features) if t is not None]
+        finally:
+            engine.release(a)
+            engine.release(b)
+
+    planned = passes()
+    monkeypatch.setattr(lf, "LAYER_CALLS", False)
+    checked = passes()
+    assert len(planned) == len(checked) > 5 and all(torch.equal(x, y) for x, y in zip(planned, checked))
+
+    kernel = engine.forward_impl.kernel
+    cache = engine.cache
+    d = engine.forward_impl.shape.head_dim
+    heads = engine.forward_impl.shape.num_heads
+    cos = sin = torch.zeros(2, d)
+    scratch = torch.empty(64)
+    with pytest.raises(ValueError, match="outside"):
+        kernel.layer_calls(cache.keys, cache.values, 2, heads, cos, sin, [(0, 63, 0, 2, None)], 1.0, scratch)
+    calls = kernel.layer_calls(cache.keys, cache.values, 2, heads, cos, sin, [(0, 0, 0, 2, None)], 1.0, scratch)
+    with pytest.raises(ValueError, match="q/k/v output"):
+        calls.rope_store(0, torch.zeros(2, calls.width - 1))
+
+
 def assert_compiles_without_warnings(source, flags) -> None:
     """``source`` passes a syntax-only compile with ``flags`` and -Wall -Wextra -Werror (skipped
     without a C++ compiler)."""

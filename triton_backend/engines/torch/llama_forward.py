@@ -315,6 +315,9 @@ class RowPlan:
     tree: bool = False  # ``mask`` is a tree mask (else causal)
 
 
+LAYER_CALLS = True  # the row kernel's per-pass call plan (row_gemm.LayerCalls); False: each layer's checked calls
+
+
 def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positions: torch.Tensor,
                rows: list[RowPlan], out_index: torch.Tensor, *, batched_decode: bool = True,
                capture: frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -339,11 +342,18 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         scratch = torch.empty(max(r.start + r.n for r in rows), dtype=torch.float32)
     kernel = fwd.kernel if fwd.kernel is not None and x.dtype == torch.float32 else None
     norm = rms_norm if kernel is None else kernel.rms_norm
+    calls = None
     if kernel is not None:
         cos, sin = cos.contiguous(), sin.contiguous()
+        if LAYER_CALLS and any(layer.qkv is not None for layer in fwd.layers):  # checked once, raw calls per layer
+            calls = kernel.layer_calls(cache.keys, cache.values, t, shape.num_heads, cos, sin,
+                                       [(r.slot, r.start, r.offset, r.n, seen) for r, seen in zip(rows, visible)],
+                                       fwd.scale, scratch)
     for li, layer in enumerate(fwd.layers):
         h = norm(x, layer.attn_norm, shape.rms_eps)
-        if kernel is not None and layer.qkv is not None:  # rotation and cache stores in one call a row
+        if calls is not None and layer.qkv is not None:  # rotation and cache stores in one call a row
+            q = calls.rope_store(li, layer.qkv(h))
+        elif kernel is not None and layer.qkv is not None:
             y = layer.qkv(h)
             q = torch.empty(t, shape.num_heads, shape.head_dim)
             for r in rows:
@@ -359,19 +369,21 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
             for r in rows:
                 cache.write(li, r.slot, r.start, k[r.offset:r.offset + r.n].transpose(0, 1),
                             v[r.offset:r.offset + r.n].transpose(0, 1))
-        if fwd.kernel is not None:
+        if calls is not None and layer.qkv is not None:
+            attn = calls.attention(li)
+        elif fwd.kernel is not None:
             attn = _kernel_attention(fwd, cache, li, q, rows, visible, scratch)
         elif decode_batch:
             attn = _decode_attention(fwd, cache, li, q, rows)
         else:
             attn = _row_attention(fwd, cache, li, q, rows)
-        x = x + layer.o(attn.reshape(t, shape.num_heads * shape.head_dim))
+        x.add_(layer.o(attn.reshape(t, shape.num_heads * shape.head_dim)))  # x: this pass's own (captures copy it)
         h = norm(x, layer.mlp_norm, shape.rms_eps)
         if layer.gate_up is not None:
             gate, up = layer.gate_up.split(layer.gate_up(h))
         else:
             gate, up = layer.gate(h), layer.up(h)
-        x = x + layer.down(F.silu(gate) * up)
+        x.add_(layer.down(F.silu(gate).mul_(up)))
         if capture and li in capture and li < len(fwd.layers) - 1:
             captured[li] = x[out_index]
     hidden = norm(x[out_index], fwd.norm, shape.rms_eps)

@@ -316,6 +316,11 @@ class RowGemm:
                          sin_signed.data_ptr() + 4 * offset * d, q.data_ptr() + 4 * offset * qrow, keys.data_ptr(),
                          values.data_ptr(), positions, start)
 
+    def layer_calls(self, keys: torch.Tensor, values: torch.Tensor, t: int, heads: int, cos: torch.Tensor,
+                    sin_signed: torch.Tensor, rows: list, scale: float, scratch: torch.Tensor) -> LayerCalls:
+        """A pass's :class:`LayerCalls` over the whole cache ``keys``/``values`` ``[layers, slots, kv_heads, S, d]``."""
+        return LayerCalls(self, keys, values, t, heads, cos, sin_signed, rows, scale, scratch)
+
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                   visible: torch.Tensor | None, scale: float, out: torch.Tensor, scratch: torch.Tensor) -> None:
         """One slot's attention for ``n`` query tokens into ``out``, each query computed alone in
@@ -335,6 +340,67 @@ class RowGemm:
             raise ValueError("row attention: the visibility mask is a contiguous uint8 [n, start + n]")
         self._attention(q.data_ptr(), n, heads, kv_heads, d, keys.data_ptr(), values.data_ptr(), positions, start,
                         None if visible is None else visible.data_ptr(), scale, out.data_ptr(), scratch.data_ptr())
+
+
+class LayerCalls:
+    """One pass's q/k/v rotation, cache stores and attention on the row kernel, every layer's: the
+    tensors' checks done once for the pass (:meth:`RowGemm.layer_calls`), then each layer's calls are
+    the C functions on raw addresses (the calls :meth:`RowGemm.rope_store` and
+    :meth:`RowGemm.attention` make: the same bits), with one ``q`` and one output buffer for all layers.
+    ``rows``: ``(slot, start, offset, n, visible)`` per row, ``visible`` a uint8 tree mask or None."""
+
+    def __init__(self, kernel: "RowGemm", keys: torch.Tensor, values: torch.Tensor, t: int, heads: int,
+                 cos: torch.Tensor, sin_signed: torch.Tensor, rows: list, scale: float, scratch: torch.Tensor) -> None:
+        layers, slots, kv_heads, positions, d = keys.shape
+        if not _plain_floats(keys, values, cos, sin_signed, scratch) or keys.shape != values.shape or d % 2 or heads % kv_heads:
+            raise ValueError("row layer calls run contiguous float32 CPU tensors with an even head size only")
+        if cos.numel() != t * d or sin_signed.numel() != t * d:
+            raise ValueError(f"row layer calls: cos/sin hold {cos.numel()}/{sin_signed.numel()} values, want {t} x {d}")
+        self.q = torch.empty(t, heads, d, dtype=torch.float32)
+        self.out = torch.empty(t, heads, d, dtype=torch.float32)
+        self.width = (heads + 2 * kv_heads) * d
+        self._rope_store, self._attention = kernel._rope_store, kernel._attention
+        self._dims = (heads, kv_heads, d)
+        self._positions, self._scale, self._scratch = positions, float(scale), scratch.data_ptr()
+        self._layer = 4 * keys.stride(0)  # bytes between layers; slots are keys.stride(1) floats apart
+        self._rows = []
+        q, out, cos_at, sin_at = self.q.data_ptr(), self.out.data_ptr(), cos.data_ptr(), sin_signed.data_ptr()
+        for slot, start, offset, n, visible in rows:
+            if not (0 <= slot < slots and 0 <= offset and offset + n <= t and 0 <= start and start + n <= positions):
+                raise ValueError(f"row layer calls: row slot {slot}, tokens {offset}+{n} at {start} outside the pass "
+                                 f"({t} tokens) or the cache ({slots} slots x {positions} positions)")
+            if scratch.numel() < start + n:
+                raise ValueError(f"row layer calls: scratch holds {scratch.numel()} floats, want {start + n}")
+            if visible is not None and (visible.dtype != torch.uint8 or visible.shape != (n, start + n)
+                                        or not visible.is_contiguous()):
+                raise ValueError("row layer calls: a visibility mask is a contiguous uint8 [n, start + n]")
+            slot_at = 4 * slot * keys.stride(1)
+            self._rows.append((offset, n, start, 4 * offset * d, 4 * offset * heads * d,
+                               keys.data_ptr() + slot_at, values.data_ptr() + slot_at,
+                               None if visible is None else visible.data_ptr(), cos_at, sin_at, q, out))
+        self._keep = (keys, values, cos, sin_signed, scratch, [r[4] for r in rows])  # the memory the addresses point into
+
+    def rope_store(self, layer: int, y: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s fused q/k/v output ``y`` ``[T, width]``: q rotated into :attr:`q`, k rotated
+        and v stored in each row's slot; returns :attr:`q`."""
+        if y.shape != (self.q.shape[0], self.width) or not _plain_floats(y):
+            raise ValueError(f"row layer calls: q/k/v output {tuple(y.shape)}, want contiguous float32 "
+                             f"[{self.q.shape[0]}, {self.width}]")
+        heads, kv_heads, d = self._dims
+        base, at = y.data_ptr(), layer * self._layer
+        for offset, n, start, cs, qs, keys, values, _, cos, sin, q, _ in self._rows:
+            self._rope_store(base + 4 * offset * self.width, n, heads, kv_heads, d, cos + cs, sin + cs, q + qs, keys + at,
+                             values + at, self._positions, start)
+        return self.q
+
+    def attention(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s attention of :attr:`q` for every row into :attr:`out` (returned)."""
+        heads, kv_heads, d = self._dims
+        at = layer * self._layer
+        for _, n, start, _, qs, keys, values, visible, _, _, q, out in self._rows:
+            self._attention(q + qs, n, heads, kv_heads, d, keys + at, values + at, self._positions, start, visible,
+                            self._scale, out + qs, self._scratch)
+        return self.out
 
 
 def _functions(isa: str) -> tuple[Callable, ...] | None:
@@ -361,5 +427,5 @@ def load_row_gemm() -> "RowGemm | None":
     return None if fns is None else RowGemm(*fns, isa)
 
 
-__all__ = ["BoundGemm", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "kernel_input", "load_row_gemm",
+__all__ = ["BoundGemm", "LayerCalls", "RowGemm", "build_flags", "compiled_library", "cpu_isa", "kernel_digest", "kernel_input", "load_row_gemm",
            "pool_address"]
