@@ -222,8 +222,8 @@ def test_kernel_rope_store_equals_rotation_then_cache_writes():
 
 
 def test_a_pass_s_layer_calls_give_the_checked_calls_bits(monkeypatch):
-    """The per-pass call plan (row_gemm.LayerCalls: checks once, raw addresses per layer) gives the very
-    logits and captured features of each layer's checked calls, on a batch holding a prefill, a tree row
+    """The per-pass call plan (row_gemm.LayerCalls: checks once, raw addresses per layer, the norms into
+    one buffer) gives the very logits and captured features of each layer's checked calls, on a batch holding a prefill, a tree row
     and a chain row in two slots; a row outside the cache or a misshapen q/k/v output is refused."""
     from triton_backend.engines.batch import BatchRow
     from triton_backend.engines.torch import llama_forward as lf
@@ -261,6 +261,10 @@ def test_a_pass_s_layer_calls_give_the_checked_calls_bits(monkeypatch):
     calls = kernel.layer_calls(cache.keys, cache.values, 2, heads, cos, sin, [(0, 0, 0, 2, None)], 1.0, scratch)
     with pytest.raises(ValueError, match="q/k/v output"):
         calls.rope_store(0, torch.zeros(2, calls.width - 1))
+    with pytest.raises(ValueError, match="rms_norm"):
+        calls.rms_norm(torch.zeros(3, 64), torch.ones(64), 1e-5)  # 3 rows in a 2-token pass
+    normed = calls.rms_norm(torch.ones(2, 64), torch.ones(64), 1e-5)
+    assert torch.equal(normed, kernel.rms_norm(torch.ones(2, 64), torch.ones(64), 1e-5))
 
 
 def assert_compiles_without_warnings(source, flags) -> None:

@@ -349,6 +349,7 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
             calls = kernel.layer_calls(cache.keys, cache.values, t, shape.num_heads, cos, sin,
                                        [(r.slot, r.start, r.offset, r.n, seen) for r, seen in zip(rows, visible)],
                                        fwd.scale, scratch)
+            norm = calls.rms_norm  # the layers' norms into one buffer (each output read by the next product)
     for li, layer in enumerate(fwd.layers):
         h = norm(x, layer.attn_norm, shape.rms_eps)
         if calls is not None and layer.qkv is not None:  # rotation and cache stores in one call a row
@@ -386,7 +387,7 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         x.add_(layer.down(F.silu(gate).mul_(up)))
         if capture and li in capture and li < len(fwd.layers) - 1:
             captured[li] = x[out_index]
-    hidden = norm(x[out_index], fwd.norm, shape.rms_eps)
+    hidden = (rms_norm if kernel is None else kernel.rms_norm)(x[out_index], fwd.norm, shape.rms_eps)  # its own tensor
     if len(fwd.layers) - 1 in capture:
         captured[len(fwd.layers) - 1] = hidden
     return hidden, captured

@@ -359,7 +359,8 @@ class LayerCalls:
         self.q = torch.empty(t, heads, d, dtype=torch.float32)
         self.out = torch.empty(t, heads, d, dtype=torch.float32)
         self.width = (heads + 2 * kv_heads) * d
-        self._rope_store, self._attention = kernel._rope_store, kernel._attention
+        self._rope_store, self._attention, self._norm = kernel._rope_store, kernel._attention, kernel._norm
+        self._normed: torch.Tensor | None = None  # rms_norm's output, one for all layers (each read at once)
         self._dims = (heads, kv_heads, d)
         self._positions, self._scale, self._scratch = positions, float(scale), scratch.data_ptr()
         self._layer = 4 * keys.stride(0)  # bytes between layers; slots are keys.stride(1) floats apart
@@ -379,6 +380,19 @@ class LayerCalls:
                                keys.data_ptr() + slot_at, values.data_ptr() + slot_at,
                                None if visible is None else visible.data_ptr(), cos_at, sin_at, q, out))
         self._keep = (keys, values, cos, sin_signed, scratch, [r[4] for r in rows])  # the memory the addresses point into
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """:meth:`RowGemm.rms_norm` of the pass's stream ``x`` ``[T, K]`` into one buffer for all layers
+        (the same bits): each result must be read before the next call overwrites it."""
+        t, k = x.shape
+        if (t != self.q.shape[0] or x.dtype is not torch.float32 or not x.is_contiguous() or weight.numel() != k
+                or weight.dtype is not torch.float32 or not weight.is_contiguous()):
+            raise ValueError(f"row layer calls: rms_norm of {tuple(x.shape)} {x.dtype} with weight {tuple(weight.shape)}, "
+                             f"want contiguous float32 [{self.q.shape[0]}, K] and [K]")
+        if self._normed is None or self._normed.shape[1] != k:
+            self._normed = torch.empty(t, k, dtype=torch.float32)
+        self._norm(x.data_ptr(), t, k, weight.data_ptr(), float(eps), self._normed.data_ptr())
+        return self._normed
 
     def rope_store(self, layer: int, y: torch.Tensor) -> torch.Tensor:
         """Layer ``layer``'s fused q/k/v output ``y`` ``[T, width]``: q rotated into :attr:`q`, k rotated
