@@ -341,18 +341,19 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         visible = [(r.mask == 0).to(torch.uint8).contiguous() if r.tree else None for r in rows]
         scratch = torch.empty(max(r.start + r.n for r in rows), dtype=torch.float32)
     kernel = fwd.kernel if fwd.kernel is not None and x.dtype == torch.float32 else None
-    norm = rms_norm if kernel is None else kernel.rms_norm
-    calls = None
+    norm = rms_norm if kernel is None else kernel.rms_norm  # the final norm's (its own tensor)
+    layer_norm, calls = norm, None
     if kernel is not None:
         cos, sin = cos.contiguous(), sin.contiguous()
         if LAYER_CALLS and any(layer.qkv is not None for layer in fwd.layers):  # checked once, raw calls per layer
             calls = kernel.layer_calls(cache.keys, cache.values, t, shape.num_heads, cos, sin,
                                        [(r.slot, r.start, r.offset, r.n, seen) for r, seen in zip(rows, visible)],
                                        fwd.scale, scratch)
-            norm = calls.rms_norm  # the layers' norms into one buffer (each output read by the next product)
+            layer_norm = calls.rms_norm  # the layers' norms into one buffer (each output read by the next product)
     for li, layer in enumerate(fwd.layers):
-        h = norm(x, layer.attn_norm, shape.rms_eps)
-        if calls is not None and layer.qkv is not None:  # rotation and cache stores in one call a row
+        planned = calls is not None and layer.qkv is not None
+        h = layer_norm(x, layer.attn_norm, shape.rms_eps)
+        if planned:  # rotation and cache stores in one call a row
             q = calls.rope_store(li, layer.qkv(h))
         elif kernel is not None and layer.qkv is not None:
             y = layer.qkv(h)
@@ -370,7 +371,7 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
             for r in rows:
                 cache.write(li, r.slot, r.start, k[r.offset:r.offset + r.n].transpose(0, 1),
                             v[r.offset:r.offset + r.n].transpose(0, 1))
-        if calls is not None and layer.qkv is not None:
+        if planned:
             attn = calls.attention(li)
         elif fwd.kernel is not None:
             attn = _kernel_attention(fwd, cache, li, q, rows, visible, scratch)
@@ -379,7 +380,7 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         else:
             attn = _row_attention(fwd, cache, li, q, rows)
         x.add_(layer.o(attn.reshape(t, shape.num_heads * shape.head_dim)))  # x: this pass's own (captures copy it)
-        h = norm(x, layer.mlp_norm, shape.rms_eps)
+        h = layer_norm(x, layer.mlp_norm, shape.rms_eps)
         if layer.gate_up is not None:
             gate, up = layer.gate_up.split(layer.gate_up(h))
         else:
@@ -387,7 +388,7 @@ def run_layers(fwd: LlamaForward, cache: SlotKVCache, ids: torch.Tensor, positio
         x.add_(layer.down(F.silu(gate).mul_(up)))
         if capture and li in capture and li < len(fwd.layers) - 1:
             captured[li] = x[out_index]
-    hidden = (rms_norm if kernel is None else kernel.rms_norm)(x[out_index], fwd.norm, shape.rms_eps)  # its own tensor
+    hidden = norm(x[out_index], fwd.norm, shape.rms_eps)
     if len(fwd.layers) - 1 in capture:
         captured[len(fwd.layers) - 1] = hidden
     return hidden, captured

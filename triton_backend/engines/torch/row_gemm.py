@@ -364,8 +364,8 @@ class LayerCalls:
         self._dims = (heads, kv_heads, d)
         self._positions, self._scale, self._scratch = positions, float(scale), scratch.data_ptr()
         self._layer = 4 * keys.stride(0)  # bytes between layers; slots are keys.stride(1) floats apart
-        self._rows = []
-        q, out, cos_at, sin_at = self.q.data_ptr(), self.out.data_ptr(), cos.data_ptr(), sin_signed.data_ptr()
+        self._q, self._out, self._cos, self._sin = self.q.data_ptr(), self.out.data_ptr(), cos.data_ptr(), sin_signed.data_ptr()
+        self._rows = []  # (offset, n, start, its cos/sin byte offset, its q/out byte offset, its slot's keys, values, mask)
         for slot, start, offset, n, visible in rows:
             if not (0 <= slot < slots and 0 <= offset and offset + n <= t and 0 <= start and start + n <= positions):
                 raise ValueError(f"row layer calls: row slot {slot}, tokens {offset}+{n} at {start} outside the pass "
@@ -378,15 +378,14 @@ class LayerCalls:
             slot_at = 4 * slot * keys.stride(1)
             self._rows.append((offset, n, start, 4 * offset * d, 4 * offset * heads * d,
                                keys.data_ptr() + slot_at, values.data_ptr() + slot_at,
-                               None if visible is None else visible.data_ptr(), cos_at, sin_at, q, out))
+                               None if visible is None else visible.data_ptr()))
         self._keep = (keys, values, cos, sin_signed, scratch, [r[4] for r in rows])  # the memory the addresses point into
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """:meth:`RowGemm.rms_norm` of the pass's stream ``x`` ``[T, K]`` into one buffer for all layers
         (the same bits): each result must be read before the next call overwrites it."""
         t, k = x.shape
-        if (t != self.q.shape[0] or x.dtype is not torch.float32 or not x.is_contiguous() or weight.numel() != k
-                or weight.dtype is not torch.float32 or not weight.is_contiguous()):
+        if t != self.q.shape[0] or weight.numel() != k or not _plain_floats(x, weight):
             raise ValueError(f"row layer calls: rms_norm of {tuple(x.shape)} {x.dtype} with weight {tuple(weight.shape)}, "
                              f"want contiguous float32 [{self.q.shape[0]}, K] and [K]")
         if self._normed is None or self._normed.shape[1] != k:
@@ -402,18 +401,18 @@ class LayerCalls:
                              f"[{self.q.shape[0]}, {self.width}]")
         heads, kv_heads, d = self._dims
         base, at = y.data_ptr(), layer * self._layer
-        for offset, n, start, cs, qs, keys, values, _, cos, sin, q, _ in self._rows:
-            self._rope_store(base + 4 * offset * self.width, n, heads, kv_heads, d, cos + cs, sin + cs, q + qs, keys + at,
-                             values + at, self._positions, start)
+        for offset, n, start, cs, qs, keys, values, _ in self._rows:
+            self._rope_store(base + 4 * offset * self.width, n, heads, kv_heads, d, self._cos + cs, self._sin + cs,
+                             self._q + qs, keys + at, values + at, self._positions, start)
         return self.q
 
     def attention(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s attention of :attr:`q` for every row into :attr:`out` (returned)."""
         heads, kv_heads, d = self._dims
         at = layer * self._layer
-        for _, n, start, _, qs, keys, values, visible, _, _, q, out in self._rows:
-            self._attention(q + qs, n, heads, kv_heads, d, keys + at, values + at, self._positions, start, visible,
-                            self._scale, out + qs, self._scratch)
+        for _, n, start, _, qs, keys, values, visible in self._rows:
+            self._attention(self._q + qs, n, heads, kv_heads, d, keys + at, values + at, self._positions, start, visible,
+                            self._scale, self._out + qs, self._scratch)
         return self.out
 
 
