@@ -128,13 +128,11 @@ CACHE_BUSY_ENV = "SPECBUILD_CACHE_BUSY_MEASUREMENTS"
 def _cache_unless_busy(path: Path, data: dict, busy: float | None, what: str) -> None:
     """Cache a measurement, unless the machine was busy when it was taken (:func:`machine_busy`)
     and :data:`CACHE_BUSY_ENV` does not ask for it all the same."""
-    if busy is not None and os.environ.get(CACHE_BUSY_ENV) == "1":
-        logger.warning("%s measured on a busy machine (load average %.1f): cached all the same (%s=1)",
-                       what, busy, CACHE_BUSY_ENV)
-        _write_cache(path, data)
-    elif busy is not None:
-        logger.warning("%s measured on a busy machine (load average %.1f): used now, not cached", what, busy)
-    else:
+    keep = busy is None or os.environ.get(CACHE_BUSY_ENV) == "1"
+    if busy is not None:
+        logger.warning("%s measured on a busy machine (load average %.1f): %s", what, busy,
+                       f"cached all the same ({CACHE_BUSY_ENV}=1)" if keep else "used now, not cached")
+    if keep:
         _write_cache(path, data)
 
 
