@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUN_BY_SETUP_CI_OR_USERS = {"setup.sh", "get_perf_analyzer.sh", "genai_perf.sh", "check_layers.py", "load_test.py",
                             "abrupt_clients.py", "reliability.py", "prefix_cache_bench.py",
-                            "cpu_peer_bench.py", "agent_bench.py"}
+                            "cpu_peer_bench.py", "cpu_peer_row.py", "agent_bench.py"}
 
 
 def test_scripts_top_level_is_setup_and_ci_only() -> None:
